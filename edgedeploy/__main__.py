@@ -1,0 +1,3 @@
+from edgedeploy.cli import main
+
+raise SystemExit(main())

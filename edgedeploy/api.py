@@ -1,0 +1,52 @@
+"""Python API beside the CLI: build from a config (object or file) and get a result back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgedeploy.config import DeployConfig, config_from_dict
+from edgedeploy.config import load_config as _load_config
+from edgedeploy.pipeline.runner import BuildResult, run_build
+
+
+def load_config(path: str | Path, **overrides: Any) -> DeployConfig:
+    """Load and validate a ``deploy.toml``; keyword overrides use dotted keys with ``__``.
+
+    Example: ``load_config("deploy.toml", build__target="cpu")``.
+
+    Raises:
+        ConfigError: the file or an override is invalid.
+    """
+    return _load_config(path, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+def build(
+    config: DeployConfig | str | Path | dict[str, Any], *, log: Callable[[str], None] | None = None, **overrides: Any
+) -> BuildResult:
+    """Run ``deploy build`` from Python.
+
+    Args:
+        config: a :class:`DeployConfig`, a path to a TOML file, or a plain dict.
+        log: progress callback (default: print to stderr).
+        overrides: dotted config keys with ``__``, e.g. ``build__out="out"``.
+
+    Raises:
+        DeployError: any subclass, as the CLI would report it.
+    """
+    if isinstance(config, (str, Path)):
+        cfg = load_config(config, **overrides)
+    elif isinstance(config, dict):
+        cfg = config_from_dict(config, overrides={k.replace("__", "."): v for k, v in overrides.items()})
+    else:
+        cfg = config
+        if overrides:
+            raw = {k: v for k, v in cfg.to_dict().items() if k not in ("source", "base_dir")}
+            cfg = config_from_dict(
+                raw,
+                source=cfg.source,
+                base_dir=cfg.base_dir,
+                overrides={k.replace("__", "."): v for k, v in overrides.items()},
+            )
+    return run_build(cfg, log=log)

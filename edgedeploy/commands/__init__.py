@@ -1,0 +1,1 @@
+"""One module per ``deploy`` subcommand; each defines ``register(subparsers)``."""

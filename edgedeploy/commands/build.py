@@ -1,0 +1,36 @@
+"""``deploy build``: run the pipeline for one target and print the results table."""
+
+from __future__ import annotations
+
+import argparse
+
+from edgedeploy.commands._common import add_config_flags, config_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="build and validate an artifact for a target")
+    add_config_flags(p)
+    p.add_argument("--json", action="store_true", help="print report.json to stdout instead of the table")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from edgedeploy.pipeline.report import results_table
+    from edgedeploy.pipeline.runner import run_build
+
+    cfg = config_from_args(args)
+    result = run_build(cfg)
+    if args.json:
+        print(json.dumps(result.report, indent=2))
+    else:
+        print(results_table(result.report))
+        cached = sum(r.status == "cached" for r in result.stages)
+        print(
+            f"\n{result.report['status'].upper()}: target {result.target}, {result.precision}, "
+            f"{result.seconds:.1f}s ({cached} of {len(result.stages)} stages cached) -> {result.out}"
+        )
+        for line in result.report.get("notes", []):
+            print(line)
+    return 0

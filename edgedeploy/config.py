@@ -1,0 +1,509 @@
+"""Declarative per-model config: a TOML file, validated into frozen dataclasses.
+
+Every scalar field may carry a CLI flag in its metadata (``flag``); the CLI
+builds its options from these, so flags map one to one onto config fields.
+Errors always name the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+
+from edgedeploy.errors import ConfigError
+
+Precision = Literal["fp32", "fp16", "int8"]
+CaptureMode = Literal["trace", "script", "export"]
+ExporterName = Literal["auto", "dynamo", "torchscript"]
+CalibMethod = Literal["minmax", "entropy", "percentile"]
+DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+def _flag(name: str, help: str, *, path: bool = False) -> dict[str, Any]:
+    """Field metadata: the CLI flag that sets it; ``path`` flags resolve against the working directory."""
+    return {"flag": name, "help": help, "path": path}
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    """A named dynamic dimension with its min / opt / max sizes."""
+
+    min: int
+    opt: int
+    max: int
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, shape (ints and named dims), dtype and value range."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    range: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = field(
+        default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
+    )
+    python_path: tuple[str, ...] = (".",)
+    class_names: tuple[str, ...] = ()
+    normalization: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportSection:
+    capture: CaptureMode = field(default="trace", metadata=_flag("--capture", "torch capture: trace, script or export"))
+    exporter: ExporterName = field(
+        default="auto", metadata=_flag("--exporter", "ONNX exporter: auto, dynamo or torchscript")
+    )
+    opset: int | None = field(default=None, metadata=_flag("--opset", "ONNX opset (default: target's)"))
+    simplify: bool = field(default=True, metadata=_flag("--simplify", "simplify with onnxslim"))
+    fail_on_tracer_warnings: bool = True
+
+
+@dataclass(frozen=True)
+class PrecisionSection:
+    mode: Precision = field(default="fp32", metadata=_flag("--precision", "fp32, fp16 or int8"))
+    calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
+    calib_method: CalibMethod = field(default="minmax", metadata=_flag("--calib-method", "minmax/entropy/percentile"))
+    calib_samples: int = 64
+    per_channel: bool = True
+    accuracy_target: float = 0.99
+    max_fallback_tries: int = 4
+    keep_fp32: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass criteria for one precision. ``None`` disables that criterion."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    min_topk_agreement: float | None = None
+
+
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.9999),
+    "fp16": Tolerance(atol=1e-2, rtol=1e-2, min_cosine=0.999),
+    "int8": Tolerance(min_cosine=0.98, min_topk_agreement=0.95),
+}
+
+
+@dataclass(frozen=True)
+class ValidateSection:
+    samples: int = field(default=2, metadata=_flag("--samples", "random batches per shape"))
+    seed: int = field(default=0, metadata=_flag("--seed", "seed for generated validation inputs"))
+    data: str | None = field(default=None, metadata=_flag("--validation-data", "validation inputs (.npz)", path=True))
+    classifier_outputs: tuple[str, ...] = ()
+    topk: int = 1
+    latency_iters: int = field(default=20, metadata=_flag("--latency-iters", "timed runs per backend"))
+    latency_warmup: int = 3
+
+
+@dataclass(frozen=True)
+class BuildSection:
+    target: str = field(default="cpu", metadata=_flag("--target", "target profile (see deploy targets)"))
+    out: str = field(default="build", metadata=_flag("--out", "output directory", path=True))
+    cache: bool = field(default=True, metadata=_flag("--cache", "reuse content-keyed cached stages"))
+    dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))
+    workspace_mib: int | None = field(default=None, metadata=_flag("--workspace-mib", "TensorRT workspace"))
+    targets_file: str | None = field(default=None, metadata=_flag("--targets-file", "extra target profiles", path=True))
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """The whole validated config. Paths in it are resolved against ``base_dir``."""
+
+    model: ModelSection
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[str, ...]
+    dims: dict[str, DimSpec] = field(default_factory=dict)
+    export: ExportSection = field(default_factory=ExportSection)
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+    tolerance: dict[str, Tolerance] = field(default_factory=dict)
+    validate: ValidateSection = field(default_factory=ValidateSection)
+    build: BuildSection = field(default_factory=BuildSection)
+    source: str = "<dict>"
+    base_dir: str = "."
+
+    # ---- derived views -------------------------------------------------
+    def path(self, value: str | None) -> Path | None:
+        """Resolve a path from the config relative to the config file's folder."""
+        if value is None:
+            return None
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def tolerance_for(self, precision: str) -> Tolerance:
+        """Configured tolerance for ``precision``, defaults filled in per field."""
+        base = DEFAULT_TOLERANCES[precision]
+        user = self.tolerance.get(precision)
+        if user is None:
+            return base
+        return Tolerance(
+            **{
+                f.name: getattr(user, f.name) if getattr(user, f.name) is not None else getattr(base, f.name)
+                for f in dataclasses.fields(Tolerance)
+            }
+        )
+
+    def shape_for(self, spec: InputSpec, which: str) -> tuple[int, ...]:
+        """Concrete shape of ``spec`` with every named dim at ``which`` (min/opt/max)."""
+        return tuple(d if isinstance(d, int) else getattr(self.dims[d], which) for d in spec.shape)
+
+    def dynamic_dims(self, spec: InputSpec) -> dict[int, str]:
+        """Axis index → dim name for the named (dynamic) axes of ``spec``."""
+        return {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view (for hashing and the manifest)."""
+        return _plain(self)
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+# ---- generic typed loading ----------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "none"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(map(str, args))}"
+        raise ConfigError(f"{where}: key '{key}' = {value!r} is not allowed", hint=hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, key, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{where}: key '{key}' must be {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a table, got {value!r}")
+        return _from_dict(tp, value, key, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: key '{key}' must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]", where) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: key '{key}' must have {len(args)} items, got {len(value)}")
+        return tuple(_coerce(a, v, f"{key}[{i}]", where) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a table, got {value!r}")
+        return {k: _coerce(args[1], v, f"{key}.{k}", where) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: key '{key}' must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be a string, got {value!r}")
+    raise TypeError(f"unsupported config type {tp!r}")  # programming error
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in ("source", "base_dir")]
+    for key in data:
+        if key not in names:
+            dotted = f"{prefix}.{key}" if prefix else key
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(names)}"
+            raise ConfigError(f"{where}: unknown key '{dotted}'", hint=hint)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                dotted = f"{prefix}.{f.name}" if prefix else f.name
+                raise ConfigError(f"{where}: missing required key '{dotted}'")
+            continue
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        kwargs[f.name] = _coerce(hints[f.name], data[f.name], dotted, where)
+    return cls(**kwargs)
+
+
+# ---- flags ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlagField:
+    """One CLI flag and the config field it sets."""
+
+    flag: str
+    dotted: str
+    type: Any
+    help: str
+    path: bool = False
+
+
+def flag_fields() -> list[FlagField]:
+    """Every config field that has a CLI flag, in declaration order."""
+    out = []
+    hints = typing.get_type_hints(DeployConfig)
+    for section in dataclasses.fields(DeployConfig):
+        tp = hints[section.name]
+        if not dataclasses.is_dataclass(tp):
+            continue
+        sub_hints = typing.get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            if "flag" in f.metadata:
+                out.append(
+                    FlagField(
+                        f.metadata["flag"],
+                        f"{section.name}.{f.name}",
+                        sub_hints[f.name],
+                        f.metadata["help"],
+                        f.metadata.get("path", False),
+                    )
+                )
+    return out
+
+
+def parse_flag_value(ff: FlagField, text: str) -> Any:
+    """Turn a flag's text into the field's type (no eval).
+
+    Raises:
+        ConfigError: the text does not parse as the field's type.
+    """
+    tp = ff.type
+    args = (
+        [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType)
+        else [tp]
+    )
+    base = args[0]
+    if base is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"flag {ff.flag}: expected true/false, got {text!r}")
+    if ff.path:
+        return str(Path(text).expanduser().resolve())
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"flag {ff.flag}: expected an integer, got {text!r}") from None
+    if base is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"flag {ff.flag}: expected a number, got {text!r}") from None
+    return text
+
+
+# ---- loading ------------------------------------------------------------------------
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def checkpoint_metadata_path(checkpoint: Path) -> Path:
+    """Sidecar JSON written by ``deploy train`` next to a safetensors checkpoint."""
+    return checkpoint.with_suffix(".meta.json")
+
+
+def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) -> None:
+    """Fill model factory, inputs, dims and outputs from a train-stage checkpoint's metadata.
+
+    The config's own values win; metadata only fills what the config leaves out.
+    """
+    ckpt = (raw.get("model") or {}).get("checkpoint")
+    if not ckpt:
+        return
+    path = Path(ckpt) if Path(ckpt).is_absolute() else base_dir / ckpt
+    meta_path = checkpoint_metadata_path(path)
+    if not meta_path.is_file():
+        return
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{meta_path}: checkpoint metadata is not valid JSON ({exc})") from None
+    model = raw.setdefault("model", {})
+    model.setdefault("factory", meta.get("factory", ""))
+    if "factory_kwargs" in meta:
+        model.setdefault("kwargs", meta["factory_kwargs"])
+    for key in ("class_names", "normalization"):
+        if meta.get(key):
+            model.setdefault(key, meta[key])
+    for key in ("inputs", "outputs", "dims"):
+        if key in meta:
+            raw.setdefault(key, meta[key])
+
+
+def config_from_dict(
+    raw: dict[str, Any], *, source: str = "<dict>", base_dir: str | Path = ".", overrides: dict[str, Any] | None = None
+) -> DeployConfig:
+    """Validate a plain dict (as read from TOML) into a :class:`DeployConfig`.
+
+    Args:
+        raw: the parsed TOML document.
+        source: file name used in error messages.
+        base_dir: folder that relative paths are resolved against.
+        overrides: dotted key → value (from CLI flags), applied before validation.
+
+    Raises:
+        ConfigError: unknown or misspelled key, wrong type, inconsistent dims or inputs.
+    """
+    raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    _merge_checkpoint_metadata(raw, Path(base_dir), source)
+    cfg: DeployConfig = _from_dict(DeployConfig, raw, "", source)
+    cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir))
+    _check_consistency(cfg)
+    return cfg
+
+
+def _check_consistency(cfg: DeployConfig) -> None:
+    where = cfg.source
+    if not cfg.model.factory:
+        raise ConfigError(
+            f"{where}: missing required key 'model.factory'", hint="set it to 'module:callable', e.g. 'model:build'"
+        )
+    if ":" not in cfg.model.factory:
+        raise ConfigError(f"{where}: key 'model.factory' = {cfg.model.factory!r} must be 'module:callable'")
+    if not cfg.inputs:
+        raise ConfigError(f"{where}: at least one [[inputs]] table is required")
+    if not cfg.outputs:
+        raise ConfigError(f"{where}: key 'outputs' must name at least one output")
+    for name, d in cfg.dims.items():
+        if not (1 <= d.min <= d.opt <= d.max):
+            raise ConfigError(
+                f"{where}: key 'dims.{name}' needs 1 <= min <= opt <= max, got min={d.min} opt={d.opt} max={d.max}"
+            )
+    seen = set()
+    for i, spec in enumerate(cfg.inputs):
+        if spec.name in seen:
+            raise ConfigError(f"{where}: duplicate input name {spec.name!r} in inputs[{i}]")
+        seen.add(spec.name)
+        if spec.dtype not in DTYPES:
+            raise ConfigError(
+                f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",
+                hint=f"use one of {', '.join(DTYPES)}",
+            )
+        for d in spec.shape:
+            if isinstance(d, str) and d not in cfg.dims:
+                raise ConfigError(
+                    f"{where}: inputs[{i}] ({spec.name}) uses dim {d!r} that has no [dims.{d}] table",
+                    hint=f"add [dims.{d}] with min, opt and max",
+                )
+            if isinstance(d, int) and d < 1:
+                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {d}")
+        lo, hi = spec.range
+        if lo > hi:
+            raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")
+    for name in cfg.tolerance:
+        if name not in DEFAULT_TOLERANCES:
+            raise ConfigError(
+                f"{where}: unknown key 'tolerance.{name}'", hint=f"use one of {', '.join(DEFAULT_TOLERANCES)}"
+            )
+    for name in cfg.validate.classifier_outputs:
+        if name not in cfg.outputs:
+            raise ConfigError(f"{where}: key 'validate.classifier_outputs' names unknown output {name!r}")
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:
+    """Read and validate a ``deploy.toml``.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, or fails validation.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}", hint="pass --config PATH to a deploy.toml")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
+
+
+def import_factory(cfg: DeployConfig) -> Any:
+    """Import the ``module:callable`` model factory named in the config.
+
+    Raises:
+        ConfigError: the module does not import or has no such callable.
+    """
+    module_name, _, attr = cfg.model.factory.partition(":")
+    for p in reversed(cfg.model.python_path):
+        resolved = str(cfg.path(p))
+        if resolved not in sys.path:
+            sys.path.insert(0, resolved)
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure is the user's factory
+        raise ConfigError(
+            f"{cfg.source}: key 'model.factory': cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
+            hint="check the module name and model.python_path",
+        ) from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{cfg.source}: key 'model.factory': module {module_name!r} has no callable {attr!r}")
+    return factory

@@ -1,0 +1,37 @@
+"""Pipeline stages, one per module, each named by what it makes from what."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgedeploy.stages.base import Stage
+    from edgedeploy.targets import TargetProfile
+
+
+def builders() -> dict[str, type[Stage]]:
+    """Build stage per target runtime (the only place that maps a runtime to a builder)."""
+    from edgedeploy.stages.build_ort import OrtModelFromOnnx
+    from edgedeploy.stages.build_trt import BundleFromOnnx
+
+    return {"onnxruntime": OrtModelFromOnnx, "tensorrt": BundleFromOnnx}
+
+
+def pipeline_stages(target: TargetProfile) -> list[Stage]:
+    """The ordered stages of ``deploy build`` for ``target``."""
+    from edgedeploy.stages.capture import TorchScriptFromModel
+    from edgedeploy.stages.export import OnnxFromTorch
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+    from edgedeploy.stages.preflight import PreflightFromOnnx
+    from edgedeploy.stages.reference import GoldensFromTorch
+    from edgedeploy.stages.validate import ParityFromGoldens
+
+    return [
+        GoldensFromTorch(),
+        TorchScriptFromModel(),
+        OnnxFromTorch(),
+        PreflightFromOnnx(),
+        PrecisionFromOnnx(),
+        builders()[target.runtime](),
+        ParityFromGoldens(),
+    ]

@@ -1,0 +1,45 @@
+"""The contract every pipeline stage follows."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from edgedeploy.pipeline.context import BuildContext
+
+
+class Stage(ABC):
+    """One step of the pipeline, named by what it makes from what (``OnnxFromTorch``).
+
+    A stage declares the artifacts it consumes (files earlier stages wrote into the
+    staging folder, or external inputs such as ``checkpoint``) and the files it
+    produces. Its cache key hashes ``name``, ``version``, :meth:`config_key` and the
+    sha256 of everything in ``consumes``; when the key is unchanged the stage is not
+    run and its files and metrics come from the cache.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    consumes: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
+
+    def applies(self, ctx: BuildContext) -> str | None:
+        """None when the stage runs for this build, else the reason it is skipped."""
+        return None
+
+    def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        """Files this stage writes for this build (default: ``produces``)."""
+        return self.produces
+
+    def config_key(self, ctx: BuildContext) -> Any:
+        """The config fields (and target facts) this stage's result depends on."""
+        return None
+
+    @abstractmethod
+    def run(self, ctx: BuildContext) -> dict[str, Any]:
+        """Do the work: write ``outputs`` into ``ctx.staging``; return JSON-able metrics.
+
+        Raises:
+            DeployError: a subclass naming what failed and how to fix it.
+        """

@@ -1,0 +1,139 @@
+"""Load a model from its factory and a checkpoint, without ever unpickling code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgedeploy.config import DeployConfig, import_factory
+from edgedeploy.errors import CheckpointError, ConfigError
+
+_NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights")
+SAFETENSORS_SUFFIXES = (".safetensors",)
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def read_state_dict(path: str | Path) -> dict[str, Any]:
+    """Read tensors from a safetensors file or a torch state dict (``weights_only=True``).
+
+    Raises:
+        CheckpointError: missing, empty, truncated or corrupt file; a pickle carrying
+            code or non-tensor objects (refused without executing anything); no tensors.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}", hint="fix model.checkpoint or pass --checkpoint")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint is empty (0 bytes): {path}", hint="re-export or re-download it")
+    if path.suffix in SAFETENSORS_SUFFIXES:
+        state = _read_safetensors(path)
+    else:
+        state = _read_torch(path)
+    if not state:
+        raise CheckpointError(f"checkpoint holds no tensors: {path}")
+    return state
+
+
+def _read_safetensors(path: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return dict(load_file(str(path)))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"checkpoint is truncated or corrupt: {path} ({_short(exc)})",
+            hint="re-create the file; safetensors headers and sizes must match",
+        ) from None
+
+
+def _read_torch(path: Path) -> dict[str, Any]:
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} carries pickled code or objects, refused without loading them ({_short(exc)})",
+            hint="save plain tensors: torch.save(model.state_dict(), f) or use safetensors",
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"checkpoint is truncated or corrupt: {path} ({_short(exc)})",
+            hint="re-create the file with torch.save(model.state_dict(), f)",
+        ) from None
+    if isinstance(obj, dict):
+        for key in _NESTED_KEYS:
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(
+            f"checkpoint {path} is not a state dict of tensors",
+            hint="save model.state_dict(), not the module or a training state",
+        )
+    return obj
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def build_model(cfg: DeployConfig) -> Any:
+    """Call the configured factory with its kwargs.
+
+    Raises:
+        ConfigError: the factory does not import, raises, or does not return an nn.Module.
+    """
+    import torch
+
+    factory = import_factory(cfg)
+    try:
+        model = factory(**cfg.model.kwargs)
+    except Exception as exc:  # user code: report it as a config problem with the cause
+        raise ConfigError(
+            f"{cfg.source}: model.factory {cfg.model.factory!r} raised {type(exc).__name__}: {exc}",
+            hint="check model.kwargs",
+        ) from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"{cfg.source}: model.factory {cfg.model.factory!r} returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
+    """The model from its factory with checkpoint weights loaded, in eval mode.
+
+    Raises:
+        ConfigError: factory problems.
+        CheckpointError: unreadable checkpoint, or keys / shapes that do not fit the model.
+    """
+    model = build_model(cfg)
+    if checkpoint is not None:
+        state = read_state_dict(checkpoint)
+        expected = model.state_dict()
+        missing = [k for k in expected if k not in state]
+        unexpected = [k for k in state if k not in expected]
+        shapes = [
+            f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in state and tuple(state[k].shape) != tuple(v.shape)
+        ]
+        if missing or unexpected or shapes:
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:3])})")
+            if unexpected:
+                parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:3])})")
+            if shapes:
+                parts.append(f"{len(shapes)} shape mismatches (e.g. {'; '.join(shapes[:2])})")
+            raise CheckpointError(
+                f"checkpoint {checkpoint} does not fit model {cfg.model.factory}: " + ", ".join(parts),
+                hint="check model.kwargs and that the checkpoint is for this model",
+            )
+        model.load_state_dict(state, strict=True)
+    return model.eval()

@@ -1,0 +1,5 @@
+"""Target profiles: frozen, typed data describing what each deployment target supports."""
+
+from edgedeploy.targets.profiles import TargetProfile, all_targets, get_target, load_target_file
+
+__all__ = ["TargetProfile", "all_targets", "get_target", "load_target_file"]

@@ -1,0 +1,272 @@
+"""Built-in target profiles, composed from base profiles with ``dataclasses.replace``.
+
+Facts (TensorRT / CUDA / SM per JetPack) follow NVIDIA's JetPack and TensorRT
+release notes; see README's target table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import tomllib
+
+from edgedeploy.errors import ConfigError, TargetCapabilityError
+
+Runtime = Literal["onnxruntime", "tensorrt"]
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    """What one deployment target is and can do.
+
+    Attributes:
+        name: the id used with ``--target``.
+        runtime: ``onnxruntime`` (built here) or ``tensorrt`` (engine built where TensorRT runs).
+        arch: CPU architecture of the device (x86_64, aarch64).
+        precisions: precisions this target runs fast and correctly.
+        trt_version: TensorRT version the device ships ("" for onnxruntime targets).
+        cuda_version: CUDA version the device ships.
+        sm: GPU compute capability, e.g. "8.7" ("" when it varies or there is no GPU).
+        dla_cores: number of DLA cores (0: none).
+        max_opset: highest ONNX opset the target's parser / runtime accepts.
+        workspace_mib: default builder workspace limit.
+        memory_mib: device memory (shared with the CPU on Jetson).
+        device_python: Python version on the device (bundle scripts must run on it).
+        jetpack: JetPack release ("" for non-Jetson).
+        implicit_int8: TensorRT still supports calibrator-based (implicit) INT8.
+        strongly_typed_only: TensorRT has no builder precision flags (TRT >= 11).
+    """
+
+    name: str
+    description: str
+    runtime: Runtime
+    arch: str = "x86_64"
+    precisions: tuple[str, ...] = ("fp32",)
+    trt_version: str = ""
+    cuda_version: str = ""
+    sm: str = ""
+    dla_cores: int = 0
+    max_opset: int = 17
+    workspace_mib: int = 1024
+    memory_mib: int = 0
+    device_python: str = ""
+    jetpack: str = ""
+    implicit_int8: bool = False
+    strongly_typed_only: bool = False
+
+    @property
+    def builds_here(self) -> bool:
+        """True when the artifact is built on this host (no TensorRT needed)."""
+        return self.runtime == "onnxruntime"
+
+    def supports_precision(self, precision: str) -> bool:
+        return precision in self.precisions
+
+    def require_precision(self, precision: str) -> None:
+        """Raise unless this target runs ``precision``.
+
+        Raises:
+            TargetCapabilityError: the target cannot run the precision; nothing is downgraded.
+        """
+        if precision not in self.precisions:
+            raise TargetCapabilityError(
+                f"target '{self.name}' cannot run {precision} (it supports {', '.join(self.precisions)})",
+                hint=f"use --precision {self.precisions[-1]} or another target",
+            )
+
+    def require_dla(self, core: int | None) -> None:
+        """Raise unless DLA core ``core`` exists on this target (``None``: no DLA asked).
+
+        Raises:
+            TargetCapabilityError: the target has no DLA or not that many cores.
+        """
+        if core is None:
+            return
+        if self.dla_cores == 0:
+            raise TargetCapabilityError(
+                f"target '{self.name}' has no DLA cores (asked for DLA core {core})",
+                hint="drop --dla-core or pick a target with DLA (jetson-orin, jetson-xavier)",
+            )
+        if not 0 <= core < self.dla_cores:
+            raise TargetCapabilityError(
+                f"target '{self.name}' has DLA cores 0..{self.dla_cores - 1}, asked for core {core}"
+            )
+
+    def capabilities(self) -> dict[str, object]:
+        """Plain-data view for ``deploy targets`` and the manifest."""
+        data = dataclasses.asdict(self)
+        data["builds_here"] = self.builds_here
+        return data
+
+
+# ---- base profiles -----------------------------------------------------------------
+
+_CPU = TargetProfile(
+    name="cpu",
+    description="x86_64/aarch64 CPU with ONNX Runtime (built and validated here)",
+    runtime="onnxruntime",
+    precisions=("fp32", "int8"),
+    max_opset=21,
+)
+_TRT_BASE = TargetProfile(
+    name="_trt", description="TensorRT base", runtime="tensorrt", precisions=("fp32", "fp16", "int8")
+)
+_JETSON_BASE = dataclasses.replace(_TRT_BASE, name="_jetson", arch="aarch64", workspace_mib=512)
+
+_DESKTOP = dataclasses.replace(
+    _TRT_BASE,
+    name="desktop",
+    description="x86_64 desktop/server NVIDIA GPU, TensorRT 10.x",
+    trt_version="10.13",
+    cuda_version="12.9",
+    sm="",
+    max_opset=22,
+    workspace_mib=4096,
+    device_python="3.10",
+    implicit_int8=True,
+)
+_DESKTOP_TRT11 = dataclasses.replace(
+    _DESKTOP,
+    name="desktop-trt11",
+    description="x86_64 NVIDIA GPU, TensorRT 11.x (strongly typed networks only)",
+    trt_version="11.0",
+    cuda_version="13.0",
+    implicit_int8=False,
+    strongly_typed_only=True,
+    max_opset=23,
+)
+_JETSON_ORIN = dataclasses.replace(
+    _JETSON_BASE,
+    name="jetson-orin",
+    description="Jetson AGX Orin / Orin NX, JetPack 6 (2 DLA cores)",
+    jetpack="6.2",
+    trt_version="10.3",
+    cuda_version="12.6",
+    sm="8.7",
+    dla_cores=2,
+    max_opset=20,
+    memory_mib=32768,
+    device_python="3.10",
+    implicit_int8=True,
+)
+_JETSON_ORIN_NANO = dataclasses.replace(
+    _JETSON_ORIN,
+    name="jetson-orin-nano",
+    description="Jetson Orin Nano, JetPack 6 (no DLA)",
+    dla_cores=0,
+    memory_mib=8192,
+    workspace_mib=256,
+)
+_JETSON_XAVIER = dataclasses.replace(
+    _JETSON_BASE,
+    name="jetson-xavier",
+    description="Jetson AGX Xavier / Xavier NX, JetPack 5.1 (2 DLA cores)",
+    jetpack="5.1",
+    trt_version="8.5",
+    cuda_version="11.4",
+    sm="7.2",
+    dla_cores=2,
+    max_opset=17,
+    memory_mib=32768,
+    device_python="3.8",
+    implicit_int8=True,
+)
+_JETSON_NANO = dataclasses.replace(
+    _JETSON_BASE,
+    name="jetson-nano",
+    description="Jetson Nano, JetPack 4.6 (Maxwell: no fast INT8, no DLA)",
+    jetpack="4.6",
+    trt_version="8.2",
+    cuda_version="10.2",
+    sm="5.3",
+    precisions=("fp32", "fp16"),
+    max_opset=13,
+    memory_mib=4096,
+    workspace_mib=256,
+    device_python="3.6",
+    implicit_int8=True,
+)
+
+BUILTIN_TARGETS: dict[str, TargetProfile] = {
+    t.name: t for t in (_CPU, _DESKTOP, _DESKTOP_TRT11, _JETSON_ORIN, _JETSON_ORIN_NANO, _JETSON_XAVIER, _JETSON_NANO)
+}
+
+
+def load_target_file(path: str | Path) -> dict[str, TargetProfile]:
+    """Read user target profiles from a TOML file.
+
+    Each ``[targets.NAME]`` table may name ``base = "jetson-orin"`` and override any field.
+
+    Raises:
+        ConfigError: missing file, bad TOML, unknown base or unknown / mistyped field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"targets file not found: {path}")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    hints = typing.get_type_hints(TargetProfile)
+    names = [f.name for f in dataclasses.fields(TargetProfile)]
+    out: dict[str, TargetProfile] = {}
+    for name, table in (doc.get("targets") or {}).items():
+        table = dict(table)
+        base_name = table.pop("base", None)
+        known = {**BUILTIN_TARGETS, **out}
+        if base_name is None:
+            base = dataclasses.replace(_TRT_BASE, description=f"user profile {name}")
+        elif base_name in known:
+            base = known[base_name]
+        else:
+            raise ConfigError(
+                f"{path}: targets.{name}.base = {base_name!r} is not a known target",
+                hint=f"use one of {', '.join(known)}",
+            )
+        for key, value in table.items():
+            if key not in names or key == "name":
+                close = difflib.get_close_matches(key, names, n=1)
+                raise ConfigError(
+                    f"{path}: unknown key 'targets.{name}.{key}'", hint=f"did you mean '{close[0]}'?" if close else None
+                )
+            want = hints[key]
+            if typing.get_origin(want) is tuple:
+                value = tuple(value) if isinstance(value, list) else value
+            ok_types = (
+                (str,)
+                if typing.get_origin(want) is Literal
+                else ((tuple,) if typing.get_origin(want) is tuple else (want,))
+            )
+            if not isinstance(value, ok_types) or isinstance(value, bool) and want is not bool:
+                raise ConfigError(f"{path}: key 'targets.{name}.{key}' has the wrong type ({value!r})")
+            table[key] = value
+        out[name] = dataclasses.replace(base, name=name, **table)
+    return out
+
+
+def all_targets(targets_file: str | Path | None = None) -> dict[str, TargetProfile]:
+    """Built-in profiles plus those of ``targets_file`` (user profiles win on name clashes)."""
+    targets = dict(BUILTIN_TARGETS)
+    if targets_file:
+        targets.update(load_target_file(targets_file))
+    return targets
+
+
+def get_target(name: str, targets_file: str | Path | None = None) -> TargetProfile:
+    """Look a target up by name.
+
+    Raises:
+        ConfigError: no profile has that name (with the closest match).
+    """
+    targets = all_targets(targets_file)
+    if name in targets:
+        return targets[name]
+    close = difflib.get_close_matches(name, list(targets), n=1)
+    raise ConfigError(
+        f"unknown target {name!r}", hint=f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(targets)}"
+    )

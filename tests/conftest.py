@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny real model project (module + safetensors checkpoint + deploy.toml)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TINY_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class TinyNet(nn.Module):
+        def __init__(self, channels: int = 4, classes: int = 5):
+            super().__init__()
+            self.conv = nn.Conv2d(3, channels, 3, padding=1)
+            self.bn = nn.BatchNorm2d(channels)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(channels, classes)
+
+        def forward(self, image):
+            x = torch.relu(self.bn(self.conv(image)))
+            return self.fc(self.pool(x).flatten(1))
+
+
+    def build(channels: int = 4, classes: int = 5):
+        return TinyNet(channels, classes)
+    """
+)
+
+TINY_TOML = textwrap.dedent(
+    """
+    outputs = ["logits"]
+
+    [model]
+    factory = "tinynet:build"
+    kwargs = { channels = 4, classes = 5 }
+    checkpoint = "tiny.safetensors"
+
+    [[inputs]]
+    name = "image"
+    shape = ["batch", 3, 16, 16]
+    range = [-1.0, 1.0]
+
+    [dims.batch]
+    min = 1
+    opt = 2
+    max = 4
+
+    [validate]
+    samples = 1
+    latency_iters = 2
+    latency_warmup = 1
+    classifier_outputs = ["logits"]
+
+    [build]
+    out = "out"
+    """
+)
+
+
+def write_tiny_project(folder: Path, *, seed: int = 0, toml: str = TINY_TOML) -> Path:
+    """Write tinynet.py, tiny.safetensors and deploy.toml into ``folder``; return the config path."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tinynet.py").write_text(TINY_MODEL)
+    torch.manual_seed(seed)
+    ns: dict = {}
+    exec(compile(TINY_MODEL, "tinynet.py", "exec"), ns)  # the fixture's own source, not user input
+    model = ns["build"]()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "tiny.safetensors"))
+    cfg = folder / "deploy.toml"
+    cfg.write_text(toml)
+    return cfg
+
+
+@pytest.fixture
+def tiny_project(tmp_path: Path) -> Path:
+    """Path of a deploy.toml for a tiny CNN with a real safetensors checkpoint (module name unique per test)."""
+    import uuid
+
+    name = f"tinynet_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "proj"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
+    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    return cfg

@@ -1,0 +1,96 @@
+"""The CLI: exit codes per error class, one-line messages, flags that override config fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.cli import main
+from edgedeploy.errors import EXIT_CODES
+
+
+def test_build_and_flag_overrides(tiny_project: Path, tmp_path: Path, capsys):
+    out = tmp_path / "flag-out"
+    code = main(["build", "--config", str(tiny_project), "--out", str(out), "--samples", "1", "--seed", "3"])
+    assert code == 0
+    assert (out / "model.onnx").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["validate"]["seed"] == 3
+    assert "PASSED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["--target", "jetson-orn"], 2, "did you mean 'jetson-orin'"),
+        (["--opset", "abc"], 2, "--opset"),
+        (["--precision", "int9"], 2, "precision.mode"),
+        (["--checkpoint", "/nonexistent/ck.safetensors"], 3, "checkpoint not found"),
+    ],
+)
+def test_error_exit_codes(tiny_project: Path, capsys, args, code, needle):
+    assert main(["build", "--config", str(tiny_project), *args]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1]
+
+
+def test_capability_error_exit_code(tiny_project: Path, capsys):
+    assert main(["build", "--config", str(tiny_project), "--target", "jetson-nano", "--precision", "int8"]) == 4
+    assert "jetson-nano" in capsys.readouterr().err
+
+
+def test_unknown_config_key_exit_code(tiny_project: Path, capsys):
+    tiny_project.write_text(tiny_project.read_text().replace("[validate]", "[validate]\nsampels = 2"))
+    assert main(["build", "--config", str(tiny_project)]) == 2
+    err = capsys.readouterr().err
+    assert "validate.sampels" in err and "did you mean 'samples'" in err and str(tiny_project) in err
+
+
+def test_pickled_checkpoint_exit_code(tiny_project: Path, tmp_path: Path, capsys):
+    import torch
+
+    evil = tmp_path / "evil.pt"
+    torch.save(torch.nn.Linear(1, 1), evil)
+    assert main(["build", "--config", str(tiny_project), "--checkpoint", str(evil)]) == 3
+    assert "pickled code" in capsys.readouterr().err
+
+
+def test_exit_codes_are_distinct():
+    assert len(EXIT_CODES) == len(set(EXIT_CODES))
+    assert 0 in EXIT_CODES and 1 in EXIT_CODES
+
+
+def test_targets_lists_every_profile(capsys):
+    from edgedeploy.targets import all_targets
+
+    assert main(["targets"]) == 0
+    out = capsys.readouterr().out
+    for name in all_targets():
+        assert name in out
+
+
+def test_python_dash_m_and_console_script(tiny_project: Path, tmp_path: Path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    res = subprocess.run(
+        [sys.executable, "-m", "edgedeploy", "build", "--config", str(tiny_project), "--out", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "m" / "report.json").is_file()
+    bad = subprocess.run(
+        [sys.executable, "-m", "edgedeploy", "build", "--config", str(tmp_path / "missing.toml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "config file not found" in bad.stderr

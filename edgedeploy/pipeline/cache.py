@@ -58,10 +58,7 @@ class StageCache:
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)
-            try:
-                os.link(d / name, target)
-            except OSError:
-                shutil.copyfile(d / name, target)
+            _link_or_copy(d / name, target)
 
     def store(self, stage: str, key: str, src: Path, files: list[str], metrics: dict[str, Any]) -> None:
         """Save a stage's outputs under ``key``; written to a temp folder and renamed into place."""
@@ -72,7 +69,7 @@ class StageCache:
             shas = {}
             for name in files:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src / name, tmp / name)
+                _link_or_copy(src / name, tmp / name)
                 shas[name] = sha256_file(tmp / name)
             (tmp / _RECORD).write_text(json.dumps({"files": shas, "metrics": metrics}, default=str))
             shutil.rmtree(final, ignore_errors=True)
@@ -80,3 +77,15 @@ class StageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link (no extra disk for large models); copy across filesystems.
+
+    Artifacts are only ever replaced by rename, never edited in place, so a shared
+    inode cannot change under the cache; ``lookup`` re-hashes entries anyway.
+    """
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

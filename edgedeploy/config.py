@@ -20,6 +20,7 @@ from typing import Any, Literal
 import tomllib
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
 CaptureMode = Literal["trace", "script", "export"]
@@ -80,6 +81,11 @@ class PrecisionSection:
     mode: Precision = field(default="fp32", metadata=_flag("--precision", "fp32, fp16 or int8"))
     calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
     calib_method: CalibMethod = field(default="minmax", metadata=_flag("--calib-method", "minmax/entropy/percentile"))
+    calib_callable: str | None = field(
+        default=None, metadata=_flag("--calib-callable", "calibration batches from module:callable")
+    )
+    calib_resize: tuple[int, ...] = ()  # (H, W) for image folders; default: the input's spatial size
+    calib_layout: Literal["NCHW", "NHWC"] = "NCHW"  # layout of image-folder tensors
     calib_samples: int = 64
     per_channel: bool = True
     accuracy_target: float = 0.99
@@ -123,6 +129,9 @@ class BuildSection:
     dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))
     workspace_mib: int | None = field(default=None, metadata=_flag("--workspace-mib", "TensorRT workspace"))
     targets_file: str | None = field(default=None, metadata=_flag("--targets-file", "extra target profiles", path=True))
+    gate_policy: str | None = field(
+        default=None, metadata=_flag("--policy", "release-gate policy TOML (overrides [gate])", path=True)
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,7 @@ class DeployConfig:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     validate: ValidateSection = field(default_factory=ValidateSection)
+    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/gate.py)
     build: BuildSection = field(default_factory=BuildSection)
     source: str = "<dict>"
     base_dir: str = "."
@@ -276,6 +286,15 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str, where: str) -> Any:
         dotted = f"{prefix}.{f.name}" if prefix else f.name
         kwargs[f.name] = _coerce(hints[f.name], data[f.name], dotted, where)
     return cls(**kwargs)
+
+
+def dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Validate ``data`` into the (nested) dataclass ``cls`` with deploy.toml's rules, for other schemas.
+
+    Raises:
+        ConfigError: unknown or misspelled key, wrong type or missing required key (named, dotted).
+    """
+    return _from_dict(cls, data, "", where)
 
 
 # ---- flags ---------------------------------------------------------------------------

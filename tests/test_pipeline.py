@@ -30,7 +30,7 @@ def test_build_writes_artifacts_manifest_and_report(tiny_project: Path):
     assert {"python", "torch", "onnx", "onnxruntime"} <= set(manifest["tools"])
     assert all("seconds" in s for s in manifest["stages"])
     report = json.loads((out / "report.json").read_text())
-    checks = report["parity"]["candidates"][0]["checks"]
+    checks = [c for c in report["parity"]["candidates"][0]["checks"] if c["check"] == "parity"]
     assert {c["shape"] for c in checks} == {"min", "opt", "max"}
     assert all(c["max_abs"] < 1e-4 and c["passed"] for c in checks)
     assert not list(out.glob(".staging-*"))

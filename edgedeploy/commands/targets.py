@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgedeploy.targets import TargetProfile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,13 +26,24 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({n: t.capabilities() for n, t in targets.items()}, indent=2))
         return 0
     print(
-        f"{'target':<18} {'runtime':<12} {'arch':<8} {'TRT':<6} {'CUDA':<5} {'SM':<4} {'DLA':<4} "
-        f"{'opset':<6} {'precisions':<16} built"
+        f"{'target':<17} {'runtime':<11} {'arch':<7} {'JetPack':<7} {'TRT':<5} {'CUDA':<4} {'SM':<3} {'DLA':<3} "
+        f"{'opset':<5} {'precisions':<14} {'INT8 route':<16} {'mem MiB':>7} {'ws MiB':>6} {'py':<4} built"
     )
     for t in targets.values():
         where = "here" if t.builds_here else "on device (bundle written here)"
         print(
-            f"{t.name:<18} {t.runtime:<12} {t.arch:<8} {t.trt_version or '-':<6} {t.cuda_version or '-':<5} "
-            f"{t.sm or '-':<4} {t.dla_cores:<4} {t.max_opset:<6} {','.join(t.precisions):<16} {where}"
+            f"{t.name:<17} {t.runtime:<11} {t.arch:<7} {t.jetpack or '-':<7} {t.trt_version or '-':<5} "
+            f"{t.cuda_version or '-':<4} {t.sm or '-':<3} {t.dla_cores:<3} {t.max_opset:<5} "
+            f"{','.join(t.precisions):<14} {_int8_route(t):<16} {t.memory_mib or '-':>7} {t.workspace_mib:>6} "
+            f"{t.device_python or '-':<4} {where}"
         )
     return 0
+
+
+def _int8_route(t: TargetProfile) -> str:
+    """How INT8 gets into an engine on this target (explicit Q/DQ, calibration cache) or why not."""
+    if not t.supports_precision("int8"):
+        return "none (no INT8)"
+    if t.runtime != "tensorrt":
+        return "QDQ (ORT)"
+    return "QDQ or calib" if t.implicit_int8 else "QDQ only"

@@ -1,43 +1,105 @@
 """Numerical comparison of a candidate's outputs with the reference's (numpy only, no torch).
 
-Kept free of torch and of newer-Python syntax so the device-side bundle step can use it.
+Kept free of torch and of newer-Python syntax (it runs on Python 3.6, JetPack 4.6's) so the
+device-side bundle step can copy it and judge a TensorRT engine against the goldens there.
+
+Failure codes (``row["failure"]``), one per kind of problem, so reports and gates can tell them apart:
+
+- ``non-finite output``: the candidate has NaN or Inf values (never passes, whatever the tolerance);
+- ``shape mismatch``: the candidate's output shape differs from the reference's;
+- ``outside tolerance``: some element breaks ``|cand - ref| <= atol + rtol * |ref|``;
+- ``cosine``: cosine similarity below ``min_cosine``;
+- ``top-k agreement``: top-1 agreement of a classifier output below ``min_topk_agreement``.
 """
 
-from __future__ import annotations
-
-from typing import Any
+# ruff: noqa: UP006, UP035, UP045, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
+from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+NON_FINITE = "non-finite output"
+SHAPE_MISMATCH = "shape mismatch"
+OUTSIDE_TOLERANCE = "outside tolerance"
+LOW_COSINE = "cosine"
+LOW_TOPK = "top-k agreement"
+
+# Fixed log10(|error|) bin edges, so histograms from several samples and shapes add up.
+HIST_LOG10_MIN = -12
+HIST_LOG10_MAX = 2
+HIST_BINS_PER_DECADE = 2
+
+
+def histogram_edges() -> List[float]:
+    """The log10 bin edges every error histogram uses (values below the first go into bin 0)."""
+    n = (HIST_LOG10_MAX - HIST_LOG10_MIN) * HIST_BINS_PER_DECADE
+    return [HIST_LOG10_MIN + i / HIST_BINS_PER_DECADE for i in range(n + 1)]
+
+
+def empty_histogram() -> Dict[str, Any]:
+    """A histogram of absolute errors with no values yet (see :func:`add_to_histogram`)."""
+    edges = histogram_edges()
+    return {"scale": "log10_abs_error", "edges": edges, "counts": [0] * (len(edges) - 1), "exact": 0, "non_finite": 0}
+
+
+def add_to_histogram(hist: Dict[str, Any], ref: np.ndarray, cand: np.ndarray) -> None:
+    """Add the elementwise absolute errors of ``cand`` vs ``ref`` to ``hist`` (in place).
+
+    Exact matches are counted in ``exact`` (log10(0) has no bin); non-finite candidate values in
+    ``non_finite``; errors beyond the last edge go into the last bin.
+    """
+    if ref.shape != cand.shape:
+        return
+    c = cand.astype(np.float64)
+    r = ref.astype(np.float64)
+    finite = np.isfinite(c) & np.isfinite(r)
+    hist["non_finite"] += int((~np.isfinite(c)).sum())
+    diff = np.abs(c - r)[finite]
+    hist["exact"] += int((diff == 0).sum())
+    diff = diff[diff > 0]
+    if not diff.size:
+        return
+    edges = np.asarray(hist["edges"])
+    logs = np.clip(np.log10(diff), edges[0], edges[-1])
+    counts, _ = np.histogram(logs, bins=edges)
+    hist["counts"] = [int(a + b) for a, b in zip(hist["counts"], counts)]
 
 
 def compare_output(
     ref: np.ndarray,
     cand: np.ndarray,
     *,
-    atol: float | None,
-    rtol: float | None,
-    min_cosine: float | None,
-    min_topk_agreement: float | None = None,
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+    min_cosine: Optional[float] = None,
+    min_topk_agreement: Optional[float] = None,
     topk: int = 1,
     classifier: bool = False,
-) -> dict[str, Any]:
+) -> Dict[str, Any]:
     """Error figures for one output and whether they pass the tolerance.
 
+    Figures: max and p99 of the absolute and relative error, cosine similarity, NaN and Inf
+    counts, and for classifier outputs (last axis = classes) top-1 agreement and top-k overlap.
     The elementwise check is ``|cand - ref| <= atol + rtol * |ref|`` (numpy.allclose's rule);
-    NaN or Inf in the candidate where the reference is finite never passes.
+    NaN or Inf in the candidate never passes (failure code ``non-finite output``).
     """
-    row: dict[str, Any] = {"shape_ref": list(ref.shape), "shape_cand": list(cand.shape)}
+    row = {"shape_ref": list(ref.shape), "shape_cand": list(cand.shape)}  # type: Dict[str, Any]
     if ref.shape != cand.shape:
-        row.update(passed=False, reason=f"shape {list(cand.shape)} != reference {list(ref.shape)}")
+        row.update(
+            passed=False,
+            failure=[SHAPE_MISMATCH],
+            reason="{}: got {}, reference {}".format(SHAPE_MISMATCH, list(cand.shape), list(ref.shape)),
+        )
         return row
     r = ref.astype(np.float64)
     c = cand.astype(np.float64)
     nan = int(np.isnan(c).sum())
     inf = int(np.isinf(c).sum())
     row.update(nan=nan, inf=inf)
-    reasons = []
+    failures = []  # type: List[str]
+    reasons = []  # type: List[str]
     if nan or inf:
-        reasons.append(f"candidate has {nan} NaN and {inf} Inf values")
+        failures.append(NON_FINITE)
+        reasons.append("{}: {} NaN and {} Inf values".format(NON_FINITE, nan, inf))
     finite = np.isfinite(c) & np.isfinite(r)
     diff = np.abs(c - r)[finite]
     rel = (diff / np.maximum(np.abs(r[finite]), 1e-12)) if diff.size else diff
@@ -51,25 +113,62 @@ def compare_output(
     if atol is not None or rtol is not None:
         a = atol or 0.0
         t = rtol or 0.0
-        ok = np.abs(c - r) <= a + t * np.abs(r)
-        if not bool(ok.all()):
-            worst = int(np.argmax(np.where(np.isfinite(c), np.abs(c - r) - t * np.abs(r), np.inf)))
-            reasons.append(
-                f"{int((~ok).sum())} of {ok.size} values outside atol={a:g} rtol={t:g} "
-                f"(worst at flat index {worst}: ref {r.ravel()[worst]:.6g}, got {c.ravel()[worst]:.6g})"
-            )
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(c - r) <= a + t * np.abs(r)
+        outside = int((~ok & np.isfinite(c)).sum())
+        if outside:
+            excess = np.where(np.isfinite(c), np.abs(c - r) - t * np.abs(r), -np.inf)
+            worst = int(np.argmax(excess))
+            failures.append(OUTSIDE_TOLERANCE)
+            where = "worst at flat index {}: ref {:.6g}, got {:.6g}".format(worst, r.ravel()[worst], c.ravel()[worst])
+            text = "{}: {} of {} values exceed atol={:g} rtol={:g} ({})"
+            reasons.append(text.format(OUTSIDE_TOLERANCE, outside, ok.size, a, t, where))
     if min_cosine is not None and row["cosine"] < min_cosine:
-        reasons.append(f"cosine {row['cosine']:.6f} < {min_cosine}")
-    if classifier and ref.ndim >= 2:
-        k = min(topk, ref.shape[-1])
-        ref_top = np.argsort(-r.reshape(-1, ref.shape[-1]), axis=-1)[:, :k]
-        cand_top = np.argsort(-np.nan_to_num(c, nan=-np.inf).reshape(-1, ref.shape[-1]), axis=-1)[:, :k]
+        failures.append(LOW_COSINE)
+        reasons.append("{}: {:.6f} < {}".format(LOW_COSINE, row["cosine"], min_cosine))
+    if classifier and ref.ndim >= 1 and ref.shape[-1] > 0:
+        classes = ref.shape[-1]
+        k = min(topk, classes)
+        ref_top = np.argsort(-r.reshape(-1, classes), axis=-1)[:, :k]
+        cand_top = np.argsort(-np.nan_to_num(c, nan=-np.inf).reshape(-1, classes), axis=-1)[:, :k]
         top1 = float((ref_top[:, 0] == cand_top[:, 0]).mean())
         row["top1_agreement"] = top1
-        row[f"top{k}_overlap"] = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref_top, cand_top)]))
+        row["topk"] = k
+        row["topk_overlap"] = float(np.mean([len(set(a) & set(b)) / float(k) for a, b in zip(ref_top, cand_top)]))
         if min_topk_agreement is not None and top1 < min_topk_agreement:
-            reasons.append(f"top-1 agreement {top1:.4f} < {min_topk_agreement}")
-    row["passed"] = not reasons
-    if reasons:
+            failures.append(LOW_TOPK)
+            reasons.append("{}: top-1 agreement {:.4f} < {}".format(LOW_TOPK, top1, min_topk_agreement))
+    row["passed"] = not failures
+    if failures:
+        row["failure"] = failures
         row["reason"] = "; ".join(reasons)
     return row
+
+
+def batch_consistency(
+    outputs: Dict[str, np.ndarray],
+    batch: int,
+    *,
+    atol: Optional[float] = None,
+    rtol: Optional[float] = None,
+    min_cosine: Optional[float] = None,
+) -> List[Dict[str, Any]]:
+    """Check that a batch made of one row repeated gave the same output in every row.
+
+    ``outputs`` are the candidate's outputs for that batch; every output whose leading axis is
+    ``batch`` is checked (row 0 is the reference for the others) with the candidate's own tolerance.
+    Outputs without that leading axis are reported as skipped.
+    """
+    rows = []
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != batch:
+            rows.append({"output": name, "passed": True, "skipped": "leading axis is not the batch axis"})
+            continue
+        first = np.broadcast_to(arr[:1], arr.shape)
+        row = compare_output(first, arr, atol=atol, rtol=rtol, min_cosine=min_cosine)
+        if not np.isfinite(arr[:1].astype(np.float64)).all() and row["passed"]:
+            row.update(passed=False, failure=[NON_FINITE], reason="{}: in row 0".format(NON_FINITE))
+        row["output"] = name
+        row["rows"] = batch
+        rows.append(row)
+    return rows

@@ -26,6 +26,10 @@ def build_report(
 ) -> dict[str, Any]:
     """Assemble the report from stage records and metrics (plain data, JSON-able)."""
     validate = metrics.get("validate", {})
+    skipped = next(
+        (s.get("reason") for s in stages if s.get("name") == "validate" and s.get("status") == "skipped"), ""
+    )
+    not_run = {"status": "skipped", "reason": skipped or "validate stage did not run"}
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "status": status,
@@ -34,11 +38,12 @@ def build_report(
         "precision": cfg.precision.mode,
         "seconds": round(seconds, 3),
         "stages": stages,
-        "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
-        "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
+        "parity": validate.get("parity", not_run),
+        "latency": validate.get("latency", not_run),
         "metrics": {k: v for k, v in metrics.items() if k != "validate"},
         "warnings": list(warnings),
         "summary": summarize(validate),
+        "notes": [n for m in metrics.values() if isinstance(m, dict) for n in m.get("notes") or []],
     }
     if error:
         report["error"] = error
@@ -77,6 +82,8 @@ def results_table(report: dict[str, Any]) -> str:
     lines.append(header)
     lines.append("-" * len(header))
     for cand in parity.get("candidates", []):
+        if not cand.get("checks"):  # skipped (no TensorRT) or could not run
+            lines.append(f"{cand['name']:<16} {cand.get('status', '')}: {cand.get('reason', '')}")
         for c in cand.get("checks", []):
             lines.append(
                 f"{cand['name']:<16} {c['shape']:<6} {c['output']:<16} {_f(c.get('max_abs')):>10} "

@@ -131,6 +131,10 @@ def run_build(
             produced.extend(f for f in rec.files if f not in produced)
             detail = f" ({rec.reason})" if rec.reason else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
+        current = "gate"  # release gate ([gate] / --policy), before anything is published
+        from edgedeploy.gate import gate_build
+
+        gate_build(ctx)
     except DeployError as exc:
         _fail(ctx, cfg, target, records, current, exc, t_start)
         raise

@@ -1,18 +1,185 @@
-"""Placeholder build stage for TensorRT targets until the device-bundle builder lands."""
+"""BundleFromOnnx: the TensorRT targets' artifact, a device bundle from which the engine is built where it runs.
+
+TensorRT engines are specific to the TensorRT release and GPU that build them, and Jetson engines
+cannot be built on an x86 host, so this stage never builds an engine. It writes ``bundle/``:
+the ONNX model the plan builds from (and ``model.onnx``), the calibration cache, the goldens from
+the PyTorch reference, ``plan.json``, the equivalent ``trtexec.sh``, the device script
+``complete_bundle.py`` with its helpers, and ``bundle.json`` listing every file's sha256.
+On the device, ``python3 complete_bundle.py .`` verifies, builds and validates the engine.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
-from edgedeploy.errors import TargetCapabilityError
 from edgedeploy.pipeline.context import BuildContext
+from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.pipeline.store import atomic_write_json, atomic_write_text
 from edgedeploy.stages.base import Stage
+from edgedeploy.stages.reference import GOLDENS
+from edgedeploy.trt.plan import (
+    CALIB_CACHE,
+    ONNX_FP16,
+    ONNX_FP32,
+    ONNX_INT8,
+    PLAN,
+    PRECISION_INFO,
+    BuildPlan,
+    make_plan,
+    write_plan,
+)
+from edgedeploy.trt.trtexec import TRTEXEC_SCRIPT, trtexec_script
+
+BUNDLE_DIR = "bundle"
+BUNDLE_MANIFEST = "bundle.json"
+BUNDLE_SCHEMA = "edgedeploy-bundle/1"
+BUNDLE_README = "README.txt"
+_PKG = Path(__file__).resolve().parent.parent
+# bundle file name -> source file in this package (the device step runs from these copies)
+DEVICE_CODE = {
+    "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
+    "trt_adapter.py": _PKG / "trt" / "adapter.py",
+    "parity.py": _PKG / "pipeline" / "parity.py",
+}
+
+
+def bundle_files(plan: BuildPlan, *, precision_info: bool) -> list[str]:
+    """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last."""
+    names = [ONNX_FP32]
+    if plan.onnx != ONNX_FP32:
+        names.append(plan.onnx)
+    if plan.calib_cache:
+        names.append(plan.calib_cache)
+    if precision_info:
+        names.append(PRECISION_INFO)
+    names += [GOLDENS, PLAN, TRTEXEC_SCRIPT, *DEVICE_CODE, BUNDLE_README, BUNDLE_MANIFEST]
+    return names
+
+
+def _readme(plan: BuildPlan, device_python: str) -> str:
+    return (
+        f"edgedeploy device bundle: target {plan.target} (TensorRT {plan.trt_version}), {plan.precision}.\n"
+        "The engine is built on the device, where TensorRT runs. Copy this folder there, then:\n\n"
+        f"    python3 complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
+        f"    sh {TRTEXEC_SCRIPT}                  # or build with trtexec only (no validation)\n\n"
+        f"Needs TensorRT's Python bindings (JetPack ships them), numpy and polygraphy; Python {device_python}"
+        " or newer (3.6+).\n"
+        "Dry run anywhere without TensorRT: python3 complete_bundle.py . --runner onnxruntime\n"
+    )
 
 
 class BundleFromOnnx(Stage):
     name = "build"
+    version = "1"
+    consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
+
+    def __init__(self) -> None:
+        self._plans: dict[str, BuildPlan] = {}
+
+    def plan(self, ctx: BuildContext) -> BuildPlan:
+        """The build plan for this build (decided once from the files earlier stages wrote).
+
+        Raises:
+            TargetCapabilityError: precision, DLA or workspace the target cannot do.
+            StageError: the precision route needs a file that was not produced.
+        """
+        key = str(ctx.staging)
+        if key not in self._plans:
+            files = {n: ctx.path(n) for n in (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE) if ctx.path(n).is_file()}
+            self._plans[key] = make_plan(ctx.cfg, ctx.target, files, precision_info=_precision_info(ctx))
+        return self._plans[key]
+
+    def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        names = bundle_files(self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file())
+        return tuple(f"{BUNDLE_DIR}/{n}" for n in names)
+
+    def config_key(self, ctx: BuildContext) -> Any:
+        return {
+            "plan": self.plan(ctx).to_dict(),
+            "target": ctx.target.capabilities(),
+            "validation": _validation_spec(ctx),
+            "device_code": {name: sha256_file(src) for name, src in DEVICE_CODE.items()},
+        }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
-        raise TargetCapabilityError(
-            f"target '{ctx.target.name}' is not buildable yet in this version", hint="use --target cpu"
-        )
+        plan = self.plan(ctx)
+        folder = ctx.staging / BUNDLE_DIR
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        has_info = ctx.path(PRECISION_INFO).is_file()
+        copies = [ONNX_FP32, plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None, GOLDENS]
+        for name in dict.fromkeys(c for c in copies if c):
+            shutil.copyfile(ctx.path(name), folder / name)
+        for name, src in DEVICE_CODE.items():
+            shutil.copyfile(src, folder / name)
+        write_plan(plan, folder)
+        atomic_write_text(folder / TRTEXEC_SCRIPT, trtexec_script(plan))
+        (folder / TRTEXEC_SCRIPT).chmod(0o755)
+        atomic_write_text(folder / BUNDLE_README, _readme(plan, ctx.target.device_python or "3.6"))
+        listed = [n for n in bundle_files(plan, precision_info=has_info) if n != BUNDLE_MANIFEST]
+        manifest = {
+            "schema": BUNDLE_SCHEMA,
+            "target": ctx.target.capabilities(),
+            "precision": plan.precision,
+            "plan": PLAN,
+            "goldens": GOLDENS,
+            "engine": plan.engine,
+            "validation": _validation_spec(ctx),
+            "files": {n: sha256_file(folder / n) for n in listed},
+        }
+        atomic_write_json(folder / BUNDLE_MANIFEST, manifest)
+        bundle_sha = sha256_file(folder / BUNDLE_MANIFEST)
+        where = ctx.out / BUNDLE_DIR
+        notes = [
+            f"engine not built here: TensorRT engines are built on the device ({ctx.target.name}, "
+            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 complete_bundle.py . "
+            f"--bundle-sha256 {bundle_sha}",
+        ]
+        for note in plan.notes:
+            if note.startswith("the Q/DQ model was not used"):
+                ctx.warn(note)
+        if ctx.log:
+            for line in notes:
+                ctx.log(f"  {line}")
+        return {
+            "artifact": f"{BUNDLE_DIR}/",
+            "engine": "not built here (built on the device by complete_bundle.py)",
+            "bundle_sha256": bundle_sha,
+            "plan": {
+                "strategy": plan.strategy,
+                "onnx": plan.onnx,
+                "strongly_typed": plan.strongly_typed,
+                "workspace_mib": plan.workspace_mib,
+                "dla_core": plan.dla_core,
+                "fp32_layers": len(plan.fp32_layers),
+                "dynamic": plan.dynamic,
+                "notes": list(plan.notes),
+            },
+            "notes": notes,
+        }
+
+
+def _precision_info(ctx: BuildContext) -> dict[str, Any] | None:
+    path = ctx.path(PRECISION_INFO)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _validation_spec(ctx: BuildContext) -> dict[str, Any]:
+    """What the device step compares and how strictly (the same tolerance the host would use)."""
+    cfg = ctx.cfg
+    tol = cfg.tolerance_for(ctx.precision)
+    return {
+        "tolerance": {k: getattr(tol, k) for k in ("atol", "rtol", "min_cosine", "min_topk_agreement")},
+        "outputs": list(cfg.outputs),
+        "classifier_outputs": list(cfg.validate.classifier_outputs),
+        "topk": cfg.validate.topk,
+    }

@@ -1,31 +1,42 @@
-"""TorchScriptFromModel: capture the eager model with torch.jit.trace and check the capture.
+"""TorchScriptFromModel: capture the eager model (torch.jit.trace / script, or torch.export) and check it.
 
-The trace is checked on inputs whose dynamic dims differ from the example's, and
-TracerWarnings (Python values frozen into the graph) fail the stage by default.
+The captured module is run at min, max and a random size of every dynamic dim (one
+dim at a time) and compared with eager, so a shape frozen during capture fails here,
+naming the dim. TracerWarnings (Python values frozen into the graph) are reported at
+the user's ``file:line`` (the innermost frame outside torch) and fail the stage by
+default. The artifact is kept for LibTorch / torch2trt users: ``model.ts`` (trace,
+script) or ``model.pt2`` (torch.export, saved with ``torch.export.save``).
 """
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 from typing import Any
 
 import numpy as np
 
 from edgedeploy.errors import StageError
+from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
 from edgedeploy.pipeline.context import BuildContext
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.inputs import feeds_at
+from edgedeploy.stages.inputs import feeds_with_dims
 
 TORCHSCRIPT = "model.ts"
+EXPORTED_PROGRAM = "model.pt2"
+CAPTURE_ATOL = 1e-4
 
 
 def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
+    """The model's positional arguments (config input order) as torch tensors."""
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
 
 
 def max_abs_diff(a: Any, b: Any) -> float:
+    """Largest absolute difference between two (nested) model outputs; inf on a structure or shape mismatch."""
     from edgedeploy.stages.reference import _flatten
 
     fa, fb = _flatten(a), _flatten(b)
@@ -40,11 +51,40 @@ def max_abs_diff(a: Any, b: Any) -> float:
     return worst
 
 
+def _library_dirs() -> tuple[str, ...]:
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    stdlib = os.path.dirname(os.path.abspath(warnings.__file__))
+    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(here) + os.sep, stdlib + os.sep)
+
+
+def user_frame(stack: list[traceback.FrameSummary]) -> str | None:
+    """``file:line`` of the innermost frame outside torch and edgedeploy (the user's code), if any."""
+    skip = _library_dirs()
+    for frame in reversed(stack):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(skip) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:
+    """Model outputs (nested tuples / dicts) flattened onto the configured output names."""
+    from edgedeploy.stages.reference import _flatten
+
+    flat = _flatten(result)
+    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
+
+
 class TorchScriptFromModel(Stage):
     name = "capture"
-    version = "1"
+    version = "2"
     consumes = ("checkpoint", "model_code")
     produces = (TORCHSCRIPT,)
+
+    def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return (EXPORTED_PROGRAM,) if ctx.cfg.export.capture == "export" else (TORCHSCRIPT,)
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
@@ -55,43 +95,97 @@ class TorchScriptFromModel(Stage):
 
         cfg = ctx.cfg
         model = ctx.model()
+        mode = cfg.export.capture
         rng = np.random.default_rng(cfg.validate.seed + 1)
-        example = torch_args(cfg, feeds_at(cfg, "opt", rng))
-        checks = [torch_args(cfg, feeds_at(cfg, p, rng)) for p in ("min", "max")]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", torch.jit.TracerWarning)
-            try:
-                if cfg.export.capture == "script":
-                    captured = torch.jit.script(model)
-                else:
-                    captured = torch.jit.trace(model, example, check_trace=False)
-            except Exception as exc:  # tracing/scripting errors come from the user's model code
-                raise StageError(
-                    self.name,
-                    f"torch.jit.{cfg.export.capture} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                ) from None
-        tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
-        findings = [f"{w.filename}:{w.lineno}: {' '.join(str(w.message).split())[:200]}" for w in tracer]
+        example = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), rng))
+        with torch.no_grad():
+            captured, runner, findings = self._capture(ctx, model, example)
         if findings and cfg.export.fail_on_tracer_warnings:
             raise StageError(
                 self.name,
-                f"tracing froze Python values into the graph ({len(findings)} warnings): " + " | ".join(findings[:3]),
-                hint='make the model shape-agnostic at those lines, use capture = "script", or '
-                "set export.fail_on_tracer_warnings = false",
+                f"tracing froze Python values into the graph ({len(findings)} TracerWarning(s)): "
+                + " | ".join(findings[:3])
+                + (f" (+{len(findings) - 3} more)" if len(findings) > 3 else ""),
+                hint="make the model shape-agnostic at those lines (x.shape[0] instead of int(...)), "
+                'use capture = "script" or "export", or set export.fail_on_tracer_warnings = false',
             )
         for w in findings:
-            ctx.warn(f"TracerWarning {w}")
-        errors = {}
-        with torch.inference_mode():
-            for label, args in zip(("opt", "min", "max"), (example, *checks)):
-                errors[label] = max_abs_diff(model(*args), captured(*args))
-        bad = {k: v for k, v in errors.items() if not v <= 1e-4}
-        if bad:
+            ctx.warn(f"TracerWarning at {w}")
+        points = probe_points(cfg, seed=cfg.validate.seed + 1)
+        feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + 1)
+
+        def run_with(fn: Any) -> Any:
+            def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                with torch.inference_mode():
+                    return outputs_as_numpy(cfg, fn(*torch_args(cfg, feed)))
+
+            return call
+
+        eager = run_with(model)
+        problems, figures = compare_shapes(
+            points, feeds, run_with(runner), [eager(f) for f in feeds], atol=CAPTURE_ATOL
+        )
+        if problems:
             raise StageError(
                 self.name,
-                "captured module differs from eager at "
-                + ", ".join(f"{k} shape (max abs {v:.3g})" for k, v in bad.items()),
-                hint='a shape or control-flow value was frozen during capture; try capture = "script"',
+                f"the {mode} capture differs from eager PyTorch: " + "; ".join(problems[:4]),
+                hint="a shape or a Python value was frozen during capture; make the code at those dims "
+                'shape-agnostic or try capture = "script" / "export"',
             )
-        captured.save(str(ctx.staging / TORCHSCRIPT))
-        return {"mode": cfg.export.capture, "max_abs_vs_eager": errors, "tracer_warnings": findings}
+        out = ctx.staging / self.outputs(ctx)[0]
+        if mode == "export":
+            torch.export.save(captured, str(out))
+        else:
+            captured.save(str(out))
+        return {
+            "mode": mode,
+            "artifact": out.name,
+            "points": figures,
+            "max_abs_vs_eager": max((f.get("max_abs", 0.0) for f in figures.values()), default=0.0),
+            "tracer_warnings": findings,
+        }
+
+    def _capture(self, ctx: BuildContext, model: Any, example: tuple[Any, ...]) -> tuple[Any, Any, list[str]]:
+        """(artifact object, callable that runs it, TracerWarnings as 'file:line: message')."""
+        import torch
+
+        mode = ctx.cfg.export.capture
+        findings: list[str] = []
+
+        def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            if issubclass(category, torch.jit.TracerWarning):
+                where = user_frame(traceback.extract_stack()[:-1]) or f"{filename}:{lineno}"
+                text = f"{where}: {' '.join(str(message).split())[:200]}"
+                if text not in findings:
+                    findings.append(text)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            warnings.showwarning = record
+            try:
+                if mode == "script":
+                    captured = torch.jit.script(model)
+                    return captured, captured, findings
+                if mode == "export":
+                    from edgedeploy.stages.export import quiet_torch
+
+                    with quiet_torch():
+                        ep = torch.export.export(model, example, dynamic_shapes=export_dynamic_shapes(ctx.cfg))
+                    return ep, ep.module(), findings
+                captured = torch.jit.trace(model, example, check_trace=False)
+                return captured, captured, findings
+            except Exception as exc:  # capture errors come from the user's model code
+                from edgedeploy.stages.export import root_cause
+
+                raise StageError(
+                    self.name,
+                    f"{_api(mode)} failed: {root_cause(exc, 400)}",
+                    hint="a dim named in the message was specialised: make that code shape-agnostic, "
+                    'or try capture = "trace"'
+                    if mode == "export"
+                    else 'try capture = "trace" or "export"',
+                ) from None
+
+
+def _api(mode: str) -> str:
+    return {"trace": "torch.jit.trace", "script": "torch.jit.script", "export": "torch.export.export"}[mode]

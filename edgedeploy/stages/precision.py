@@ -1,15 +1,30 @@
-"""Precision conversion of the ONNX model (FP16 / INT8); FP32 builds skip this stage."""
+"""PrecisionFromOnnx: FP16 / INT8 versions of model.onnx that keep accuracy; FP32 builds skip this stage.
+
+INT8: a QDQ model calibrated on the user's data in the target's flavour (S8S8 for TensorRT, U8S8 for
+ONNX Runtime), the most sensitive layers left in float until ``precision.accuracy_target`` is met, and, for
+TensorRT releases with implicit INT8, a ``calib.cache`` written from the same ranges.
+FP16: activation ranges on the calibration data; layers that overflow FP16 are pinned to FP32, either as
+builder pins (TensorRT <= 10) or inside an FP16 ONNX model (strongly typed TensorRT 11).
+Everything decided goes into ``precision.json`` and the stage metrics (report.json).
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from edgedeploy.errors import TargetCapabilityError
+import numpy as np
+
+from edgedeploy.errors import StageError
 from edgedeploy.pipeline.context import BuildContext
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.export import ONNX_MODEL
 
 PRECISION_MODELS = {"fp32": ONNX_MODEL, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
+PRECISION_JSON = "precision.json"
 
 
 def deploy_model_name(precision: str) -> str:
@@ -19,14 +34,189 @@ def deploy_model_name(precision: str) -> str:
 
 class PrecisionFromOnnx(Stage):
     name = "precision"
-    version = "1"
-    consumes = (ONNX_MODEL,)
+    version = "2"
+    consumes = (ONNX_MODEL, "calibration")
 
     def applies(self, ctx: BuildContext) -> str | None:
         return "fp32: nothing to convert" if ctx.precision == "fp32" else None
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (deploy_model_name(ctx.precision),)
+        from edgedeploy.precision.calib_cache import CALIB_CACHE
+
+        files = [deploy_model_name(ctx.precision), PRECISION_JSON]
+        if ctx.precision == "int8" and ctx.target.implicit_int8:
+            files.append(CALIB_CACHE)
+        return tuple(files)
+
+    def config_key(self, ctx: BuildContext) -> Any:
+        from edgedeploy.precision.data import calibration_fingerprint
+
+        c = ctx.cfg
+        t = ctx.target
+        return {
+            "precision": c.to_dict()["precision"],
+            "calibration": calibration_fingerprint(c),
+            "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
+            "normalization": c.model.normalization,
+            "classifier_outputs": list(c.validate.classifier_outputs),
+            "latency": [c.validate.latency_iters, c.validate.seed],
+        }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
-        raise TargetCapabilityError(f"precision {ctx.precision} is not implemented yet for target {ctx.target.name}")
+        from edgedeploy.precision.data import load_calibration
+
+        cfg = ctx.cfg
+        calib = load_calibration(cfg, allow_random=ctx.precision == "fp16")
+        _warn_about_data(ctx, calib)
+        with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
+            if ctx.precision == "int8":
+                plan = _int8(ctx, calib.batches, Path(tmp))
+            else:
+                plan = _fp16(ctx, calib.batches, Path(tmp))
+        plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
+        (ctx.staging / PRECISION_JSON).write_text(json.dumps(plan, indent=2, default=float))
+        return plan
+
+
+def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
+    p = ctx.cfg.precision
+    if calib.kind == "random":
+        ctx.warn("no calibration data: FP16 ranges measured on spec-random inputs; pass --calib for real ranges")
+    elif calib.samples < p.calib_samples:
+        ctx.warn(
+            f"calibration used {calib.samples} samples, fewer than precision.calib_samples = {p.calib_samples} "
+            f"({calib.location}); ranges may miss real inputs"
+        )
+    for spec in ctx.cfg.inputs:
+        if spec.dtype not in ("float32", "float16"):
+            continue
+        values = np.concatenate([b[spec.name].ravel() for b in calib.batches])
+        lo, hi = float(values.min()), float(values.max())
+        slack = 0.05 * (spec.range[1] - spec.range[0])
+        if lo < spec.range[0] - slack or hi > spec.range[1] + slack:
+            ctx.warn(
+                f"calibration data for {spec.name!r} spans [{lo:.3g}, {hi:.3g}], outside inputs.range "
+                f"{list(spec.range)} that validation draws from; fix inputs.range or the preprocessing"
+            )
+
+
+def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
+    import onnx
+
+    from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
+    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess, quantize_with_fallback
+
+    cfg, target = ctx.cfg, ctx.target
+    p = cfg.precision
+    float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
+    _check_node_names(p.keep_fp32, onnx.load(str(float_model)), "precision.keep_fp32")
+    flavour = flavour_for(target.runtime)
+    q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
+    result = quantize_with_fallback(
+        q,
+        out=ctx.staging / deploy_model_name("int8"),
+        batches=batches,
+        classifier_outputs=cfg.validate.classifier_outputs,
+        accuracy_target=p.accuracy_target,
+        max_tries=p.max_fallback_tries,
+        keep_fp32=p.keep_fp32,
+        latency_feeds=batches[0],
+        latency_iters=max(cfg.validate.latency_iters, 3),
+        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
+    )
+    if not result.met:
+        table = "; ".join(
+            f"try {t['try']}: {len(t['excluded'])} float nodes, {t['metric']} {t['score']:.4f}" for t in result.tries
+        )
+        raise StageError(
+            "precision",
+            f"INT8 misses precision.accuracy_target = {p.accuracy_target} after {len(result.tries) - 1} "
+            f"fallback tries ({table})",
+            hint="raise precision.max_fallback_tries, add calibration data, try calib_method = 'entropy' or "
+            "'percentile', or list layers in precision.keep_fp32",
+        )
+    if result.excluded:
+        ctx.warn(
+            f"INT8: {len(result.excluded)} node(s) kept in float for accuracy: "
+            + ", ".join(list(result.excluded)[:6])
+            + (" ..." if len(result.excluded) > 6 else "")
+        )
+    plan: dict[str, Any] = {
+        "strategy": "explicit-qdq",
+        "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
+        "calib_method": p.calib_method,
+        "accuracy_target": p.accuracy_target,
+        "accuracy": result.tries[-1],
+        "kept_float": [{"node": n, "why": why} for n, why in result.excluded.items()],
+        "fallback_tries": result.tries,
+        "sensitivity": result.sensitivity,
+        "latency_onnxruntime_cpu": result.latency,
+    }
+    if target.implicit_int8:
+        cache = write_trt_cache(
+            ctx.staging / CALIB_CACHE, scales_from_ranges(q.ranges()), trt_version=target.trt_version
+        )
+        plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
+    return plan
+
+
+def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
+    import onnx
+
+    from edgedeploy.precision import analysis
+    from edgedeploy.precision.fp16 import convert_fp16, fp16_strategy
+
+    cfg, target = ctx.cfg, ctx.target
+    model_path = ctx.path(ONNX_MODEL)
+    proto = onnx.load(str(model_path))
+    _check_node_names(cfg.precision.keep_fp32, proto, "precision.keep_fp32")
+    findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
+    pins = {n: "listed in precision.keep_fp32" for n in cfg.precision.keep_fp32}
+    pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
+    for f in findings:
+        if f["issue"] == "underflow":
+            ctx.warn(f"FP16 underflow in {f['tensor']} ({f['producer']}): {f['why']}")
+    if pins:
+        ctx.warn(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
+    fp16_model = convert_fp16(model_path, tmp / "fp16.onnx", keep_fp32=list(pins))
+    # Host check of the pinned FP16 graph in ONNX Runtime: NaN/Inf left after pinning is a hard failure.
+    reference = analysis.run_model(model_path, batches)
+    outputs = analysis.run_model(fp16_model, batches)
+    nonfinite = sorted({n for o in outputs for n, v in o.items() if v.dtype.kind == "f" and not np.isfinite(v).all()})
+    if nonfinite:
+        raise StageError(
+            "precision",
+            f"FP16 model still gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32",
+            hint="list the offending layers in precision.keep_fp32",
+        )
+    check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
+    if check["score"] < cfg.precision.accuracy_target:
+        ctx.warn(
+            f"FP16 host check: {check['metric']} {check['score']:.4f} < precision.accuracy_target "
+            f"{cfg.precision.accuracy_target} (ONNX Runtime CPU FP16; the device's numerics differ)"
+        )
+    strategy = fp16_strategy(target.strongly_typed_only)
+    out = ctx.staging / deploy_model_name("fp16")
+    if strategy == "typed-onnx":
+        shutil.copyfile(fp16_model, out)
+    else:  # TensorRT <= 10: the FP32 graph; the builder sets the FP16 flag and pins these layers to FP32
+        shutil.copyfile(model_path, out)
+    return {
+        "strategy": strategy,
+        "onnx_dtype": "float16" if strategy == "typed-onnx" else "float32",
+        "fp32_layers": [{"node": n, "why": why} for n, why in pins.items()],
+        "fp16_findings": findings,
+        "host_check": check,
+    }
+
+
+def _check_node_names(names: Any, model: Any, key: str) -> None:
+    known = {n.name for n in model.graph.node}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        from edgedeploy.errors import ConfigError
+
+        raise ConfigError(
+            f"key '{key}' names nodes not in model.onnx: {', '.join(unknown[:5])}",
+            hint="use ONNX node names (e.g. from precision.json or Netron)",
+        )

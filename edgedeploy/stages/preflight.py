@@ -1,10 +1,17 @@
-"""PreflightFromOnnx: check every node of the ONNX model against what the target runtime runs."""
+"""PreflightFromOnnx: check every node of the ONNX model against what the target runtime runs.
+
+TensorRT targets: the op table of the target's TensorRT version (data, no TensorRT).
+cpu: an ONNX Runtime session. All findings are reported at once; errors stop the build
+before any expensive stage (UnsupportedOpsError, exit code 5), warnings go to the report.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from edgedeploy.errors import UnsupportedOpsError
+from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
 from edgedeploy.pipeline.context import BuildContext
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.export import ONNX_MODEL
@@ -12,44 +19,50 @@ from edgedeploy.stages.export import ONNX_MODEL
 PREFLIGHT = "preflight.json"
 
 
-def onnxruntime_findings(model_path: str) -> list[dict[str, Any]]:
-    """Nodes whose (domain, op) ONNX Runtime's CPU provider has no kernel for, found by creating a session."""
-    import onnxruntime as ort
+def raise_on_errors(findings: list[Finding], target_name: str) -> None:
+    """Raise once for all error findings.
 
-    try:
-        ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # NOT_IMPLEMENTED / INVALID_GRAPH from the runtime
-        return [
-            {
-                "node": "",
-                "op": "",
-                "severity": "error",
-                "message": " ".join(str(exc).split())[:300],
-                "fix": "change the op in the model or pick another opset",
-            }
-        ]
-    return []
+    Raises:
+        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
+    """
+    errors = [f for f in findings if f.severity == "error"]
+    if not errors:
+        return
+    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    raise UnsupportedOpsError(
+        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
+        findings=[f.to_dict() for f in findings],
+        hint=errors[0].fix,
+    )
 
 
 class PreflightFromOnnx(Stage):
     name = "check"
-    version = "1"
+    version = "2"
     consumes = (ONNX_MODEL,)
     produces = (PREFLIGHT,)
 
     def config_key(self, ctx: BuildContext) -> Any:
-        return {"target": ctx.target.capabilities(), "dla": ctx.cfg.build.dla_core}
+        return {"target": ctx.target.capabilities(), "dla": ctx.cfg.build.dla_core, "precision": ctx.precision}
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
-        import json
-
-        findings = onnxruntime_findings(str(ctx.path(ONNX_MODEL))) if ctx.target.runtime == "onnxruntime" else []
-        (ctx.staging / PREFLIGHT).write_text(json.dumps({"target": ctx.target.name, "findings": findings}, indent=2))
-        errors = [f for f in findings if f["severity"] == "error"]
-        if errors:
-            raise UnsupportedOpsError(
-                f"{len(errors)} unsupported operator(s) for target '{ctx.target.name}': "
-                + "; ".join(f"{f['node']} {f['op']}: {f['message']}" for f in errors),
-                findings=findings,
+        path = ctx.path(ONNX_MODEL)
+        findings = check_model(path, ctx.target, dla_core=ctx.cfg.build.dla_core, precision=ctx.precision)
+        if any(f.severity != "info" and f.op and not f.source for f in findings):
+            # TorchScript-exporter scopes name modules; map them to their files for the report
+            modules = module_files(ctx.model())
+            findings = check_model(
+                path, ctx.target, dla_core=ctx.cfg.build.dla_core, precision=ctx.precision, module_paths=modules
             )
-        return {"findings": findings, "errors": 0, "warnings": len(findings)}
+        rows = [f.to_dict() for f in findings]
+        (ctx.staging / PREFLIGHT).write_text(json.dumps({"target": ctx.target.name, "findings": rows}, indent=2))
+        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+        ctx.metrics[self.name] = {"findings": rows, **counts}
+        if ctx.log and findings:
+            ctx.log(findings_table(findings))
+        raise_on_errors(findings, ctx.target.name)
+        for f in findings:
+            if f.severity == "warning":
+                ctx.warn(f"check: {f.op + ' ' if f.op else ''}{f.node + ': ' if f.node else ''}{f.message}")
+        return {"findings": rows, **counts}

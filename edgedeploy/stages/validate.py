@@ -1,79 +1,161 @@
-"""ParityFromGoldens: run the built artifact on the golden inputs, compare with PyTorch, time it."""
+"""ParityFromGoldens: run every artifact of the build on the golden inputs, compare with PyTorch, time it.
+
+Backends: the TorchScript capture, ONNX Runtime on the FP32 model and on the FP16 / INT8 variants when
+the precision stage wrote them, and the TensorRT engine when there is one and TensorRT imports (else
+the candidate is listed as ``skipped: no TensorRT``). Each runs through a polygraphy runner
+(``edgedeploy.validate.runners``) on the goldens' inputs (min / opt / max shapes and ``validate.data``);
+each output is judged with the tolerance of the backend's precision (``[tolerance.<precision>]``).
+A batch made of one row repeated must give the same output in every row. A failing ONNX candidate is
+traced back to the first layer where it departs from PyTorch (``edgedeploy.validate.localize``).
+All failures are collected, then reported in one ParityError.
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from edgedeploy.errors import ParityError
+from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.parity import compare_output
+from edgedeploy.pipeline.parity import (
+    NON_FINITE,
+    add_to_histogram,
+    batch_consistency,
+    compare_output,
+    empty_histogram,
+)
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.build_ort import ort_session
-from edgedeploy.stages.precision import PRECISION_MODELS, deploy_model_name
+from edgedeploy.stages.precision import deploy_model_name
 from edgedeploy.stages.reference import GOLDENS, load_goldens
+from edgedeploy.validate.latency import measure
+from edgedeploy.validate.latency import time_calls as latency  # noqa: F401  (kept for precision.analysis)
+from edgedeploy.validate.runners import (
+    ENGINE_FILES,
+    ONNX_MODELS,
+    TORCHSCRIPT,
+    Backend,
+    discover_backends,
+    make_runner,
+    quiet_polygraphy,
+    run_feeds,
+    short_error,
+    tensorrt_available,
+)
+
+REFERENCE = "pytorch-eager"
 
 
-def latency(run: Any, feeds: dict[str, np.ndarray], *, warmup: int, iters: int) -> dict[str, Any]:
-    """Warm up, then time ``iters`` calls of ``run(feeds)``; p50/p90/p99 in ms and samples/s."""
-    for _ in range(warmup):
-        run(feeds)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        run(feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    batch = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
-    p50 = float(np.percentile(times, 50))
-    return {
-        "p50_ms": p50,
-        "p90_ms": float(np.percentile(times, 90)),
-        "p99_ms": float(np.percentile(times, 99)),
-        "throughput": batch * 1e3 / p50 if p50 > 0 else 0.0,
-        "iters": iters,
-        "warmup": warmup,
-        "shape": {k: list(v.shape) for k, v in feeds.items()},
-    }
+def repeated_row_batch(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
+    """A batch at the largest size of the leading dynamic dim, every row a copy of row 0 of ``feeds``.
+
+    None when the first input has no named leading (batch) dim or its max size is 1.
+    """
+    first = cfg.inputs[0]
+    lead = first.shape[0] if first.shape and isinstance(first.shape[0], str) else None
+    if lead is None or cfg.dims[lead].max < 2:
+        return None
+    n = cfg.dims[lead].max
+    batch = {}
+    for spec in cfg.inputs:
+        arr = feeds[spec.name]
+        if spec.shape and spec.shape[0] == lead:
+            arr = np.repeat(arr[:1], n, axis=0)
+        batch[spec.name] = np.ascontiguousarray(arr)
+    return batch, n
+
+
+def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The failing parity row to localize: non-finite output first, then the largest max abs error."""
+    rows = [c for c in checks if not c["passed"] and c.get("check") == "parity"] or checks
+    return max(rows, key=lambda c: (NON_FINITE in c.get("failure", []), c.get("max_abs", float("inf"))))
 
 
 class ParityFromGoldens(Stage):
     name = "validate"
-    version = "1"
-    consumes = (GOLDENS, *dict.fromkeys(PRECISION_MODELS.values()))
+    version = "2"
+    consumes = (GOLDENS, TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), *ENGINE_FILES)
 
     def applies(self, ctx: BuildContext) -> str | None:
         if not ctx.target.builds_here:
-            return f"no {ctx.target.runtime} here: validation runs on the device against the goldens"
+            return "engine built on device: complete_bundle.py validates it there against the goldens"
         return None
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg
         return {
             "precision": ctx.precision,
-            "tolerance": c.tolerance_for(ctx.precision).__dict__,
+            "tolerance": {p: c.tolerance_for(p).__dict__ for p in ONNX_MODELS},
             "validate": c.to_dict()["validate"],
+            "outputs": list(c.outputs),
+            "tensorrt": tensorrt_available(),
         }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
         cfg = ctx.cfg
-        model = deploy_model_name(ctx.precision)
-        sess = ort_session(str(ctx.path(model)))
         goldens = load_goldens(ctx.path(GOLDENS))
-        tol = cfg.tolerance_for(ctx.precision)
-        names = [o.name for o in sess.get_outputs()]
+        samples = [(point, s, pair) for point, by_sample in goldens.items() for s, pair in sorted(by_sample.items())]
+        backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256)
+        opt_feeds = goldens["opt"][0]["in"]
+        candidates: list[dict[str, Any]] = []
+        timings: dict[str, Any] = {"status": "measured", "shape": "opt", "backends": {}, "skipped": {}}
+        for backend in backends:
+            cand, lat = self._validate_backend(ctx, backend, samples, opt_feeds)
+            candidates.append(cand)
+            if lat is not None:
+                timings["backends"][backend.name] = lat
+            else:
+                timings["skipped"][backend.name] = cand.get("reason", "did not run")
+        for skip in skipped:
+            candidates.append({"name": skip.name, "status": "skipped", "reason": skip.reason, "checks": []})
+            timings["skipped"][skip.name] = skip.reason
+        failed = [c for c in candidates if c["status"] == "failed"]
+        parity = {
+            "status": "failed" if failed else "passed",
+            "reference": REFERENCE,
+            "deploy_artifact": deploy_model_name(ctx.precision),
+            "tolerance": cfg.tolerance_for(ctx.precision).__dict__,
+            "tolerances": {c["precision"]: c["tolerance"] for c in candidates if "tolerance" in c},
+            "shapes": sorted({p for p, _, _ in samples}),
+            "candidates": candidates,
+        }
+        metrics = {"parity": parity, "latency": timings}
+        ctx.metrics[self.name] = metrics
+        if failed:
+            raise self._error(failed)
+        return metrics
 
-        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return dict(zip(names, sess.run(names, feeds)))
-
-        checks = []
-        for point, samples in goldens.items():
-            for s, pair in sorted(samples.items()):
-                got = run(pair["in"])
-                for out_name in cfg.outputs:
+    def _validate_backend(
+        self, ctx: BuildContext, backend: Backend, samples: list[tuple[str, int, Any]], opt_feeds: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        cfg = ctx.cfg
+        tol = cfg.tolerance_for(backend.precision)
+        cand: dict[str, Any] = {
+            "name": backend.name,
+            "backend": backend.kind,
+            "precision": backend.precision,
+            "artifact": backend.artifact,
+            "deploy": backend.artifact == deploy_model_name(ctx.precision),
+            "tolerance": tol.__dict__,
+            "checks": [],
+        }
+        runner = make_runner(backend, ctx.staging, cfg)
+        try:
+            outputs = run_feeds(runner, [pair["in"] for _, _, pair in samples])
+        except DeployError:
+            raise
+        except Exception as exc:  # the backend cannot load or run the model: a failed candidate, reported with the rest
+            cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
+            return cand, None
+        hist = {name: empty_histogram() for name in cfg.outputs}
+        for (point, s, pair), got in zip(samples, outputs):
+            for out_name in cfg.outputs:
+                ref = pair["out"][out_name]
+                if out_name not in got:
+                    row = {"passed": False, "failure": ["missing output"], "reason": "backend has no such output"}
+                else:
                     row = compare_output(
-                        pair["out"][out_name],
+                        ref,
                         got[out_name],
                         atol=tol.atol,
                         rtol=tol.rtol,
@@ -82,39 +164,73 @@ class ParityFromGoldens(Stage):
                         topk=cfg.validate.topk,
                         classifier=out_name in cfg.validate.classifier_outputs,
                     )
-                    row.update(shape=point, sample=s, output=out_name)
-                    checks.append(row)
-        candidate = {
-            "name": f"onnxruntime-{ctx.precision}",
-            "artifact": model,
-            "checks": checks,
-            "passed": all(c["passed"] for c in checks),
-        }
-        parity = {
-            "status": "passed" if candidate["passed"] else "failed",
-            "reference": "pytorch-eager",
-            "tolerance": tol.__dict__,
-            "candidates": [candidate],
-        }
-        opt = goldens["opt"][0]["in"]
-        lat = {
-            "status": "measured",
-            "backends": {
-                candidate["name"]: latency(
-                    run, opt, warmup=cfg.validate.latency_warmup, iters=cfg.validate.latency_iters
-                )
-            },
-        }
-        ctx.metrics[self.name] = {"parity": parity, "latency": lat}
-        failures = [c for c in checks if not c["passed"]]
-        if failures:
-            table = "; ".join(
-                f"{candidate['name']} {c['shape']}#{c['sample']} {c['output']}: {c.get('reason')}" for c in failures[:6]
-            )
-            more = f" (+{len(failures) - 6} more)" if len(failures) > 6 else ""
-            raise ParityError(
-                f"{len(failures)} of {len(checks)} parity checks failed: {table}{more}",
-                failures=failures,
-                hint="see report.json; loosen [tolerance] only if intended",
-            )
-        return {"parity": parity, "latency": lat}
+                    add_to_histogram(hist[out_name], ref, got[out_name])
+                row.update(check="parity", shape=point, sample=s, output=out_name)
+                cand["checks"].append(row)
+        cand["histograms"] = hist
+        lat = None
+        with quiet_polygraphy(), runner:
+            repeated = repeated_row_batch(cfg, opt_feeds)
+            if repeated is None:
+                cand["batch_consistency"] = "skipped: no dynamic batch dim with max > 1"
+            else:
+                feeds, n = repeated
+                got = {k: np.asarray(v) for k, v in runner.infer(feeds).items()}
+                for row in batch_consistency(got, n, atol=tol.atol, rtol=tol.rtol, min_cosine=tol.min_cosine):
+                    if "skipped" not in row:
+                        row.update(check="batch_consistency", shape=f"x{n}", sample=0)
+                        cand["checks"].append(row)
+            lat = measure(runner, opt_feeds, warmup=cfg.validate.latency_warmup, iters=cfg.validate.latency_iters)
+        failing = [c for c in cand["checks"] if not c["passed"]]
+        cand["status"] = "failed" if failing else "passed"
+        if any(c["check"] == "parity" for c in failing):
+            cand["localization"] = self._localize(ctx, backend, samples, _worst_failure(failing))
+        return cand, lat
+
+    def _localize(
+        self, ctx: BuildContext, backend: Backend, samples: list[tuple[str, int, Any]], row: dict[str, Any]
+    ) -> dict[str, Any]:
+        if not backend.onnx:
+            return {"status": "not localized", "reason": f"localization needs an ONNX candidate, not {backend.kind}"}
+        from edgedeploy.validate.localize import localize
+
+        feeds = next(pair["in"] for p, s, pair in samples if p == row["shape"] and s == row["sample"])
+        try:
+            result = localize(ctx.path(backend.artifact), ctx.model(), ctx.cfg, feeds, precision=backend.precision)
+        except DeployError:
+            raise
+        except Exception as exc:  # a diagnostic must not hide the parity failure it explains
+            return {"status": "not localized", "reason": short_error(exc)}
+        result["sample"] = {"shape": row["shape"], "sample": row["sample"], "output": row["output"]}
+        return result
+
+    def _error(self, failed: list[dict[str, Any]]) -> ParityError:
+        from edgedeploy.validate.localize import describe
+
+        lines = []
+        rows = []
+        for cand in failed:
+            if not cand["checks"]:
+                lines.append(f"{cand['name']}: {cand.get('reason')}")
+                continue
+            bad = [c for c in cand["checks"] if not c["passed"]]
+            rows += [dict(c, candidate=cand["name"]) for c in bad]
+            groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for c in cand["checks"]:
+                groups.setdefault((c["check"], c["output"]), []).append(c)
+            for (check, output), group in groups.items():  # one line per failing output: its worst row
+                failing = [c for c in group if not c["passed"]]
+                if failing:
+                    worst = _worst_failure(failing)
+                    lines.append(
+                        f"{cand['name']} {check} {output}: {len(failing)} of {len(group)} fail, worst "
+                        f"{worst['shape']}#{worst['sample']}: {worst.get('reason')}"
+                    )
+            if "localization" in cand:
+                lines.append(f"{cand['name']}: {describe(cand['localization'])}")
+        names = ", ".join(c["name"] for c in failed)
+        return ParityError(
+            f"{len(failed)} backend(s) disagree with PyTorch ({names}): " + "; ".join(lines),
+            failures=rows or failed,
+            hint="see report.html / report.json; loosen [tolerance.<precision>] only if intended",
+        )

@@ -1,7 +1,9 @@
 """Built-in target profiles, composed from base profiles with ``dataclasses.replace``.
 
-Facts (TensorRT / CUDA / SM per JetPack) follow NVIDIA's JetPack and TensorRT
-release notes; see README's target table.
+Facts (TensorRT / CUDA / SM / Python per JetPack, ONNX opset per TensorRT) follow NVIDIA's
+JetPack and TensorRT release notes and support matrices; docs/targets.md cites each one.
+Where a profile covers several modules (AGX / NX), memory and DLA count are the smallest
+module's, so a plan that fits the profile fits every module it names.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ class TargetProfile:
     strongly_typed_only: bool = False
 
     @property
+    def trt_major(self) -> int:
+        """TensorRT major version (0 for onnxruntime targets)."""
+        head = self.trt_version.split(".")[0]
+        return int(head) if head.isdigit() else 0
+
+    @property
+    def strongly_typed(self) -> bool:
+        """TensorRT builds strongly typed networks (the model's types decide precision): TRT >= 10."""
+        return self.trt_major >= 10
+
+    @property
     def builds_here(self) -> bool:
         """True when the artifact is built on this host (no TensorRT needed)."""
         return self.runtime == "onnxruntime"
@@ -79,11 +92,14 @@ class TargetProfile:
                 hint=f"use --precision {self.precisions[-1]} or another target",
             )
 
-    def require_dla(self, core: int | None) -> None:
+    def require_dla(self, core: int | None, precision: str | None = None) -> None:
         """Raise unless DLA core ``core`` exists on this target (``None``: no DLA asked).
 
+        With ``precision``, also refuse FP32 on DLA: DLA runs FP16 and INT8 layers only, so an
+        FP32 build would silently run every layer on the GPU fallback.
+
         Raises:
-            TargetCapabilityError: the target has no DLA or not that many cores.
+            TargetCapabilityError: the target has no DLA, not that many cores, or DLA cannot run the precision.
         """
         if core is None:
             return
@@ -96,6 +112,29 @@ class TargetProfile:
             raise TargetCapabilityError(
                 f"target '{self.name}' has DLA cores 0..{self.dla_cores - 1}, asked for core {core}"
             )
+        if precision == "fp32":
+            raise TargetCapabilityError(
+                f"DLA on target '{self.name}' runs FP16 and INT8 layers only; an fp32 build would run on the GPU",
+                hint="use --precision fp16 or int8 with --dla-core, or drop --dla-core",
+            )
+
+    def problems(self) -> list[str]:
+        """What is inconsistent in this profile (for user profiles read from a file)."""
+        out = []
+        bad = [p for p in self.precisions if p not in ("fp32", "fp16", "int8")]
+        if bad or not self.precisions:
+            out.append(f"precisions {list(self.precisions)} must be a non-empty subset of fp32, fp16, int8")
+        if self.runtime not in ("onnxruntime", "tensorrt"):
+            out.append(f"runtime {self.runtime!r} must be onnxruntime or tensorrt")
+        if self.runtime == "tensorrt" and self.trt_major == 0:
+            out.append(f"trt_version {self.trt_version!r} must be a TensorRT version like '10.3'")
+        if self.dla_cores < 0 or self.workspace_mib <= 0 or self.memory_mib < 0:
+            out.append("dla_cores and memory_mib must be >= 0 and workspace_mib > 0")
+        if self.memory_mib and self.workspace_mib > self.memory_mib:
+            out.append(f"workspace_mib {self.workspace_mib} exceeds memory_mib {self.memory_mib}")
+        if self.strongly_typed_only and self.implicit_int8:
+            out.append("strongly_typed_only targets (TensorRT >= 11) have no implicit_int8")
+        return out
 
     def capabilities(self) -> dict[str, object]:
         """Plain-data view for ``deploy targets`` and the manifest."""
@@ -121,43 +160,44 @@ _JETSON_BASE = dataclasses.replace(_TRT_BASE, name="_jetson", arch="aarch64", wo
 _DESKTOP = dataclasses.replace(
     _TRT_BASE,
     name="desktop",
-    description="x86_64 desktop/server NVIDIA GPU, TensorRT 10.x",
+    description="x86_64 desktop/server NVIDIA GPU, TensorRT 10.13 (engine built where the GPU is)",
     trt_version="10.13",
     cuda_version="12.9",
-    sm="",
-    max_opset=22,
+    sm="",  # any desktop GPU; the engine records the SM it was built on
+    max_opset=22,  # conservative: 10.9+ parses opset 22 (later 10.x go higher)
     workspace_mib=4096,
     device_python="3.10",
-    implicit_int8=True,
+    implicit_int8=True,  # deprecated in 10.x (explicit Q/DQ preferred) but still available
 )
 _DESKTOP_TRT11 = dataclasses.replace(
     _DESKTOP,
     name="desktop-trt11",
-    description="x86_64 NVIDIA GPU, TensorRT 11.x (strongly typed networks only)",
-    trt_version="11.0",
-    cuda_version="13.0",
+    description="x86_64 NVIDIA GPU, TensorRT 11.5 (strongly typed networks only; no FP16/INT8 builder flags)",
+    trt_version="11.5",
+    cuda_version="13.5",
     implicit_int8=False,
     strongly_typed_only=True,
-    max_opset=23,
+    max_opset=25,
 )
 _JETSON_ORIN = dataclasses.replace(
     _JETSON_BASE,
     name="jetson-orin",
-    description="Jetson AGX Orin / Orin NX, JetPack 6 (2 DLA cores)",
+    description="Jetson AGX Orin / Orin NX 16GB, JetPack 6.2 (2 DLA cores; Orin NX 8GB has 1)",
     jetpack="6.2",
     trt_version="10.3",
     cuda_version="12.6",
     sm="8.7",
     dla_cores=2,
     max_opset=20,
-    memory_mib=32768,
+    memory_mib=16384,  # Orin NX 16GB; AGX Orin has 32/64 GB
+    workspace_mib=1024,
     device_python="3.10",
     implicit_int8=True,
 )
 _JETSON_ORIN_NANO = dataclasses.replace(
     _JETSON_ORIN,
     name="jetson-orin-nano",
-    description="Jetson Orin Nano, JetPack 6 (no DLA)",
+    description="Jetson Orin Nano 8GB, JetPack 6.2 (no DLA)",
     dla_cores=0,
     memory_mib=8192,
     workspace_mib=256,
@@ -172,15 +212,15 @@ _JETSON_XAVIER = dataclasses.replace(
     sm="7.2",
     dla_cores=2,
     max_opset=17,
-    memory_mib=32768,
+    memory_mib=8192,  # Xavier NX 8GB; AGX Xavier has 32/64 GB
     device_python="3.8",
     implicit_int8=True,
 )
 _JETSON_NANO = dataclasses.replace(
     _JETSON_BASE,
     name="jetson-nano",
-    description="Jetson Nano, JetPack 4.6 (Maxwell: no fast INT8, no DLA)",
-    jetpack="4.6",
+    description="Jetson Nano 4GB, JetPack 4.6.1+ (Maxwell: FP16 but no fast INT8, no DLA)",
+    jetpack="4.6.1",  # JetPack 4.6 itself ships TensorRT 8.0.1; 4.6.1 and later ship 8.2.1
     trt_version="8.2",
     cuda_version="10.2",
     sm="5.3",
@@ -189,7 +229,7 @@ _JETSON_NANO = dataclasses.replace(
     memory_mib=4096,
     workspace_mib=256,
     device_python="3.6",
-    implicit_int8=True,
+    implicit_int8=False,  # no INT8 at all on SM 5.3
 )
 
 BUILTIN_TARGETS: dict[str, TargetProfile] = {
@@ -245,7 +285,11 @@ def load_target_file(path: str | Path) -> dict[str, TargetProfile]:
             if not isinstance(value, ok_types) or isinstance(value, bool) and want is not bool:
                 raise ConfigError(f"{path}: key 'targets.{name}.{key}' has the wrong type ({value!r})")
             table[key] = value
-        out[name] = dataclasses.replace(base, name=name, **table)
+        profile = dataclasses.replace(base, name=name, **table)
+        problems = profile.problems()
+        if problems:
+            raise ConfigError(f"{path}: targets.{name}: " + "; ".join(problems))
+        out[name] = profile
     return out
 
 

@@ -1,0 +1,68 @@
+# syntax=docker/dockerfile:1
+# edgedeploy Jetson image: on-device engine builds (completing device bundles) and on-device checks for
+# Jetson Orin with JetPack 6 (TensorRT 10.3, CUDA 12.6, the `jetson-orin` / `jetson-orin-nano` targets).
+# l4t-jetpack carries the whole JetPack user space (CUDA, cuDNN, TensorRT, trtexec), so the engines built
+# here match the device's TensorRT. Build and run it ON the Jetson (arm64), with the NVIDIA runtime.
+#
+#   docker build -f docker/jetson.Dockerfile -t edgedeploy:jetson-jp6 .
+#   docker run --rm --runtime nvidia -v "$PWD:/work" -v edgedeploy-cache:/cache edgedeploy:jetson-jp6 doctor
+#
+# torch2trt (optional): --build-arg INSTALL_TORCH2TRT=1, best with a CUDA-enabled JetPack 6 torch from
+# --build-arg TORCH_INDEX_URL=<JetPack 6 wheel index> and matching TORCH_VERSION / TORCHVISION_VERSION.
+
+# ---- builder: every dependency as a wheel (nothing of this stage ships) ---------------------------------
+FROM nvcr.io/nvidia/l4t-jetpack:r36.4.0 AS builder
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_CONSTRAINT=/tmp/constraints.txt
+# Ubuntu's package versions on L4T move with security updates; the pinned base image tag is the pin.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-pip \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY edgedeploy ./edgedeploy
+RUN printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" > /tmp/constraints.txt \
+    && python3 -m pip wheel --wheel-dir /wheels --index-url "$TORCH_INDEX_URL" \
+        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
+    && python3 -m pip wheel --wheel-dir /wheels --find-links /wheels /src
+
+# ---- runtime ----------------------------------------------------------------------------------------
+FROM nvcr.io/nvidia/l4t-jetpack:r36.4.0
+ARG UID=10001
+ARG INSTALL_TORCH2TRT=0
+# torch2trt has no release tags past its early versions: pin a commit.
+ARG TORCH2TRT_REF=450cb2ef17b488d154e969d3489fb47a90d85786
+LABEL org.opencontainers.image.title="edgedeploy (Jetson, JetPack 6, TensorRT 10.3)" \
+      org.opencontainers.image.description="On-device TensorRT engine builds for Jetson Orin" \
+      io.edgedeploy.targets="jetson-orin,jetson-orin-nano" \
+      io.edgedeploy.tensorrt="10.3"
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-pip \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid "${UID}" deploy \
+    && useradd --create-home --uid "${UID}" --gid "${UID}" --shell /usr/sbin/nologin deploy \
+    && mkdir -p /cache /work/out \
+    && chown deploy:deploy /cache /work /work/out
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    python3 -m pip install --no-cache-dir --no-index --find-links /wheels /wheels/edgedeploy-*.whl \
+    && deploy --version
+# torch2trt compiles against the torch and TensorRT installed above, hence --no-build-isolation.
+RUN if [ "${INSTALL_TORCH2TRT}" = "1" ]; then \
+        python3 -m pip install --no-cache-dir --no-build-isolation \
+            "https://github.com/NVIDIA-AI-IOT/torch2trt/archive/${TORCH2TRT_REF}.tar.gz"; \
+    fi
+ENV EDGEDEPLOY_CACHE_DIR=/cache \
+    PATH="${PATH}:/usr/src/tensorrt/bin" \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+USER ${UID}:${UID}
+WORKDIR /work
+# /cache: content-keyed stage cache shared across builds; /work/out: build outputs (manifest, reports).
+VOLUME ["/cache", "/work/out"]
+ENTRYPOINT ["deploy"]
+CMD ["doctor"]

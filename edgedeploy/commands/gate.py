@@ -1,0 +1,35 @@
+"""``deploy gate``: the release decision on a build's report: integrity, parity, latency policy."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gate",
+        help="pass/fail a build for release (exit 0 pass, 9 tampered, 6 build failed, 7 parity, 8 slower)",
+    )
+    p.add_argument("report", help="report.json of a build, or the build's output folder")
+    p.add_argument("--policy", default=None, help="gate policy TOML ([gate] table or top-level keys)")
+    p.add_argument("--baseline", default=None, help="report.json of an earlier build to compare latency with")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON instead of the failing checks")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from edgedeploy.gate import run_gate
+
+    result = run_gate(args.report, policy_path=args.policy, baseline_path=args.baseline)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        for check in result.failures:
+            print(check.line())
+        if result.passed:
+            print(f"gate passed ({len(result.checks)} checks)")
+    if not result.passed:
+        raise result.error()
+    return 0

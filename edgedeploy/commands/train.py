@@ -1,0 +1,50 @@
+"""``deploy train``: train a model from train.toml and write a checkpoint ``deploy build`` reads as is."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model and write a deployable checkpoint (safetensors + metadata)",
+        description="Single process, or under torchrun for DDP: "
+        "torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run",
+    )
+    p.add_argument("--config", "-c", required=True, help="path to train.toml")
+    p.add_argument("--out", "-o", required=True, help="output folder for the checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/<checkpoint.name>.safetensors")
+    p.add_argument("--epochs", type=int, default=None, help="override run.epochs")
+    p.add_argument(
+        "--stop-after", type=int, default=None, metavar="N", help="stop after N epochs in this call; --resume later"
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.train.config import load_train_config
+    from edgedeploy.train.runner import run_training
+
+    cfg = load_train_config(args.config)
+    if args.epochs is not None:
+        if args.epochs < 1:
+            raise ConfigError(f"flag --epochs must be >= 1, got {args.epochs}")
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, epochs=args.epochs))
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ConfigError(f"flag --stop-after must be >= 1, got {args.stop_after}")
+    result = run_training(cfg, args.out, resume=args.resume or None, stop_after=args.stop_after)
+    if result.state.history and _is_main():
+        m = result.metrics
+        acc = f", test accuracy {m['test_accuracy']:.4f}" if "test_accuracy" in m else ""
+        print(f"TRAINED: {result.state.epoch} epochs, {result.state.step} steps{acc} -> {result.checkpoint}")
+    return 0
+
+
+def _is_main() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,605 @@
+#!/usr/bin/env python3
+"""Complete an edgedeploy device bundle where TensorRT runs: verify, build the engine, validate it.
+
+Copied into every TensorRT bundle as ``complete_bundle.py``; run it on the device::
+
+    python3 complete_bundle.py .                         # verify, build model.engine, validate
+    python3 complete_bundle.py . --engine model.engine   # validate an engine built earlier
+    python3 complete_bundle.py . --runner onnxruntime    # dry run on any machine (no TensorRT)
+
+It needs no torch and no edgedeploy: only TensorRT's Python bindings (JetPack ships them),
+numpy and polygraphy, plus its siblings ``trt_adapter.py`` and ``parity.py``. It keeps to
+Python 3.6 syntax (JetPack 4.6; JetPack 5 has 3.8, JetPack 6 has 3.10), checked by vermin in CI.
+
+Steps: every file's sha256 is checked against ``bundle.json`` (any difference stops the run,
+exit 9); the engine is built with ``plan.json`` through the adapter (an out-of-memory build is
+retried with half the workspace, and said so); ``engine.json`` records the TensorRT version,
+GPU, precision, profiles and hashes; before any engine is deserialized its sha256 and its
+TensorRT / GPU are checked against the running ones (exit 10 on a mismatch); then the engine's
+outputs on the golden inputs are compared with PyTorch's golden outputs (exit 7 on failure).
+Exit codes are edgedeploy's. ``--runner onnxruntime`` runs the same comparison with an ONNX
+Runtime session on the plan's ONNX model in place of the engine; it builds no engine.
+"""
+# Python 3.6 syntax on purpose (no `from __future__ import annotations`, typing generics):
+# ruff: noqa: UP006, UP035, UP045
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
+BUNDLE_MANIFEST = "bundle.json"
+BUNDLE_SCHEMA = "edgedeploy-bundle/1"
+PLAN = "plan.json"
+ENGINE_RECORD = "engine.json"
+ENGINE_SCHEMA = "edgedeploy-engine/1"
+VALIDATION = "validation.json"
+SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.pipeline.parity"}
+
+# edgedeploy's exit codes (edgedeploy/errors.py); a test keeps them equal
+EXIT_INPUT = 3
+EXIT_STAGE = 6
+EXIT_PARITY = 7
+EXIT_INTEGRITY = 9
+EXIT_COMPAT = 10
+
+
+class BundleError(Exception):
+    """A failure the device step reports in one line, with edgedeploy's exit code."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = f"{self.kind}: {self.message}"
+        if self.hint:
+            text += f" -- fix: {self.hint}"
+        return " ".join(text.split())
+
+
+class BundleInputError(BundleError):
+    exit_code = EXIT_INPUT
+    kind = "input error"
+
+
+class BuildFailed(BundleError):
+    exit_code = EXIT_STAGE
+    kind = "stage failed"
+
+
+class ParityFailed(BundleError):
+    exit_code = EXIT_PARITY
+    kind = "parity failure"
+
+
+class IntegrityFailed(BundleError):
+    exit_code = EXIT_INTEGRITY
+    kind = "artifact integrity error"
+
+
+class EngineIncompatible(BundleError):
+    exit_code = EXIT_COMPAT
+    kind = "engine incompatible"
+
+
+def sibling(name: str) -> Any:
+    """Import a bundled helper: the copy next to this file in a bundle, else edgedeploy's module."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, name + ".py")
+    if os.path.isfile(path):
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise BundleInputError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(SIBLINGS[name])
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_json(path: str, what: str) -> Dict[str, Any]:
+    """A JSON object from ``path``.
+
+    Raises:
+        BundleInputError: missing or not JSON.
+    """
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise BundleInputError(
+            f"{what} unreadable: {path} ({exc})", hint="copy the whole bundle folder again"
+        ) from None
+    if not isinstance(data, dict):
+        raise BundleInputError(f"{what} is not a JSON object: {path}")
+    return data
+
+
+def write_json(path: str, data: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2, default=str)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str, Any]:
+    """Check every file ``bundle.json`` lists against its sha256; returns the manifest.
+
+    Raises:
+        IntegrityFailed: the manifest's own hash differs from ``expect_sha256``, or files are
+            missing or differ (all of them named in one message).
+        BundleInputError: no readable manifest.
+    """
+    path = os.path.join(folder, BUNDLE_MANIFEST)
+    if expect_sha256 and os.path.isfile(path):
+        got = sha256_file(path)
+        if got != expect_sha256.lower():
+            raise IntegrityFailed(
+                f"{path}: sha256 {got[:16]}... differs from the expected {expect_sha256[:16]}...",
+                hint="copy the bundle again from the build host",
+            )
+    manifest = read_json(path, "bundle manifest")
+    if manifest.get("schema") != BUNDLE_SCHEMA:
+        raise BundleInputError(f"{path} is not an edgedeploy bundle manifest (schema {manifest.get('schema')!r})")
+    problems = []
+    for name, sha in sorted(manifest.get("files", {}).items()):
+        p = os.path.join(folder, name)
+        if not os.path.isfile(p):
+            problems.append(f"{name} missing")
+        elif sha256_file(p) != sha:
+            problems.append(f"{name} sha256 differs from bundle.json (tampered or replaced)")
+    if problems:
+        raise IntegrityFailed(
+            f"{folder}: " + "; ".join(problems), hint="copy the bundle again or rebuild it with 'deploy build'"
+        )
+    return manifest
+
+
+def load_goldens(path: str) -> Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]:
+    """goldens.npz -> {point: {sample: {"in": {...}, "out": {...}}}} (the reference stage's layout).
+
+    Raises:
+        BundleInputError: unreadable or not a goldens archive.
+    """
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise BundleInputError(f"goldens unreadable: {path} ({exc})") from None
+    out = {}  # type: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]
+    for key, arr in arrays.items():
+        parts = key.split("/", 3)
+        if len(parts) != 4 or parts[2] not in ("in", "out"):
+            raise BundleInputError(f"{path}: unexpected entry {key!r} (not an edgedeploy goldens file)")
+        point, sample, kind, name = parts
+        out.setdefault(point, {}).setdefault(int(sample), {"in": {}, "out": {}})[kind][name] = arr
+    return out
+
+
+def build_with_retry(
+    build: Callable[[int], bytes],
+    workspace_mib: int,
+    *,
+    min_workspace_mib: int = 32,
+    oom: Tuple[Type[BaseException], ...] = (),
+    log: Callable[[str], None] = print,
+) -> Tuple[bytes, int, List[int]]:
+    """Call ``build(workspace_mib)``; on an out-of-memory error halve the workspace and try again.
+
+    Returns:
+        (engine bytes, the workspace that worked, every workspace tried).
+
+    Raises:
+        BuildFailed: still out of memory at ``min_workspace_mib`` (all sizes tried are named).
+    """
+    if not oom:
+        oom = (sibling("trt_adapter").BuildOutOfMemoryError,)
+    tried = []  # type: List[int]
+    size = int(workspace_mib)
+    while True:
+        tried.append(size)
+        try:
+            return build(size), size, tried
+        except oom as exc:
+            smaller = size // 2
+            if smaller < min_workspace_mib:
+                raise BuildFailed(
+                    f"engine build ran out of memory with every workspace tried ({', '.join(map(str, tried))} MiB): "
+                    f"{exc}",
+                    hint="free memory on the device (stop other processes, add swap) or simplify the model",
+                ) from None
+            log(f"engine build ran out of memory with a {size} MiB workspace; retrying with {smaller} MiB")
+            size = smaller
+
+
+def engine_record(
+    engine_sha256: str,
+    plan: Dict[str, Any],
+    *,
+    trt_version: str,
+    device: Optional[Dict[str, str]],
+    onnx_sha256: str,
+    workspace_mib: int,
+    build_seconds: float = 0.0,
+) -> Dict[str, Any]:
+    """The provenance written beside an engine (``engine.json``)."""
+    return {
+        "schema": ENGINE_SCHEMA,
+        "engine": plan.get("engine", "model.engine"),
+        "engine_sha256": engine_sha256,
+        "tensorrt": trt_version,
+        "gpu": {"name": (device or {}).get("name", ""), "sm": (device or {}).get("sm", "")},
+        "target": plan.get("target", ""),
+        "precision": plan.get("precision", ""),
+        "strategy": plan.get("strategy", ""),
+        "strongly_typed": bool(plan.get("strongly_typed")),
+        "profiles": plan.get("inputs", []),
+        "dla_core": plan.get("dla_core"),
+        "workspace_mib": workspace_mib,
+        "source_onnx": plan.get("onnx", ""),
+        "source_onnx_sha256": onnx_sha256,
+        "python": sys.version.split()[0],
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(build_seconds, 3),
+    }
+
+
+def _version_tuple(text: str) -> Tuple[int, ...]:
+    out = []
+    for part in str(text).split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+def compat_problems(record: Dict[str, Any], trt_version: Optional[str], device: Optional[Dict[str, str]]) -> List[str]:
+    """Why an engine described by ``record`` cannot load here (empty: it can).
+
+    TensorRT engines load only in the TensorRT release that built them (major.minor.patch) and on
+    a GPU of the same compute capability; a different GPU model of the same SM loads (TensorRT
+    warns). Each problem names both sides.
+    """
+    problems = []
+    built = str(record.get("tensorrt", ""))
+    if not trt_version:
+        problems.append(f"engine needs TensorRT {built}; TensorRT does not import here")
+    elif _version_tuple(built)[:3] != _version_tuple(trt_version)[:3]:
+        problems.append(f"engine built with TensorRT {built}, this machine runs TensorRT {trt_version}")
+    gpu = record.get("gpu") or {}
+    want_sm = str(gpu.get("sm", ""))
+    if device is None:
+        problems.append(f"engine built for a GPU with SM {want_sm or '?'} ({gpu.get('name', '')}); no CUDA GPU here")
+    elif want_sm and device.get("sm") and want_sm != device.get("sm"):
+        problems.append(
+            f"engine built for SM {want_sm} ({gpu.get('name', '')}), this GPU is SM {device.get('sm')} "
+            f"({device.get('name', '')})"
+        )
+    return problems
+
+
+def check_engine(
+    engine_path: str,
+    record: Dict[str, Any],
+    *,
+    trt_version: Optional[str],
+    device: Optional[Dict[str, str]],
+) -> None:
+    """Verify an engine file before it is deserialized: its sha256, then TensorRT and GPU compatibility.
+
+    Raises:
+        IntegrityFailed: the engine's bytes differ from the record (engines are executable artifacts).
+        EngineIncompatible: built for another TensorRT version or GPU (both sides named).
+    """
+    if not os.path.isfile(engine_path):
+        raise BundleInputError(f"engine not found: {engine_path}")
+    got = sha256_file(engine_path)
+    if got != record.get("engine_sha256"):
+        raise IntegrityFailed(
+            f"{engine_path}: sha256 {got[:16]}... differs from {ENGINE_RECORD} "
+            f"({str(record.get('engine_sha256'))[:16]}...); refusing to deserialize it",
+            hint="rebuild the engine with complete_bundle.py",
+        )
+    problems = compat_problems(record, trt_version, device)
+    if problems:
+        raise EngineIncompatible("; ".join(problems), hint="rebuild the engine on this machine: complete_bundle.py .")
+
+
+class OrtRunner:
+    """Stand-in for the engine: an ONNX Runtime CPU session on the plan's ONNX model."""
+
+    label = "onnxruntime (stand-in: no engine built)"
+
+    def __init__(self, onnx_path: str) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise BundleInputError(
+                f"--runner onnxruntime needs onnxruntime ({exc})", hint="pip install onnxruntime"
+            ) from None
+        try:
+            self.session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise BuildFailed(f"ONNX Runtime cannot load {onnx_path}: {' '.join(str(exc).split())[:300]}") from None
+        types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+        types.update({"tensor(int32)": "int32", "tensor(bool)": "bool"})
+        self.dtypes = {i.name: types.get(i.type, "float32") for i in self.session.get_inputs()}
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
+        cast = {k: v.astype(self.dtypes.get(k, v.dtype)) for k, v in feeds.items()}
+        return dict(zip(self.names, self.session.run(self.names, cast)))
+
+    def close(self) -> None:
+        return None
+
+
+class TrtRunner:
+    """The engine, deserialized and run through the adapter (polygraphy manages device buffers)."""
+
+    label = "tensorrt"
+
+    def __init__(self, engine_bytes: bytes) -> None:
+        adapter = sibling("trt_adapter")
+        try:
+            self.session = adapter.EngineSession(engine_bytes)
+        except (adapter.EngineBuildError, adapter.TensorRTUnavailable) as exc:
+            raise BuildFailed(str(exc)) from None
+        self.dtypes = self.session.input_dtypes()
+
+    def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
+        cast = {k: v.astype(self.dtypes.get(k, v.dtype)) for k, v in feeds.items()}
+        return self.session.infer(cast)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def validate(runner: Any, goldens: Dict[str, Any], spec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Run every golden input through ``runner``; one comparison row per (point, sample, output)."""
+    parity = sibling("parity")
+    tol = spec.get("tolerance", {})
+    rows = []
+    for point in sorted(goldens):
+        for sample in sorted(goldens[point]):
+            pair = goldens[point][sample]
+            got = runner.infer(pair["in"])
+            for name in spec.get("outputs") or sorted(pair["out"]):
+                if name not in got:
+                    row = {"passed": False, "reason": f"output {name!r} missing (runner gave {sorted(got)})"}
+                else:
+                    row = parity.compare_output(
+                        pair["out"][name],
+                        got[name],
+                        atol=tol.get("atol"),
+                        rtol=tol.get("rtol"),
+                        min_cosine=tol.get("min_cosine"),
+                        min_topk_agreement=tol.get("min_topk_agreement"),
+                        topk=int(spec.get("topk", 1)),
+                        classifier=name in spec.get("classifier_outputs", []),
+                    )
+                row.update(shape=point, sample=sample, output=name)
+                rows.append(row)
+    return rows
+
+
+def latency_ms(runner: Any, feeds: Dict[str, Any], iters: int, warmup: int = 3) -> Dict[str, Any]:
+    """p50 / p90 / p99 milliseconds of ``runner.infer`` on one feed (host-side, copies included)."""
+    import numpy as np
+
+    for _ in range(warmup):
+        runner.infer(feeds)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        runner.infer(feeds)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {
+        "p50_ms": float(np.percentile(times, 50)),
+        "p90_ms": float(np.percentile(times, 90)),
+        "p99_ms": float(np.percentile(times, 99)),
+        "iters": iters,
+        "shape": {k: list(v.shape) for k, v in feeds.items()},
+    }
+
+
+def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]) -> str:
+    """Build the plan's engine into ``folder``; write engine.json; return the engine's path."""
+    adapter = sibling("trt_adapter")
+    onnx_path = os.path.join(folder, plan["onnx"])
+    profiles = []
+    if any(i["min"] != i["max"] or i["min"] != i["opt"] for i in plan["inputs"]):
+        profiles = [{i["name"]: (tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in plan["inputs"]}]
+    timing = args.timing_cache or os.path.join(folder, plan.get("timing_cache") or "timing.cache")
+    calib = os.path.join(folder, plan["calib_cache"]) if plan.get("calib_cache") else None
+
+    def build(workspace: int) -> bytes:
+        return adapter.build_serialized_engine(
+            onnx_path,
+            profiles=profiles,
+            precision=plan["precision"],
+            strongly_typed=bool(plan.get("strongly_typed")),
+            workspace_mib=workspace,
+            calib_cache=calib,
+            fp32_layers=plan.get("fp32_layers") or (),
+            optimization_level=plan.get("optimization_level"),
+            timing_cache=timing,
+            dla_core=plan.get("dla_core"),
+            gpu_fallback=bool(plan.get("gpu_fallback", True)),
+            log=log if args.verbose else None,
+        )
+
+    log(f"building {plan['engine']} from {plan['onnx']} ({plan['precision']}, {plan['strategy']})")
+    t0 = time.perf_counter()
+    try:
+        data, used, tried = build_with_retry(
+            build,
+            int(args.workspace_mib or plan["workspace_mib"]),
+            min_workspace_mib=int(plan.get("min_workspace_mib", 32)),
+            oom=(adapter.BuildOutOfMemoryError,),
+            log=log,
+        )
+    except adapter.EngineBuildError as exc:
+        raise BuildFailed(str(exc), hint="see the TensorRT messages above (run with --verbose for all)") from None
+    seconds = time.perf_counter() - t0
+    engine_path = os.path.join(folder, plan["engine"])
+    write_bytes(engine_path, data)
+    record = engine_record(
+        hashlib.sha256(data).hexdigest(),
+        plan,
+        trt_version=adapter.tensorrt_version() or "",
+        device=adapter.cuda_device(),
+        onnx_sha256=sha256_file(onnx_path),
+        workspace_mib=used,
+        build_seconds=seconds,
+    )
+    record["workspaces_tried_mib"] = tried
+    write_json(os.path.join(folder, ENGINE_RECORD), record)
+    log(f"built {engine_path} in {seconds:.1f}s ({len(data) / 1e6:.1f} MB, workspace {used} MiB)")
+    return engine_path
+
+
+def _print_table(rows: List[Dict[str, Any]], label: str, log: Callable[[str], None]) -> None:
+    log(f"{'runner':<12} {'shape':<6} {'sample':<6} {'output':<16} {'max_abs':>10} {'cosine':>9}  result")
+    for r in rows:
+        max_abs = r.get("max_abs")
+        cosine = r.get("cosine")
+        log(
+            f"{label.split()[0]:<12} {r['shape']:<6} {r['sample']:<6} {r['output']:<16} "
+            f"{'-' if max_abs is None else format(max_abs, '.3e'):>10} "
+            f"{'-' if cosine is None else format(cosine, '.6f'):>9}  {'ok' if r.get('passed') else 'FAIL'}"
+        )
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
+    """The whole device step; returns the validation record.
+
+    Raises:
+        BundleError: a subclass with edgedeploy's exit code.
+    """
+    folder = os.path.abspath(args.bundle)
+    manifest = verify_bundle(folder, args.bundle_sha256)
+    log(f"bundle verified: {len(manifest.get('files', {}))} files match {BUNDLE_MANIFEST}")
+    plan = read_json(os.path.join(folder, manifest.get("plan", PLAN)), "build plan")
+    goldens = load_goldens(os.path.join(folder, manifest.get("goldens", "goldens.npz")))
+    spec = manifest.get("validation", {})
+    record = None
+    if args.runner == "onnxruntime":
+        runner = OrtRunner(os.path.join(folder, plan["onnx"]))  # type: Any
+        log(f"runner: {runner.label} on {plan['onnx']}")
+    else:
+        adapter = sibling("trt_adapter")
+        trt_version = adapter.tensorrt_version()
+        device = adapter.cuda_device()
+        if not trt_version:
+            raise BuildFailed(
+                "TensorRT's Python bindings do not import here",
+                hint="run this on the device (JetPack ships python3-libnvinfer), or --runner onnxruntime for a dry run",
+            )
+        want_sm = plan.get("sm") or ""
+        if want_sm and device and device.get("sm") != want_sm:
+            raise EngineIncompatible(
+                f"bundle is for target {plan.get('target')} (SM {want_sm}, TensorRT {plan.get('trt_version')}); "
+                f"this GPU is {device.get('name')} (SM {device.get('sm')}) with TensorRT {trt_version}",
+                hint="build a bundle for this device's target with deploy build --target ...",
+            )
+        if _version_tuple(trt_version)[:2] != _version_tuple(plan.get("trt_version", ""))[:2]:
+            log(
+                f"warning: target {plan.get('target')} expects TensorRT {plan.get('trt_version')}, "
+                f"this machine has {trt_version}; the engine is built for and recorded as {trt_version}"
+            )
+        engine_path = os.path.abspath(args.engine) if args.engine else _build_engine(folder, plan, args, log)
+        record = read_json(os.path.join(os.path.dirname(engine_path), ENGINE_RECORD), "engine record")
+        check_engine(engine_path, record, trt_version=trt_version, device=device)
+        with open(engine_path, "rb") as fh:
+            runner = TrtRunner(fh.read())
+        log(f"runner: TensorRT {trt_version} on {device.get('name') if device else '?'}")
+    try:
+        rows = validate(runner, goldens, spec)
+        latency = None
+        if args.runner == "tensorrt" and args.latency_iters > 0 and "opt" in goldens:
+            latency = latency_ms(runner, goldens["opt"][min(goldens["opt"])]["in"], args.latency_iters)
+    finally:
+        runner.close()
+    failures = [r for r in rows if not r.get("passed")]
+    result = {
+        "runner": runner.label,
+        "status": "passed" if not failures else "failed",
+        "precision": plan.get("precision"),
+        "tolerance": spec.get("tolerance", {}),
+        "engine": record,
+        "checks": rows,
+        "latency": latency,
+    }
+    write_json(os.path.join(folder, VALIDATION), result)
+    _print_table(rows, runner.label, log)
+    if latency:
+        lat = latency
+        log(f"latency (host-side, {lat['iters']} runs): p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms")
+    if failures:
+        worst = "; ".join(f"{r['shape']}#{r['sample']} {r['output']}: {r.get('reason')}" for r in failures[:4])
+        raise ParityFailed(
+            f"{len(failures)} of {len(rows)} checks against the PyTorch goldens failed ({runner.label}): {worst}",
+            hint=f"see {os.path.join(folder, VALIDATION)}",
+        )
+    log(f"PASSED: {len(rows)} checks against the PyTorch goldens ({runner.label})")
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="complete_bundle.py", description=__doc__.split("\n")[0])
+    p.add_argument("bundle", nargs="?", default=os.path.dirname(os.path.abspath(__file__)), help="bundle folder")
+    p.add_argument("--runner", choices=("tensorrt", "onnxruntime"), default="tensorrt", help="what runs the model")
+    p.add_argument("--engine", default=None, help="validate this engine (with its engine.json) instead of building")
+    p.add_argument("--workspace-mib", type=int, default=None, help="override the plan's builder workspace")
+    p.add_argument("--timing-cache", default=None, help="timing cache file to reuse across builds")
+    p.add_argument("--bundle-sha256", default=None, help="expected sha256 of bundle.json (printed by deploy build)")
+    p.add_argument("--latency-iters", type=int, default=20, help="timed engine runs after validation (0: none)")
+    p.add_argument("--verbose", action="store_true", help="print TensorRT's builder messages")
+    return p
+
+
+def main(argv: Optional[List[str]] = None, log: Optional[Callable[[str], None]] = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = parser().parse_args(argv)
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        run(args, say)
+    except BundleError as exc:
+        say(f"complete_bundle: {exc.one_line()}")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Precision analysis on calibration data: activation ranges (FP16 overflow / underflow), output error and
+accuracy of a candidate model against the FP32 ONNX model.
+
+Intermediate tensors are read by exposing them as graph outputs with onnxruntime.quantization's
+``modify_model_output_intermediate_tensors`` and running the augmented model with graph optimizations
+off (so tensor names survive); statistics are accumulated batch by batch, never held whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgedeploy.errors import StageError
+
+FP16_MAX = 65504.0
+FP16_SMALLEST = 2.0**-24  # smallest FP16 subnormal; smaller magnitudes round to zero
+UNDERFLOW_FRACTION = 0.1  # flag a tensor when more than this share of its nonzero values flush to zero
+_SAVED_SUFFIX = "_ReshapedSavedOutput"  # what modify_model_output_intermediate_tensors appends
+
+
+def ort_session(path: str | Path, *, optimize: bool = True) -> Any:
+    """A CPU ONNX Runtime session (``optimize=False`` keeps every tensor name for analysis).
+
+    Raises:
+        StageError: ONNX Runtime refuses the model.
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped exceptions
+        raise StageError("precision", f"ONNX Runtime cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Outputs of the model at ``path`` for every batch (name -> array)."""
+    sess = ort_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    return [dict(zip(names, sess.run(names, b))) for b in batches]
+
+
+def _augmented(model_path: Path, workdir: Path) -> Path:
+    from onnxruntime.quantization.qdq_loss_debug import modify_model_output_intermediate_tensors
+
+    out = workdir / f"{model_path.stem}.exposed.onnx"
+    modify_model_output_intermediate_tensors(str(model_path), str(out))
+    return out
+
+
+def _intermediates(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path):
+    """Yield, per batch, {tensor name: flat float array} of every float tensor in the model."""
+    sess = ort_session(_augmented(model_path, workdir), optimize=False)
+    names = [o.name for o in sess.get_outputs() if o.name.endswith(_SAVED_SUFFIX)]
+    for b in batches:
+        values = sess.run(names, b)
+        yield {n[: -len(_SAVED_SUFFIX)]: v for n, v in zip(names, values)}
+
+
+@dataclass
+class TensorStats:
+    """Range statistics of one tensor over the calibration batches."""
+
+    lo: float = math.inf
+    hi: float = -math.inf
+    nonzero: int = 0
+    flushed: int = 0  # nonzero values whose magnitude FP16 rounds to zero
+    nonfinite: int = 0
+
+    @property
+    def absmax(self) -> float:
+        return max(abs(self.lo), abs(self.hi)) if math.isfinite(self.lo) else 0.0
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64, copy=False)
+        finite = np.isfinite(x)
+        self.nonfinite += int((~finite).sum())
+        x = x[finite]
+        if x.size:
+            self.lo = min(self.lo, float(x.min()))
+            self.hi = max(self.hi, float(x.max()))
+        mag = np.abs(x)
+        nz = mag > 0
+        self.nonzero += int(nz.sum())
+        self.flushed += int((nz & (mag < FP16_SMALLEST / 2)).sum())
+
+
+def tensor_ranges(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path) -> dict[str, TensorStats]:
+    """Range statistics of every float tensor (graph inputs, intermediates, outputs) on ``batches``."""
+    stats: dict[str, TensorStats] = {}
+    for values in _intermediates(model_path, batches, workdir):
+        for name, v in values.items():
+            stats.setdefault(name, TensorStats()).update(v)
+    return stats
+
+
+def fp16_findings(stats: dict[str, TensorStats], model: Any) -> list[dict[str, Any]]:
+    """Tensors whose range overflows FP16 (``|x| > 65504``) or badly underflows it, with producer and consumers."""
+    producers = {o: n.name for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    found = []
+    for name, s in sorted(stats.items()):
+        row = {
+            "tensor": name,
+            "producer": producers.get(name, ""),
+            "consumers": consumers.get(name, []),
+            "absmax": s.absmax,
+            "range": [s.lo, s.hi] if math.isfinite(s.lo) else None,
+        }
+        if s.absmax > FP16_MAX or s.nonfinite:
+            found.append({**row, "issue": "overflow", "why": f"|x| reaches {s.absmax:.4g} > FP16 max {FP16_MAX:g}"})
+        elif s.nonzero and s.flushed / s.nonzero > UNDERFLOW_FRACTION:
+            share = s.flushed / s.nonzero
+            found.append(
+                {
+                    **row,
+                    "issue": "underflow",
+                    "why": f"{share:.0%} of nonzero values are below FP16's smallest subnormal",
+                }
+            )
+    return found
+
+
+def fp16_pins(findings: list[dict[str, Any]]) -> dict[str, str]:
+    """Node name -> reason, for the nodes that must stay FP32: producer and consumers of each overflowing tensor.
+
+    The consumers are pinned too: a value that only exists in FP32 would overflow again when cast back
+    to FP16 at the next node's input.
+    """
+    pins: dict[str, str] = {}
+    for f in findings:
+        if f["issue"] != "overflow":
+            continue
+        for node in [f["producer"], *f["consumers"]]:
+            if node:
+                pins.setdefault(node, f"FP16 overflow: {f['tensor']} {f['why']}")
+    return pins
+
+
+def output_error(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict[str, np.ndarray]]) -> float:
+    """Relative L2 error ``||cand - ref|| / ||ref||`` over every output of every batch (inf for NaN/Inf)."""
+    num = den = 0.0
+    for r, c in zip(reference, candidate):
+        for name, ref in r.items():
+            diff = c[name].astype(np.float64) - ref.astype(np.float64)
+            if not np.isfinite(diff).all():
+                return math.inf
+            num += float(np.sum(diff**2))
+            den += float(np.sum(ref.astype(np.float64) ** 2))
+    return math.sqrt(num) / max(math.sqrt(den), 1e-12)
+
+
+def quantized_nodes(qdq_model: Any) -> list[str]:
+    """Names of the compute nodes the QDQ model quantized (those reading a DequantizeLinear output)."""
+    dq_outputs = {o for n in qdq_model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [
+        n.name
+        for n in qdq_model.graph.node
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") and any(i in dq_outputs for i in n.input)
+    ]
+
+
+def accuracy(
+    reference: Sequence[dict[str, np.ndarray]],
+    candidate: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+) -> dict[str, Any]:
+    """How well ``candidate`` agrees with ``reference`` over all batches.
+
+    Classifier outputs score by top-1 agreement, others by cosine similarity; ``score`` is the worst output's.
+    """
+    from edgedeploy.pipeline.parity import compare_output
+
+    per_output: dict[str, dict[str, Any]] = {}
+    for name in reference[0]:
+        ref = np.concatenate([r[name] for r in reference])
+        cand = np.concatenate([c[name] for c in candidate])
+        classifier = name in classifier_outputs
+        row = compare_output(ref, cand, atol=None, rtol=None, min_cosine=None, classifier=classifier)
+        metric = "top1_agreement" if classifier and "top1_agreement" in row else "cosine"
+        value = float(row[metric]) if not (row.get("nan") or row.get("inf")) else 0.0
+        per_output[name] = {
+            "metric": metric,
+            "value": value,
+            "cosine": row.get("cosine"),
+            "max_abs": row.get("max_abs"),
+        }
+    worst = min(per_output.values(), key=lambda r: r["value"])
+    return {"score": worst["value"], "metric": worst["metric"], "outputs": per_output}
+
+
+def measure_latency(path: Path, feeds: dict[str, np.ndarray], *, warmup: int, iters: int) -> dict[str, Any]:
+    """p50/p90 latency of the model at ``path`` in ONNX Runtime (all optimizations) on ``feeds``."""
+    from edgedeploy.stages.validate import latency
+
+    sess = ort_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    row = latency(lambda f: sess.run(names, f), feeds, warmup=warmup, iters=iters)
+    return {k: row[k] for k in ("p50_ms", "p90_ms", "iters", "shape")}

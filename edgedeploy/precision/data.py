@@ -1,0 +1,417 @@
+"""Calibration data: an image folder (with a preprocessing spec), .npy / .npz tensors, or a ``module:callable``.
+
+Every source ends up as a :class:`CalibrationSet`: uniform batches of feed dicts checked against the
+input spec, plus the hashes that go into the stage's cache key and the build's metrics (provenance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgedeploy.config import DeployConfig, InputSpec
+from edgedeploy.errors import ConfigError, InputError
+from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.stages.inputs import _NP_DTYPES, check_feeds, feeds_at
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """Calibration batches and where they came from.
+
+    Attributes:
+        batches: feed dicts (input name -> array), each a batch the model accepts.
+        kind: ``images``, ``npy``, ``npz``, ``callable`` or ``random`` (spec-random, FP16 analysis only).
+        location: the folder, file or ``module:callable`` the data came from.
+        source_sha256: hash of the source (file bytes; sorted file list + contents for a folder;
+            module source + name for a callable).
+        data_sha256: hash of the arrays actually used (after preprocessing and the sample limit).
+        available: samples the source held before the limit.
+    """
+
+    batches: tuple[dict[str, np.ndarray], ...]
+    kind: str
+    location: str
+    source_sha256: str
+    data_sha256: str
+    available: int
+
+    @property
+    def samples(self) -> int:
+        """Number of samples (rows along axis 0) over all batches."""
+        return sum(next(iter(b.values())).shape[0] for b in self.batches) if self.batches else 0
+
+    def provenance(self) -> dict[str, Any]:
+        """Plain-data record for the stage metrics (and so report.json)."""
+        return {
+            "kind": self.kind,
+            "location": self.location,
+            "source_sha256": self.source_sha256,
+            "data_sha256": self.data_sha256,
+            "samples_used": self.samples,
+            "samples_available": self.available,
+            "batches": len(self.batches),
+        }
+
+
+class OrtCalibrationReader:
+    """onnxruntime.quantization's CalibrationDataReader protocol (``get_next`` / ``rewind``) over batches."""
+
+    def __init__(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
+        self._batches = list(batches)
+        self._it: Iterator[dict[str, np.ndarray]] = iter(self._batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:
+        self._it = iter(self._batches)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+
+def hash_directory(folder: Path) -> str:
+    """sha256 over the sorted relative file list and each file's contents (mtimes never enter)."""
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _callable_module_file(cfg: DeployConfig, spec: str) -> Path | None:
+    module_name = spec.partition(":")[0]
+    _add_python_path(cfg)
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(
+            f"{cfg.source}: key 'precision.calib_callable': cannot find module {module_name!r}",
+            hint="check the module name and model.python_path",
+        )
+    origin = found.origin
+    return Path(origin) if origin and Path(origin).is_file() else None
+
+
+def _add_python_path(cfg: DeployConfig) -> None:
+    for p in reversed(cfg.model.python_path):
+        resolved = str(cfg.path(p))
+        if resolved not in sys.path:
+            sys.path.insert(0, resolved)
+
+
+def calibration_fingerprint(cfg: DeployConfig) -> dict[str, str]:
+    """What the calibration data is, hashed, for cache keys: ``{"kind", "location", "sha256"}``.
+
+    Raises:
+        InputError: the configured path does not exist.
+        ConfigError: the callable's module cannot be found.
+    """
+    p = cfg.precision
+    if p.calib_callable:
+        if ":" not in p.calib_callable:
+            raise ConfigError(
+                f"{cfg.source}: key 'precision.calib_callable' = {p.calib_callable!r} must be 'module:callable'"
+            )
+        src = _callable_module_file(cfg, p.calib_callable)
+        sha = hashlib.sha256(
+            p.calib_callable.encode() + b"\0" + (sha256_file(src).encode() if src else b"")
+        ).hexdigest()
+        return {"kind": "callable", "location": p.calib_callable, "sha256": sha}
+    path = cfg.path(p.calib)
+    if path is None:
+        return {"kind": "random", "location": "", "sha256": ""}
+    if path.is_dir():
+        return {"kind": "images", "location": str(path), "sha256": hash_directory(path)}
+    if path.is_file():
+        return {"kind": path.suffix.lstrip(".").lower(), "location": str(path), "sha256": sha256_file(path)}
+    raise InputError(f"calibration data not found: {path}", hint="fix precision.calib or --calib")
+
+
+def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> CalibrationSet:
+    """Read the configured calibration data into uniform batches (at most ``precision.calib_samples`` samples).
+
+    Args:
+        cfg: the build config (``precision.calib`` / ``calib_callable``, inputs, dims, normalization).
+        allow_random: with no calibration data configured, use seeded spec-random inputs instead of failing
+            (FP16 range analysis only; INT8 always needs real data).
+
+    Raises:
+        InputError: no data configured (and ``allow_random`` is false), unreadable files, no images in a
+            folder, arrays that do not fit the input spec, a callable that fails or yields nothing.
+        ConfigError: an image folder for a model whose input is not one image tensor, or no spatial size.
+    """
+    fp = calibration_fingerprint(cfg)
+    kind = fp["kind"]
+    if kind == "random":
+        if not allow_random:
+            raise InputError(
+                "INT8 needs calibration data and none was given",
+                hint="pass --calib DIR (images) or a .npy/.npz file, or set precision.calib_callable",
+            )
+        return _random_set(cfg)
+    location = fp["location"]
+    if kind == "callable":
+        arrays = _from_callable(cfg, location)
+    elif kind == "images":
+        arrays = _from_images(cfg, Path(location))
+    elif kind == "npy":
+        arrays = _from_npy(cfg, Path(location))
+    elif kind == "npz":
+        arrays = _from_npz(cfg, Path(location))
+    else:
+        raise InputError(
+            f"calibration data {location}: unsupported file type '.{kind}'",
+            hint="use an image folder, a .npy (one input) or a .npz (one array per input name)",
+        )
+    available = _count(arrays, location)
+    limit = max(1, cfg.precision.calib_samples)
+    arrays = {k: v[:limit] for k, v in arrays.items()}
+    batches = _rebatch(cfg, arrays, location)
+    return CalibrationSet(
+        batches=batches,
+        kind=kind,
+        location=location,
+        source_sha256=fp["sha256"],
+        data_sha256=_arrays_sha(batches),
+        available=available,
+    )
+
+
+# ---- sources ------------------------------------------------------------------------------
+
+
+def _count(arrays: dict[str, np.ndarray], where: str) -> int:
+    counts = {k: int(v.shape[0]) if v.ndim else 0 for k, v in arrays.items()}
+    if len(set(counts.values())) != 1:
+        raise InputError(f"calibration data {where}: inputs hold different sample counts {counts}")
+    n = next(iter(counts.values()))
+    if n == 0:
+        raise InputError(f"calibration data {where}: holds no samples")
+    return n
+
+
+def _single_input(cfg: DeployConfig, where: str) -> InputSpec:
+    if len(cfg.inputs) != 1:
+        raise InputError(
+            f"calibration data {where}: the model has {len(cfg.inputs)} inputs, a single array cannot feed them",
+            hint="use a .npz with one array per input name, or precision.calib_callable",
+        )
+    return cfg.inputs[0]
+
+
+def _cast(spec: InputSpec, arr: np.ndarray, where: str) -> np.ndarray:
+    want = _NP_DTYPES[spec.dtype]
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"calibration data {where}: array for {spec.name!r} has dtype {arr.dtype}, not numeric")
+    return np.ascontiguousarray(arr.astype(want, copy=False))
+
+
+def _from_npy(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
+    spec = _single_input(cfg, str(path))
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"calibration data unreadable: {path} ({exc})", hint="save it with numpy.save") from None
+    return {spec.name: _cast(spec, arr, str(path))}
+
+
+def _from_npz(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"calibration data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
+    names = [s.name for s in cfg.inputs]
+    if len(arrays) == 1 and len(names) == 1 and names[0] not in arrays:
+        arrays = {names[0]: next(iter(arrays.values()))}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise InputError(
+            f"calibration data {path}: no array for input(s) {', '.join(missing)} (has {', '.join(arrays)})",
+            hint="save one array per input name: numpy.savez(f, **{name: array})",
+        )
+    return {s.name: _cast(s, arrays[s.name], str(path)) for s in cfg.inputs}
+
+
+def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
+    module_name, _, attr = spec.partition(":")
+    _add_python_path(cfg)
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # user code: any import-time failure is theirs
+        raise ConfigError(
+            f"{cfg.source}: key 'precision.calib_callable': cannot load {spec!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    names = [s.name for s in cfg.inputs]
+    chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    try:
+        for i, batch in enumerate(fn()):
+            if not isinstance(batch, dict):
+                if len(names) != 1:
+                    raise InputError(f"calibration callable {spec}: batch {i} is not a dict of input name -> array")
+                batch = {names[0]: batch}
+            for s in cfg.inputs:
+                if s.name not in batch:
+                    raise InputError(f"calibration callable {spec}: batch {i} has no array for input {s.name!r}")
+                chunks[s.name].append(_cast(s, np.asarray(batch[s.name]), f"{spec} batch {i}"))
+    except InputError:
+        raise
+    except Exception as exc:  # user code
+        raise InputError(f"calibration callable {spec} raised {type(exc).__name__}: {exc}") from None
+    if not chunks[names[0]]:
+        raise InputError(f"calibration callable {spec} yielded no batches")
+    try:
+        return {n: np.concatenate(v, axis=0) for n, v in chunks.items()}
+    except ValueError as exc:
+        raise InputError(f"calibration callable {spec}: batches do not stack along axis 0 ({exc})") from None
+
+
+def _image_geometry(cfg: DeployConfig, spec: InputSpec, where: str) -> tuple[int, int, int]:
+    """(height, width, channels) the image-folder preprocessing produces for ``spec``."""
+    if len(spec.shape) != 4:
+        raise ConfigError(
+            f"{cfg.source}: an image folder ({where}) needs a 4-D image input, "
+            f"{spec.name!r} has shape {list(spec.shape)}",
+            hint="use a .npy/.npz file or precision.calib_callable",
+        )
+    layout = cfg.precision.calib_layout
+    c_axis, hw = (1, (2, 3)) if layout == "NCHW" else (3, (1, 2))
+    channels = spec.shape[c_axis]
+    if channels not in (1, 3):
+        raise ConfigError(
+            f"{cfg.source}: input {spec.name!r} has {channels} channels on axis {c_axis} ({layout}); "
+            "images give 1 or 3",
+            hint="set precision.calib_layout to the input's layout",
+        )
+    if cfg.precision.calib_resize:
+        if len(cfg.precision.calib_resize) != 2:
+            raise ConfigError(f"{cfg.source}: key 'precision.calib_resize' must be [height, width]")
+        return cfg.precision.calib_resize[0], cfg.precision.calib_resize[1], int(channels)
+    h, w = spec.shape[hw[0]], spec.shape[hw[1]]
+    if not (isinstance(h, int) and isinstance(w, int)):
+        raise ConfigError(
+            f"{cfg.source}: input {spec.name!r} has dynamic height/width, so image size is unknown",
+            hint="set precision.calib_resize = [height, width]",
+        )
+    return h, w, int(channels)
+
+
+def preprocess_image(
+    path: Path, *, size: tuple[int, int], channels: int, mean: Any, std: Any, layout: str
+) -> np.ndarray:
+    """One image file as a float32 CHW / HWC array: resized (bilinear), scaled, normalized.
+
+    Pixels are scaled to [0, 1] unless ``mean`` is given in 0..255 units (any value > 1); then
+    ``(x - mean) / std`` per channel.
+
+    Raises:
+        InputError: the file is not a readable image.
+    """
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise InputError(
+            "reading an image folder needs Pillow", hint="pip install 'edgedeploy[data]' or pass .npy/.npz"
+        ) from None
+    try:
+        with Image.open(path) as img:
+            img = img.convert("L" if channels == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            arr = np.asarray(img, dtype=np.float32)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise InputError(f"calibration image unreadable: {path} ({exc})", hint="remove or replace the file") from None
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    m = np.asarray(mean if mean is not None else [0.0] * channels, dtype=np.float32)
+    s = np.asarray(std if std is not None else [1.0] * channels, dtype=np.float32)
+    if not (m.size and float(m.max()) > 1.0):
+        arr = arr / 255.0
+    arr = (arr - m.reshape(1, 1, -1)) / s.reshape(1, 1, -1)
+    return arr.transpose(2, 0, 1) if layout == "NCHW" else arr
+
+
+def _from_images(cfg: DeployConfig, folder: Path) -> dict[str, np.ndarray]:
+    spec = _single_input(cfg, str(folder))
+    h, w, c = _image_geometry(cfg, spec, str(folder))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise InputError(
+            f"calibration folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})",
+            hint="put image files in it, or pass a .npy/.npz file",
+        )
+    norm = cfg.model.normalization or {}
+    files = files[: max(1, cfg.precision.calib_samples)]
+    arr = np.stack(
+        [
+            preprocess_image(
+                f,
+                size=(h, w),
+                channels=c,
+                mean=norm.get("mean"),
+                std=norm.get("std"),
+                layout=cfg.precision.calib_layout,
+            )
+            for f in files
+        ]
+    )
+    return {spec.name: _cast(spec, arr, str(folder))}
+
+
+def _batch_size(cfg: DeployConfig) -> tuple[int, int]:
+    """(batch size, smallest batch accepted) for axis 0 of the first input."""
+    lead = cfg.inputs[0].shape[0] if cfg.inputs[0].shape else 1
+    if isinstance(lead, int):
+        return lead, lead
+    d = cfg.dims[lead]
+    return d.opt, d.min
+
+
+def _rebatch(cfg: DeployConfig, arrays: dict[str, np.ndarray], where: str) -> tuple[dict[str, np.ndarray], ...]:
+    size, smallest = _batch_size(cfg)
+    n = _count(arrays, where)
+    batches = []
+    for start in range(0, n, size):
+        batch = {k: v[start : start + size] for k, v in arrays.items()}
+        if next(iter(batch.values())).shape[0] < smallest:
+            break  # a short last batch the model does not accept
+        batches.append(batch)
+    if not batches:
+        raise InputError(f"calibration data {where}: {n} samples, the model needs batches of at least {smallest}")
+    check_feeds(cfg, batches[0], f"calibration data {where}")
+    if len(batches) > 1:
+        check_feeds(cfg, batches[-1], f"calibration data {where}")
+    return tuple(batches)
+
+
+def _random_set(cfg: DeployConfig) -> CalibrationSet:
+    rng = np.random.default_rng(cfg.validate.seed + 7)
+    size, _ = _batch_size(cfg)
+    count = max(1, -(-min(cfg.precision.calib_samples, 16) // size))
+    batches = tuple(feeds_at(cfg, "opt", rng) for _ in range(count))
+    return CalibrationSet(
+        batches=batches, kind="random", location="", source_sha256="", data_sha256=_arrays_sha(batches), available=0
+    )
+
+
+def _arrays_sha(batches: tuple[dict[str, np.ndarray], ...]) -> str:
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            a = np.ascontiguousarray(b[k])
+            h.update(k.encode() + str(a.dtype).encode() + str(a.shape).encode() + a.tobytes())
+    return h.hexdigest()

@@ -1,0 +1,202 @@
+"""Training checkpoints that ``deploy build`` reads directly, and resumable training state.
+
+For ``X.safetensors`` (weights only) the stage writes:
+
+- ``X.meta.json``: the deploy contract (format ``edgedeploy-checkpoint/1``: factory, inputs, dims,
+  outputs, normalization, class names, metrics, code version), read by ``edgedeploy.config``;
+- ``X.resume.safetensors`` + ``X.resume.json``: optimizer tensors, and everything else (param
+  groups, scaler, counters) as JSON. Nothing is ever unpickled.
+
+The metadata is written last, so a checkpoint with metadata is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+from edgedeploy import __version__
+from edgedeploy.config import checkpoint_metadata_path
+from edgedeploy.errors import CheckpointError
+from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.pipeline.store import atomic_write_bytes, atomic_write_json
+from edgedeploy.stages.checkpoint import read_state_dict
+
+FORMAT = "edgedeploy-checkpoint/1"
+RESUME_FORMAT = "edgedeploy-train-state/1"
+
+
+def resume_paths(checkpoint: Path) -> tuple[Path, Path]:
+    """The tensor and JSON files holding the resumable state of ``checkpoint``."""
+    stem = checkpoint.with_suffix("")
+    return stem.with_name(stem.name + ".resume.safetensors"), stem.with_name(stem.name + ".resume.json")
+
+
+def code_version(source: Path | None) -> dict[str, Any]:
+    """Package version, ``git describe`` of the model source's repository (if any) and its sha256."""
+    info: dict[str, Any] = {"package": f"edgedeploy {__version__}", "git": None, "model_source_sha256": None}
+    if source is not None and source.is_file():
+        info["model_source"] = source.name
+        info["model_source_sha256"] = sha256_file(source)
+        try:
+            run = subprocess.run(
+                ["git", "-C", str(source.parent), "describe", "--always", "--dirty", "--tags"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
+            if run.returncode == 0:
+                info["git"] = run.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass  # no git: the source hash still identifies the code
+    return info
+
+
+def checkpoint_metadata(
+    *,
+    factory: str,
+    factory_kwargs: dict[str, Any],
+    inputs: list[dict[str, Any]],
+    dims: dict[str, dict[str, int]],
+    outputs: list[str],
+    normalization: dict[str, Any] | None = None,
+    class_names: list[str] | None = None,
+    metrics: dict[str, Any] | None = None,
+    code: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The sidecar document of the deploy contract (see module docstring)."""
+    meta = {
+        "format": FORMAT,
+        "factory": factory,
+        "factory_kwargs": factory_kwargs,
+        "inputs": inputs,
+        "dims": dims,
+        "outputs": outputs,
+        "normalization": normalization or {},
+        "class_names": class_names or [],
+        "metrics": metrics or {},
+        "code_version": code or code_version(None),
+    }
+    meta.update(extra or {})
+    return meta
+
+
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, entry in state["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], doc: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        kind, pid, key = name.split(".", 2)
+        if kind == "optimizer":
+            state.setdefault(int(pid), {})[key] = value
+    for pid, entry in doc.get("scalars", {}).items():
+        state.setdefault(int(pid), {}).update(entry)
+    return {"state": state, "param_groups": doc["param_groups"]}
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    meta: dict[str, Any],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    train_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write weights, resumable state (when ``optimizer`` is given) and the metadata sidecar, each atomically.
+
+    ``train_state`` is JSON data (epoch, step, scaler state, ...). Call on one rank only.
+
+    Raises:
+        CheckpointError: the state holds something that is neither a tensor nor JSON data.
+    """
+    path = Path(path)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path, st_save(weights))
+    weights_sha = sha256_file(path)
+    if optimizer is not None:
+        tensors, doc = _flatten_optimizer(optimizer.state_dict())
+        doc.update(format=RESUME_FORMAT, weights_sha256=weights_sha, train_state=train_state or {})
+        try:
+            text = json.dumps(doc, indent=1, allow_nan=True)
+        except TypeError as exc:
+            raise CheckpointError(f"training state for {path} is not tensors + JSON data ({exc})") from None
+        st_path, json_path = resume_paths(path)
+        atomic_write_bytes(st_path, st_save(tensors) if tensors else st_save({"_empty": torch.zeros(0)}))
+        atomic_write_bytes(json_path, text.encode())
+    atomic_write_json(checkpoint_metadata_path(path), {**meta, "weights_sha256": weights_sha})
+    return path
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata sidecar of checkpoint ``path``.
+
+    Raises:
+        CheckpointError: missing, unreadable, or not this format.
+    """
+    meta_path = checkpoint_metadata_path(Path(path))
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint metadata unreadable: {meta_path} ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path}: format {meta.get('format')!r} is not {FORMAT!r}")
+    return meta
+
+
+def load_resume_state(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Load weights into ``model`` and optimizer state into ``optimizer``; return the saved ``train_state``.
+
+    Raises:
+        CheckpointError: files missing or corrupt, the state was saved with other weights, or it does
+            not fit the model / optimizer.
+    """
+    path = Path(path)
+    state = read_state_dict(path)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit the model ({str(exc).splitlines()[0]})") from None
+    st_path, json_path = resume_paths(path)
+    if not json_path.is_file() or not st_path.is_file():
+        raise CheckpointError(
+            f"no resumable state next to {path} (expected {json_path.name})",
+            hint="train without --resume, or point at a checkpoint written by deploy train",
+        )
+    try:
+        doc = json.loads(json_path.read_text())
+        tensors = st_load(st_path.read_bytes())
+    except Exception as exc:  # safetensors raises several types for corrupt files
+        raise CheckpointError(f"resumable state of {path} is corrupt ({type(exc).__name__}: {exc})") from None
+    if doc.get("format") != RESUME_FORMAT:
+        raise CheckpointError(f"{json_path}: format {doc.get('format')!r} is not {RESUME_FORMAT!r}")
+    if doc.get("weights_sha256") != sha256_file(path):
+        raise CheckpointError(
+            f"{json_path} was saved with other weights than {path.name}", hint="the pair is from different runs"
+        )
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(_unflatten_optimizer(tensors, doc))
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"optimizer state in {st_path.name} does not fit ({exc})") from None
+    return dict(doc.get("train_state", {}))

@@ -1,0 +1,184 @@
+"""``train.toml`` schema: frozen dataclasses validated by edgedeploy's generic config loader.
+
+Errors name the file and the dotted key, like deploy.toml's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+
+from edgedeploy.config import dataclass_from_dict
+from edgedeploy.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainModelSection:
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    python_path: tuple[str, ...] = (".",)
+    init: Literal["factory", "policy"] = "factory"  # "policy": edgedeploy.train.blocks.init_weights
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: Literal["digits", "npz"] = "digits"
+    path: str | None = None  # npz with x, y (and optional x_test, y_test)
+    test_fraction: float = 0.2
+    batch_size: int = 64
+    eval_batch_size: int = 512
+    normalize: bool = True
+    split_seed: int = 0
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    schedule: Literal["constant", "cosine", "onecycle"] = "constant"
+
+
+@dataclass(frozen=True)
+class LossSection:
+    kind: Literal["cross_entropy", "temperature_ce"] = "cross_entropy"
+    temperature: float = 1.0
+    learn_temperature: bool = True
+    temperature_lr: float = 1e-3
+    class_weights: tuple[float, ...] = ()
+    label_smoothing: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClipSection:
+    mode: Literal["none", "norm", "value"] = "none"
+    max_norm: float = 1.0
+    clip_value: float = 0.5
+
+
+@dataclass(frozen=True)
+class MonitorSection:
+    gradients: bool = True
+    every: int = 50
+    vanishing: float = 1e-7
+    exploding: float = 1e3
+    anomaly_detection: bool = False
+    profile: bool = False  # Chrome trace of a few steps into OUT/profile
+    memory: bool = True
+
+
+@dataclass(frozen=True)
+class RunSection:
+    epochs: int = 10
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    name: str = "model"
+    every_epochs: int = 1
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class DeployMetaSection:
+    """What the checkpoint metadata tells ``deploy build`` about the model's interface."""
+
+    input_name: str = "input"
+    outputs: tuple[str, ...] = ("logits",)
+    batch: tuple[int, int, int] = (1, 8, 64)  # min, opt, max of the dynamic batch dim
+    class_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: TrainModelSection
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    loss: LossSection = field(default_factory=LossSection)
+    clip: ClipSection = field(default_factory=ClipSection)
+    monitor: MonitorSection = field(default_factory=MonitorSection)
+    run: RunSection = field(default_factory=RunSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    deploy: DeployMetaSection = field(default_factory=DeployMetaSection)
+    source: str = "<dict>"
+    base_dir: str = "."
+
+    def path(self, value: str | None) -> Path | None:
+        """Resolve a path from the config relative to the config file's folder."""
+        if value is None:
+            return None
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+def train_config_from_dict(raw: dict[str, Any], *, source: str = "<dict>", base_dir: str | Path = ".") -> TrainConfig:
+    """Validate a parsed ``train.toml``.
+
+    Raises:
+        ConfigError: unknown/misspelled key, wrong type, or an out-of-range value (the key is named).
+    """
+    cfg: TrainConfig = dataclass_from_dict(TrainConfig, raw, source)
+    cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir))
+    _check(cfg)
+    return cfg
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    """Read and validate a ``train.toml``.
+
+    Raises:
+        ConfigError: missing file, invalid TOML, or validation failure naming the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"train config not found: {path}", hint="pass --config PATH to a train.toml")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    return train_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
+
+
+def _check(cfg: TrainConfig) -> None:
+    where = cfg.source
+    rules: list[tuple[str, Any, bool, str]] = [
+        ("model.factory", cfg.model.factory, ":" in cfg.model.factory, "must be 'module:callable'"),
+        ("data.test_fraction", cfg.data.test_fraction, 0 < cfg.data.test_fraction < 1, "must be in (0, 1)"),
+        ("data.batch_size", cfg.data.batch_size, cfg.data.batch_size >= 1, "must be >= 1"),
+        ("data.eval_batch_size", cfg.data.eval_batch_size, cfg.data.eval_batch_size >= 1, "must be >= 1"),
+        ("optim.lr", cfg.optim.lr, cfg.optim.lr > 0, "must be > 0"),
+        ("optim.weight_decay", cfg.optim.weight_decay, cfg.optim.weight_decay >= 0, "must be >= 0"),
+        ("loss.temperature", cfg.loss.temperature, cfg.loss.temperature > 0, "must be > 0"),
+        ("loss.label_smoothing", cfg.loss.label_smoothing, 0 <= cfg.loss.label_smoothing < 1, "must be in [0, 1)"),
+        ("clip.max_norm", cfg.clip.max_norm, cfg.clip.max_norm > 0, "must be > 0"),
+        ("clip.clip_value", cfg.clip.clip_value, cfg.clip.clip_value > 0, "must be > 0"),
+        ("monitor.every", cfg.monitor.every, cfg.monitor.every >= 1, "must be >= 1"),
+        ("run.epochs", cfg.run.epochs, cfg.run.epochs >= 1, "must be >= 1"),
+        ("run.threads", cfg.run.threads, cfg.run.threads is None or cfg.run.threads >= 1, "must be >= 1"),
+        ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, cfg.checkpoint.every_epochs >= 1, "must be >= 1"),
+        ("checkpoint.name", cfg.checkpoint.name, _plain_name(cfg.checkpoint.name), "must be a plain file stem"),
+        ("deploy.batch", list(cfg.deploy.batch), 1 <= cfg.deploy.batch[0] <= cfg.deploy.batch[1] <= cfg.deploy.batch[2],
+         "must be [min, opt, max] with 1 <= min <= opt <= max"),
+        ("deploy.outputs", list(cfg.deploy.outputs), len(cfg.deploy.outputs) >= 1, "must name at least one output"),
+    ]  # fmt: skip
+    for key, value, ok, why in rules:
+        if not ok:
+            raise ConfigError(f"{where}: key '{key}' = {value!r} {why}")
+    if cfg.data.dataset == "npz" and not cfg.data.path:
+        raise ConfigError(f"{where}: key 'data.path' is required when data.dataset = 'npz'")
+    if cfg.data.dataset == "digits" and cfg.data.path:
+        raise ConfigError(f"{where}: key 'data.path' is not used with data.dataset = 'digits'", hint="remove it")
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")

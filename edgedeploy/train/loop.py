@@ -1,0 +1,194 @@
+"""The training loop: mixed precision, safe steps, clipping, callbacks, evaluation, throughput."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from edgedeploy.train.amp import MixedPrecision
+from edgedeploy.train.clipping import GradClipper
+from edgedeploy.train.distributed import DistInfo, all_reduce_sum, set_epoch, unwrap
+
+
+class LoopCallback(Protocol):
+    """What the loop calls; implement any subset (missing methods are skipped)."""
+
+    def on_after_backward(self, step: int, model: nn.Module, grad_scale: float = 1.0) -> Any: ...
+
+
+@dataclass
+class LoopState:
+    """Progress of a run; JSON data, saved with the checkpoint so a run can resume."""
+
+    epoch: int = 0  # epochs completed
+    step: int = 0  # batches trained (optimizer steps attempted)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "history": self.history}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoopState:
+        return cls(int(data.get("epoch", 0)), int(data.get("step", 0)), list(data.get("history", [])))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader: Iterable[Any], device: torch.device, amp: MixedPrecision | None = None
+) -> dict[str, float]:
+    """Top-1 accuracy and mean cross-entropy over ``loader`` (model in eval mode, restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    try:
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with amp.autocast() if amp is not None else contextlib.nullcontext():
+                logits = model(x)
+            loss_sum += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            total += int(y.numel())
+    finally:
+        model.train(was_training)
+    return {"accuracy": correct / max(total, 1), "loss": loss_sum / max(total, 1)}
+
+
+def train_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    amp: MixedPrecision,
+    device: torch.device,
+    state: LoopState,
+    clipper: GradClipper | None = None,
+    scheduler: Any = None,
+    callbacks: Sequence[Any] = (),
+    profiler: Any = None,
+) -> dict[str, float]:
+    """One pass over ``loader``. Returns this rank's summed loss, sample count and skipped steps."""
+    model.train()
+    loss_sum, samples, skipped = 0.0, 0, 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = loss_fn(model(x), y)
+        amp.backward(loss)
+        for cb in callbacks:
+            hook = getattr(cb, "on_after_backward", None)
+            if hook is not None:
+                hook(state.step, unwrap(model), grad_scale=amp.scale)  # hooks saw scaled gradients
+        if amp.step(optimizer, clip=clipper):
+            if scheduler is not None:
+                scheduler.step()
+        else:
+            skipped += 1
+        state.step += 1
+        loss_sum += float(loss.detach()) * len(y)
+        samples += len(y)
+        if profiler is not None:
+            profiler.step()
+    return {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
+
+
+def fit(
+    model: nn.Module,
+    train_loader: DataLoader,
+    *,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    amp: MixedPrecision,
+    device: torch.device,
+    epochs: int,
+    stop_after: int | None = None,
+    seed: int = 0,
+    info: DistInfo | None = None,
+    eval_loader: Iterable[Any] | None = None,
+    state: LoopState | None = None,
+    clipper: GradClipper | None = None,
+    scheduler: Any = None,
+    callbacks: Sequence[Any] = (),
+    on_epoch_end: Callable[[LoopState, dict[str, float]], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    profiler: Any = None,
+) -> LoopState:
+    """Train from ``state.epoch`` up to ``epochs`` (at most ``stop_after`` of them in this call).
+
+    Logs one progress line per epoch on rank 0. Schedules are sized by ``epochs``, so a run cut short
+    by ``stop_after`` and resumed follows the same trajectory as an uninterrupted one.
+
+    Each epoch reseeds torch's RNG with ``seed + rank + epoch`` and the loader's shuffling with the
+    epoch, so a resumed run continues exactly where a checkpoint left it. Buffers (e.g. BatchNorm
+    statistics) are synchronised from rank 0 after each epoch, so all ranks hold identical models.
+    """
+    info = info or DistInfo()
+    state = state or LoopState()
+    log = log if (log is not None and info.is_main) else (lambda _line: None)
+    end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
+    for epoch in range(state.epoch, end):
+        torch.manual_seed(seed + info.rank + 1_000_003 * (epoch + 1))
+        set_epoch(train_loader, epoch, seed)
+        t0 = time.perf_counter()
+        part = train_epoch(
+            model,
+            train_loader,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            amp=amp,
+            device=device,
+            state=state,
+            clipper=clipper,
+            scheduler=scheduler,
+            callbacks=callbacks,
+            profiler=profiler,
+        )
+        loss_sum, samples, skipped = all_reduce_sum([part["loss_sum"], part["samples"], part["skipped"]], info, device)
+        broadcast_buffers(model, info)
+        seconds = time.perf_counter() - t0
+        metrics: dict[str, float] = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / max(samples, 1),
+            "samples_per_s": samples / max(seconds, 1e-9),
+            "skipped_steps": skipped,
+        }
+        temperature = getattr(loss_fn, "temperature", None)
+        if isinstance(temperature, float):
+            metrics["temperature"] = temperature
+        if eval_loader is not None:
+            ev = evaluate(unwrap(model), eval_loader, device, amp)
+            metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
+        state.epoch = epoch + 1
+        state.history.append(metrics)
+        line = f"epoch {epoch + 1}/{epochs} step {state.step} loss {metrics['train_loss']:.4f}"
+        if "test_accuracy" in metrics:
+            line += f" test_acc {metrics['test_accuracy']:.4f}"
+        line += f" {metrics['samples_per_s']:.0f} samples/s {seconds:.2f}s"
+        if skipped:
+            line += f" ({int(skipped)} steps skipped: non-finite gradients)"
+        log(line)
+        if not math.isfinite(metrics["train_loss"]):
+            log("warning: training loss is not finite")
+        if on_epoch_end is not None:
+            on_epoch_end(state, metrics)
+    return state
+
+
+def broadcast_buffers(model: nn.Module, info: DistInfo) -> None:
+    """Copy rank 0's buffers to every rank (DDP syncs them before forwards, not after the last one)."""
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+
+    for buf in unwrap(model).buffers():
+        dist.broadcast(buf, src=0)

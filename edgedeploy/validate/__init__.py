@@ -1,0 +1,1 @@
+"""Validation of built artifacts: runners per backend, latency, divergence localization, gate policy."""

@@ -1,0 +1,138 @@
+"""Capture stage: trace / script / torch.export, checked against eager at every dynamic dim's min / max."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgedeploy.config import DeployConfig, config_from_dict
+from edgedeploy.errors import StageError
+from edgedeploy.pipeline.runner import run_build
+from edgedeploy.stages.capture import EXPORTED_PROGRAM, TORCHSCRIPT, TorchScriptFromModel
+
+GOOD_MODEL = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.fc(y.view(x.shape[0], 4, -1).mean(-1))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+"""
+
+# int(x.size(0)) freezes the example's batch size into the traced graph
+BAKED_MODEL = """
+import torch
+from torch import nn
+
+
+class Baked(nn.Module):
+    def forward(self, x):
+        n = int(x.size(0))
+        return x.reshape(n, -1).sum(-1)
+
+
+def build():
+    return Baked()
+"""
+BAKED_LINE = next(i for i, line in enumerate(BAKED_MODEL.splitlines(), 1) if "int(x.size(0))" in line)
+
+
+def make_config(
+    folder: Path,
+    source: str,
+    *,
+    inputs: list[dict[str, Any]] | None = None,
+    dims: dict[str, dict[str, int]] | None = None,
+    outputs: tuple[str, ...] = ("y",),
+    **sections: dict[str, Any],
+) -> DeployConfig:
+    """A config for ``source`` (written as a uniquely named module in ``folder``), cpu target, tiny shapes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module = f"m_{uuid.uuid4().hex[:10]}"
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    raw: dict[str, Any] = {
+        "model": {"factory": f"{module}:build"},
+        "inputs": inputs or [{"name": "x", "shape": ["batch", 3, 4, 4], "range": [-1.0, 1.0]}],
+        "dims": dims or {"batch": {"min": 1, "opt": 2, "max": 4}},
+        "outputs": list(outputs),
+        "validate": {"samples": 1, "latency_iters": 1, "latency_warmup": 0},
+        "build": {"out": str(folder / "out"), "cache": False},
+    }
+    for key, value in sections.items():
+        raw.setdefault(key, {}).update(value)
+    return config_from_dict(raw, source=str(folder / "deploy.toml"), base_dir=folder)
+
+
+def quiet(_line: str) -> None:
+    """Progress sink for builds run inside tests."""
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
+@pytest.mark.parametrize("mode", ["trace", "script"])
+def test_torchscript_capture_is_saved_and_matches_eager_at_every_dim(tmp_path: Path, mode: str) -> None:
+    import torch
+
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"capture": mode})
+    result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    metrics = result.report["metrics"]["capture"]
+    assert set(metrics["points"]) >= {"opt", "batch=1 (min)", "batch=4 (max)"}
+    assert all(p["ok"] for p in metrics["points"].values())
+    assert metrics["max_abs_vs_eager"] <= 1e-4
+    loaded = torch.jit.load(str(result.out / TORCHSCRIPT))
+    assert tuple(loaded(torch.zeros(3, 3, 4, 4)).shape) == (3, 5)
+
+
+def test_export_capture_saves_exported_program(tmp_path: Path) -> None:
+    import torch
+
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"capture": "export"})
+    stage = TorchScriptFromModel()
+    result = run_build(cfg, stages=[stage], log=quiet)
+    assert result.stages[0].files == [EXPORTED_PROGRAM]
+    assert not (result.out / TORCHSCRIPT).exists()
+    program = torch.export.load(str(result.out / EXPORTED_PROGRAM))
+    assert tuple(program.module()(torch.zeros(3, 3, 4, 4)).shape) == (3, 5)
+
+
+def test_tracer_warning_fails_at_the_users_line(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, BAKED_MODEL)
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    text = err.value.one_line()
+    module_file = next(tmp_path.glob("m_*.py"))
+    assert f"{module_file}:{BAKED_LINE}" in text
+    assert "TracerWarning" in text
+    assert "torch/" not in text.split("TracerWarning")[1].split(":")[0]
+
+
+def test_trace_check_names_the_baked_dim_when_warnings_are_allowed(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, BAKED_MODEL, export={"fail_on_tracer_warnings": False})
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    assert "batch=1 (min)" in err.value.message
+    assert "shape" in err.value.message
+
+
+def test_torch_export_capture_names_the_specialised_dim(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, BAKED_MODEL, export={"capture": "export"})
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    assert "torch.export.export failed" in err.value.message
+    assert "batch" in err.value.message
+    assert err.value.exit_code == 6

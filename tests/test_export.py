@@ -1,0 +1,178 @@
+"""Export stage: both exporters, opset choice, fallback, baked-shape probes, external data, simplification."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_capture import BAKED_MODEL, GOOD_MODEL, make_config, quiet
+
+from edgedeploy.errors import StageError, TargetCapabilityError
+from edgedeploy.pipeline.manifest import read_manifest
+from edgedeploy.pipeline.runner import run_build
+from edgedeploy.stages.export import (
+    EXPORTER_OPSETS,
+    ONNX_DATA,
+    ONNX_MODEL,
+    OnnxFromTorch,
+    choose_opset,
+    exporter_order,
+)
+from edgedeploy.targets import get_target
+
+# Python control flow on a tensor value: torch.export cannot capture it, tracing can
+DATA_BRANCH_MODEL = """
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def forward(self, x):
+        if x.abs().sum() > -1:
+            return x * 2
+        return x
+
+
+def build():
+    return Branchy()
+"""
+
+
+def _opset(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path))
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_both_exporters_keep_batch_dynamic_and_pass_probes(tmp_path: Path, exporter: str) -> None:
+    import onnx
+
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"exporter": exporter})
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    metrics = result.report["metrics"]["export"]
+    assert metrics["exporter"] == exporter
+    assert metrics["opset"] == min(21, EXPORTER_OPSETS[exporter][1])  # cpu parses up to 21
+    assert _opset(result.out / ONNX_MODEL) == metrics["opset"]
+    probes = {"opt": True, "batch=1 (min)": True, "batch=4 (max)": True, "batch=3 (random)": True}
+    assert metrics["shape_probes"] == probes
+    assert metrics["simplify"]["status"] == "kept"
+    model = onnx.load(str(result.out / ONNX_MODEL))
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert model.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["edgedeploy.exporter"] == exporter
+    assert {"edgedeploy.inputs", "edgedeploy.normalization", "edgedeploy.class_names"} <= set(meta)
+
+
+def test_opset_follows_the_target_and_exporter(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    nano, orin, cpu = get_target("jetson-nano"), get_target("jetson-orin"), get_target("cpu")
+    assert exporter_order(cfg, nano) == ["torchscript", "dynamo"]  # opset 13 is below dynamo's native 18
+    assert exporter_order(cfg, orin) == ["dynamo", "torchscript"]
+    assert choose_opset(cfg, nano, "torchscript") == 13
+    assert choose_opset(cfg, orin, "dynamo") == 20
+    assert choose_opset(cfg, cpu, "torchscript") == 20
+    assert choose_opset(cfg, cpu, "dynamo") == 21
+    pinned = make_config(tmp_path / "p", GOOD_MODEL, export={"opset": 12, "exporter": "torchscript"})
+    assert choose_opset(pinned, nano, "torchscript") == 12
+
+
+def test_explicit_opset_above_target_ceiling_is_refused(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"opset": 17}, build={"target": "jetson-nano"})
+    with pytest.raises(TargetCapabilityError) as err:
+        run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert "export.opset = 17" in err.value.message and "max opset 13" in err.value.message
+    assert err.value.exit_code == 4
+
+
+def test_old_target_exports_with_torchscript_at_its_opset(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, GOOD_MODEL, build={"target": "jetson-nano"})
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert result.report["metrics"]["export"]["exporter"] == "torchscript"
+    assert _opset(result.out / ONNX_MODEL) == 13
+
+
+def test_auto_falls_back_and_says_why(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, DATA_BRANCH_MODEL)
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    metrics = result.report["metrics"]["export"]
+    assert metrics["exporters_tried"] == ["dynamo", "torchscript"]
+    assert metrics["exporter"] == "torchscript"
+    warning = next(w for w in result.report["warnings"] if "exporter failed" in w)
+    assert "dynamo" in warning and metrics["fallback_reason"].split(":")[0] == "dynamo"
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_baked_shape_fails_naming_the_dim(tmp_path: Path, exporter: str) -> None:
+    cfg = make_config(tmp_path, BAKED_MODEL, export={"exporter": exporter})
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert "batch" in err.value.message
+    if exporter == "torchscript":  # exported fine, then the ONNX Runtime probe caught it
+        assert "'batch'" in err.value.message and "batch=1 (min)" in err.value.message
+    assert not (tmp_path / "out" / ONNX_MODEL).exists()
+
+
+def test_large_weights_go_to_external_data(tmp_path: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    wide = GOOD_MODEL.replace("nn.Conv2d(3, 4, 3", "nn.Conv2d(3, 4, 5").replace("padding=1", "padding=2")
+    cfg = make_config(tmp_path, wide)  # conv weight 4x3x5x5 floats: above the 1 KiB external-tensor minimum
+    result = run_build(cfg, stages=[OnnxFromTorch(external_data_threshold=64)], log=quiet)
+    assert result.report["metrics"]["export"]["external_data"] is True
+    data = result.out / ONNX_DATA
+    assert data.is_file() and data.stat().st_size > 64
+    assert ONNX_DATA in read_manifest(result.out)["artifacts"]
+    model = onnx.load(str(result.out / ONNX_MODEL), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    sess = ort.InferenceSession(str(result.out / ONNX_MODEL), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": np.zeros((3, 3, 4, 4), np.float32)})
+    assert y.shape == (3, 5)
+
+
+def test_small_weights_stay_inline(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert not (result.out / ONNX_DATA).exists()
+    assert result.report["metrics"]["export"]["external_data"] is False
+
+
+def test_simplification_that_changes_outputs_is_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx
+    import onnxslim
+    from onnx import numpy_helper
+
+    from edgedeploy.onnxtools.simplify import simplify_checked
+
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"simplify": False})
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    proto = onnx.load(str(result.out / ONNX_MODEL))
+    feeds = [{"x": np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 4)).astype(np.float32)}]
+    kept, info = simplify_checked(proto, feeds)
+    assert info["status"] == "kept" and info["max_abs_vs_unsimplified"] <= 1e-5
+
+    real_slim = onnxslim.slim
+
+    def slim_that_perturbs_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+        out = real_slim(model)
+        init = max(out.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
+        return out
+
+    monkeypatch.setattr(onnxslim, "slim", slim_that_perturbs_weights)
+    kept, info = simplify_checked(proto, feeds)
+    assert info["status"] == "discarded" and "differ" in info["reason"]
+    assert kept is proto
+
+
+def test_export_is_cached_by_content(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    cfg = dataclasses.replace(cfg, build=dataclasses.replace(cfg.build, cache=True))
+    first = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    second = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert first.stages[0].status == "ran" and second.stages[0].status == "cached"

@@ -1,0 +1,193 @@
+"""The release gate: each exit code, from ``deploy gate`` and from ``deploy build`` with a policy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_TOML, write_tiny_project
+
+from edgedeploy.cli import main
+from edgedeploy.pipeline.hashing import sha256_file
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deploy.toml of a tiny project, built once into its 'out' folder (later builds hit the cache)."""
+    folder = tmp_path_factory.mktemp("gate")
+    name = f"tinynet_{uuid.uuid4().hex[:8]}"
+    path = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
+    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    assert main(["build", "--config", str(path)]) == 0
+    return path
+
+
+@pytest.fixture
+def build(project: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished build folder."""
+    dst = tmp_path / "build"
+    shutil.copytree(project.parent / "out", dst, ignore=shutil.ignore_patterns(".cache"))
+    return dst
+
+
+def _edit_report(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Change report.json and record its new hash in the manifest (a consistent, untampered build)."""
+    report = json.loads((folder / "report.json").read_text())
+    edit(report)
+    (folder / "report.json").write_text(json.dumps(report))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["artifacts"]["report.json"] = sha256_file(folder / "report.json")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _policy(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "gate.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _gate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
+    code = main(["gate", *args])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def test_clean_build_passes(build: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _gate(capsys, str(build))
+    assert code == 0
+    assert len(out) == 1 and out[0].startswith("gate passed (") and err == ""
+    code, out, _ = _gate(capsys, str(build), "--json")
+    verdict = json.loads("\n".join(out))
+    assert code == 0 and verdict["status"] == "passed" and verdict["exit_code"] == 0
+    kinds = {c["kind"] for c in verdict["checks"]}
+    assert {"integrity", "parity", "batch_consistency"} <= kinds
+
+
+def test_tampered_artifact_exits_9(build: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = bytearray((build / "model.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (build / "model.onnx").write_bytes(bytes(data))
+    code, out, err = _gate(capsys, str(build / "report.json"))
+    assert code == 9
+    assert out == [f"FAIL integrity: {build}: model.onnx sha256 differs from manifest (tampered or replaced)"]
+    assert err.startswith("deploy: artifact integrity error: release gate failed: integrity:")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_missing_artifact_exits_9_before_anything_else(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (build / "model.ts").unlink()
+    policy = _policy(tmp_path, "max_latency_ms = 0.000001\n")  # also too slow: integrity still decides
+    code, out, _ = _gate(capsys, str(build), "--policy", policy)
+    assert code == 9
+    assert any("model.ts missing" in line for line in out)
+    assert any(line.startswith("FAIL latency:onnxruntime-fp32") for line in out)
+
+
+@pytest.mark.parametrize(("error_code", "expected"), [(6, 6), (5, 6), (7, 7)])
+def test_failed_build_report(build: Path, capsys: pytest.CaptureFixture[str], error_code: int, expected: int) -> None:
+    def fail(report: dict[str, Any]) -> None:
+        report["status"] = "failed"
+        report["error"] = {"kind": "x", "exit_code": error_code, "message": "[export] it broke"}
+
+    _edit_report(build, fail)
+    (build / "manifest.json").unlink()  # failed builds publish no manifest
+    code, out, _ = _gate(capsys, str(build))
+    assert code == expected
+    assert out[0] == "FAIL build: [export] it broke"
+
+
+def test_policy_minimum_cosine_exits_7(build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = _policy(tmp_path, "[gate]\nmin_cosine = { fp32 = 1.01 }\n")
+    code, out, err = _gate(capsys, str(build), "--policy", policy)
+    assert code == 7
+    assert {line.split(":")[0] + ":" + line.split(":")[1] for line in out} == {
+        "FAIL parity:torchscript",
+        "FAIL parity:onnxruntime-fp32",
+    }
+    assert all("< gate minimum 1.01 for fp32" in line for line in out)
+    assert err.startswith("deploy: parity failure: release gate failed:")
+
+
+def test_non_finite_values_in_report_exit_7(build: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def poison(report: dict[str, Any]) -> None:
+        row = report["parity"]["candidates"][1]["checks"][0]
+        row["nan"] = 3
+
+    _edit_report(build, poison)
+    code, out, _ = _gate(capsys, str(build))
+    assert code == 7
+    assert len(out) == 1 and "non-finite output: 3 NaN/Inf values > 0 allowed" in out[0]
+
+
+def test_required_backend_that_was_skipped_exits_7(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = _policy(tmp_path, 'required_backends = ["tensorrt"]\n')
+    code, out, _ = _gate(capsys, str(build), "--policy", policy)
+    assert code == 7
+    assert out == ["FAIL required:tensorrt: required backend tensorrt: no TensorRT"]
+
+
+def test_latency_regression_against_baseline_exits_8(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = json.loads((build / "report.json").read_text())
+    assert _gate(capsys, str(build), "--baseline", str(build / "report.json"))[0] == 0  # same numbers: +0%
+    for row in baseline["latency"]["backends"].values():
+        row["p90_ms"] /= 2.0
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    policy = _policy(tmp_path, 'latency_metric = "p90"\nmax_latency_regression_pct = 50\n')
+    code, out, err = _gate(capsys, str(build), "--policy", policy, "--baseline", str(tmp_path / "old.json"))
+    assert code == 8
+    assert [line.split(":")[0] for line in out] == ["FAIL regression", "FAIL regression"]
+    assert all("(+100.0%, allowed +50%)" in line for line in out)
+    assert err.startswith("deploy: performance regression: release gate failed: regression:")
+
+
+def test_baseline_named_in_policy_is_read_relative_to_it(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = json.loads((build / "report.json").read_text())
+    for row in baseline["latency"]["backends"].values():
+        row["p50_ms"] /= 10.0
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    code, out, _ = _gate(capsys, str(build), "--policy", _policy(tmp_path, 'baseline = "old.json"\n'))
+    assert code == 8 and len(out) == 2
+
+
+def test_bad_policy_and_missing_report(build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _gate(capsys, str(build), "--policy", _policy(tmp_path, "min_cosin = { fp32 = 0.9 }\n"))
+    assert code == 2 and "unknown key 'min_cosin'" in err and "did you mean 'min_cosine'" in err
+    code, _, err = _gate(capsys, str(build), "--policy", _policy(tmp_path, 'required_checks = ["speed"]\n'))
+    assert code == 2 and "required_checks[0]" in err
+    code, _, err = _gate(capsys, str(tmp_path / "nowhere" / "report.json"))
+    assert code == 3 and "report not found" in err
+
+
+def test_build_runs_the_gate_before_publishing(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gated"
+    strict = _policy(tmp_path, "[gate]\nmin_cosine = { fp32 = 1.01 }\n")
+    code = main(["build", "--config", str(project), "--out", str(out), "--policy", strict])
+    _, err = capsys.readouterr()
+    assert code == 7
+    assert "gate FAIL parity:onnxruntime-fp32:logits" in err
+    assert not (out / "manifest.json").exists()  # nothing published
+    failed = json.loads((out / ".last-failed" / "report.json").read_text())
+    assert failed["stages"][-1]["name"] == "gate" and failed["stages"][-1]["status"] == "failed"
+    assert failed["metrics"]["gate"]["status"] == "failed" and failed["error"]["exit_code"] == 7
+
+    (project.parent / "gate.toml").write_text("[gate]\nmax_latency_regression_pct = 1000\n")
+    code = main(["build", "--config", str(project), "--out", str(out), "--policy", str(project.parent / "gate.toml")])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["metrics"]["gate"]["status"] == "passed"
+    assert main(["gate", str(out)]) == 0

@@ -1,0 +1,255 @@
+"""Precision analysis and conversion on real photos: FP16 overflow pins, INT8 sensitivity fallback, QDQ flavours,
+and the precision stage on TensorRT targets (builder-flag FP16, typed FP16 ONNX, implicit-INT8 cache)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_calib_cache import export_onnx
+from test_calib_data import make_cfg, photo_folder
+
+from edgedeploy.precision import analysis
+from edgedeploy.precision.fp16 import convert_fp16
+from edgedeploy.precision.quantize import QDQ_FLAVOURS, Quantizer, flavour_for, preprocess, quantize_with_fallback
+
+
+def photo_batches(samples: int = 32, batch: int = 8, size: int = 16) -> list[dict[str, np.ndarray]]:
+    """Crops of real photos (skimage.data) as NCHW float32 in [-1, 1]."""
+    import skimage.data
+
+    photos = [skimage.data.astronaut(), skimage.data.chelsea(), skimage.data.coffee()]
+    rng = np.random.default_rng(0)
+    crops = []
+    for i in range(samples):
+        img = photos[i % len(photos)]
+        y, x = int(rng.integers(0, img.shape[0] - size)), int(rng.integers(0, img.shape[1] - size))
+        crops.append(img[y : y + size, x : x + size].transpose(2, 0, 1) / 127.5 - 1.0)
+    arr = np.stack(crops).astype(np.float32)
+    return [{"image": arr[i : i + batch]} for i in range(0, samples, batch)]
+
+
+def overflow_net():
+    """A CNN whose first conv's activations reach ~1e5 (> FP16 max) before a Mul scales them back."""
+    import torch
+    from torch import nn
+
+    class OverflowNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+            self.fc = nn.Linear(4, 5)
+            with torch.no_grad():
+                self.c1.weight.mul_(1e5)
+                self.c1.bias.mul_(1e5)
+
+        def forward(self, image):
+            y = torch.relu(self.c1(image) * 1e-5)
+            return self.fc(torch.relu(self.c2(y)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    return OverflowNet()
+
+
+def outlier_net():
+    """A CNN with one activation channel 1000x larger than the rest: per-tensor INT8 wipes the small channels."""
+    import torch
+    from torch import nn
+
+    class OutlierNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(4, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 10)
+            self.register_buffer("gain", torch.tensor([1000.0, 1.0, 1.0, 1.0]).view(1, 4, 1, 1))
+            with torch.no_grad():
+                self.c2.weight[:, 0] *= 1e-3
+
+        def forward(self, image):
+            y = torch.relu(self.c1(image)) * self.gain
+            return self.fc(torch.relu(self.c2(y)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    return OutlierNet()
+
+
+def test_fp16_overflow_is_flagged_and_pinned(tmp_path: Path) -> None:
+    import onnx
+
+    batches = photo_batches()
+    path = export_onnx(overflow_net(), batches[0]["image"], tmp_path / "overflow.onnx")
+    stats = analysis.tensor_ranges(path, batches, tmp_path)
+    findings = analysis.fp16_findings(stats, onnx.load(str(path)))
+    overflow = [f for f in findings if f["issue"] == "overflow"]
+    assert [f["tensor"] for f in overflow] == ["/c1/Conv_output_0"]
+    assert overflow[0]["absmax"] > analysis.FP16_MAX
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float16(overflow[0]["absmax"]))  # what FP16 storage would make of it
+    pins = analysis.fp16_pins(findings)
+    assert set(pins) == {"/c1/Conv", "/Mul"} and "FP16 overflow" in pins["/c1/Conv"]
+
+    fp16 = onnx.load(str(convert_fp16(path, tmp_path / "fp16.onnx", keep_fp32=list(pins))))
+    inits = {i.name: i.data_type for i in fp16.graph.initializer}
+    nodes = {n.name: n for n in fp16.graph.node}
+    assert inits[nodes["/c1/Conv"].input[1]] == onnx.TensorProto.FLOAT  # pinned: FP32 weights
+    assert inits[nodes["/c2/Conv"].input[1]] == onnx.TensorProto.FLOAT16  # the rest is FP16
+    assert fp16.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # io kept FP32
+    ref = analysis.run_model(path, batches)
+    got = analysis.run_model(tmp_path / "fp16.onnx", batches)
+    assert analysis.accuracy(ref, got, [])["score"] > 0.999
+
+
+def test_int8_fallback_finds_the_outlier_layers(tmp_path: Path) -> None:
+    batches = photo_batches(32, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    result = quantize_with_fallback(
+        q,
+        out=tmp_path / "model.int8.onnx",
+        batches=batches,
+        classifier_outputs=[],
+        accuracy_target=0.99,
+        max_tries=4,
+        latency_feeds=batches[0],
+        latency_iters=3,
+    )
+    naive, final = result.tries[0], result.tries[-1]
+    assert naive["metric"] == "cosine" and naive["score"] < 0.99  # naive INT8 misses the target
+    assert result.met and final["score"] >= 0.99
+    assert set(result.excluded) == {"/Mul", "/c2/Conv"}  # the outlier tensor's producer and consumer
+    assert all("INT8 sensitive" in why for why in result.excluded.values())
+    assert {r["node"] for r in result.sensitivity[:2]} == {"/Mul", "/c2/Conv"}  # ranked most sensitive
+    assert result.sensitivity[1]["output_error"] > 3 * result.sensitivity[2]["output_error"]
+    assert {"fp32", "int8_naive", "int8_final", "fallback_cost"} <= set(result.latency)
+    ref = analysis.run_model(q.float_model, batches)
+    assert analysis.accuracy(ref, analysis.run_model(tmp_path / "model.int8.onnx", batches), [])["score"] >= 0.99
+
+
+def test_fallback_gives_up_after_max_tries(tmp_path: Path) -> None:
+    batches = photo_batches(16, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=1
+    )
+    assert not result.met and len(result.tries) == 2 and len(result.excluded) == 1
+
+
+@pytest.mark.parametrize("runtime", ["tensorrt", "onnxruntime"])
+def test_qdq_flavour_per_runtime(tmp_path: Path, runtime: str) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    batches = photo_batches(16, 8)
+    path = export_onnx(overflow_net(), batches[0]["image"], tmp_path / "m.onnx")
+    flavour = QDQ_FLAVOURS[runtime]
+    out = Quantizer(path, tmp_path, flavour).quantize(tmp_path / "q.onnx", batches)
+    model = onnx.load(str(out))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    act_zps = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+    assert act_zps
+    dq_inputs = [
+        inits[n.input[0]].dtype for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+    ]
+    if runtime == "tensorrt":
+        assert flavour.name == "S8S8"
+        assert all(z.dtype == np.int8 and not z.any() for z in act_zps)  # symmetric signed: zero point 0
+        assert np.int32 not in dq_inputs  # TensorRT takes float biases only
+    else:
+        assert flavour.name == "U8S8" and all(z.dtype == np.uint8 for z in act_zps)
+        assert np.int32 in dq_inputs  # int32 biases for ONNX Runtime's integer kernels
+
+
+def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):
+    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.targets import get_target
+
+    batches = photo_batches(8, 4)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    export_onnx(model, batches[0]["image"], staging / "model.onnx")
+    folder = photo_folder(tmp_path / "calib", count=8, size=32)
+    cfg = make_cfg(
+        tmp_path,
+        precision={"mode": mode, "calib": str(folder), "calib_samples": 8, **(precision or {})},
+        normalization={"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    )
+    return BuildContext(cfg=cfg, target=get_target(target), staging=staging, out=tmp_path / "out")
+
+
+def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
+    import onnx
+
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", overflow_net())
+    stage = PrecisionFromOnnx()
+    assert set(stage.outputs(ctx)) == {"model.fp16.onnx", "precision.json"}
+    metrics = stage.run(ctx)
+    plan = json.loads((ctx.staging / "precision.json").read_text())
+    assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32"
+    assert {p["node"] for p in plan["fp32_layers"]} == {"/c1/Conv", "/Mul"}
+    assert metrics["calibration"]["kind"] == "images" and len(metrics["calibration"]["source_sha256"]) == 64
+    fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
+    assert all(i.data_type == onnx.TensorProto.FLOAT for i in fp16.graph.initializer)  # FP32 graph + flag
+    assert any("pinned to FP32" in w for w in ctx.warnings)
+    assert not [p for p in ctx.staging.iterdir() if p.name.startswith("precision-")]  # temp folder cleaned
+
+
+def test_stage_fp16_typed_onnx_for_trt11(tmp_path: Path) -> None:
+    import onnx
+
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    ctx = _stage_ctx(tmp_path, "desktop-trt11", "fp16", overflow_net())
+    PrecisionFromOnnx().run(ctx)
+    plan = json.loads((ctx.staging / "precision.json").read_text())
+    assert plan["strategy"] == "typed-onnx" and plan["onnx_dtype"] == "float16"
+    fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
+    types = {i.data_type for i in fp16.graph.initializer}
+    assert onnx.TensorProto.FLOAT16 in types and onnx.TensorProto.FLOAT in types  # pinned nodes stay FP32
+    assert plan["host_check"]["score"] > 0.999
+
+
+def test_stage_int8_trt_writes_calibration_cache(tmp_path: Path) -> None:
+    from edgedeploy.precision.calib_cache import read_trt_cache
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    ctx = _stage_ctx(tmp_path, "jetson-xavier", "int8", overflow_net(), {"accuracy_target": 0.9})
+    stage = PrecisionFromOnnx()
+    assert "calib.cache" in stage.outputs(ctx)
+    metrics = stage.run(ctx)
+    assert metrics["qdq_flavour"]["name"] == "S8S8"
+    cache = read_trt_cache(ctx.staging / "calib.cache")
+    assert cache.header == "TRT-8500-EntropyCalibration2" == metrics["implicit_int8"]["header"]
+    assert "image" in cache.scales and cache.amax()["image"] == pytest.approx(1.0, abs=0.01)
+    assert (ctx.staging / "model.int8.onnx").is_file()
+    shutil.rmtree(ctx.staging)
+
+
+def test_fp16_underflow_is_flagged_not_pinned(tmp_path: Path) -> None:
+    import onnx
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, image):
+            return (self.conv(image) * 1e-9).mean((2, 3))  # values ~1e-9: below FP16's smallest subnormal
+
+    torch.manual_seed(0)
+    batches = photo_batches(8, 4)
+    path = export_onnx(Tiny(), batches[0]["image"], tmp_path / "tiny.onnx")
+    findings = analysis.fp16_findings(analysis.tensor_ranges(path, batches, tmp_path), onnx.load(str(path)))
+    under = [f for f in findings if f["issue"] == "underflow"]
+    assert "/Mul_output_0" in {f["tensor"] for f in under}
+    assert all(f["issue"] != "overflow" for f in findings)
+    assert analysis.fp16_pins(findings) == {}

@@ -1,0 +1,155 @@
+"""End-to-end INT8 builds for the cpu target: real photo calibration, validation, provenance, fallback report."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_calib_data import photo_folder
+
+import edgedeploy
+from edgedeploy.cli import main
+from edgedeploy.errors import InputError
+from edgedeploy.precision.data import hash_directory
+
+NORMALIZED = 'checkpoint = "tiny.safetensors"\nnormalization = { mean = [0.5, 0.5, 0.5], std = [0.5, 0.5, 0.5] }'
+
+
+def _normalized_project(tiny_project: Path) -> Path:
+    text = tiny_project.read_text().replace('checkpoint = "tiny.safetensors"', NORMALIZED)
+    tiny_project.write_text(text)
+    return tiny_project
+
+
+def test_cli_int8_build_with_image_folder(tiny_project: Path, tmp_path: Path, capsys) -> None:
+    cfg = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    out = tmp_path / "int8-out"
+    argv = ["build", "--config", str(cfg), "--out", str(out), "--target", "cpu", "--precision", "int8"]
+    assert main([*argv, "--calib", str(calib)]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {"model.int8.onnx", "precision.json"} <= set(manifest["artifacts"])
+    report = json.loads((out / "report.json").read_text())
+    cand = {c["name"]: c for c in report["parity"]["candidates"]}["onnxruntime-int8"]
+    assert cand["status"] == "passed" and all(c["passed"] for c in cand["checks"])
+    prec = report["metrics"]["precision"]
+    assert prec["calibration"]["source_sha256"] == hash_directory(calib)
+    assert prec["calibration"]["samples_used"] == 12
+    assert prec["qdq_flavour"]["name"] == "U8S8" and prec["accuracy"]["score"] >= 0.99
+    assert any("12 samples, fewer than precision.calib_samples = 64" in w for w in report["warnings"])
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out / "model.int8.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+    # same data: the precision stage comes from the cache; one changed photo: it runs again
+    assert main([*argv, "--calib", str(calib)]) == 0
+    stages = {s["name"]: s["status"] for s in json.loads((out / "report.json").read_text())["stages"]}
+    assert stages["precision"] == "cached"
+    (calib / "img000.png").write_bytes((calib / "img001.png").read_bytes())
+    assert main([*argv, "--calib", str(calib)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert {s["name"]: s["status"] for s in report["stages"]}["precision"] == "ran"
+    assert report["metrics"]["precision"]["calibration"]["source_sha256"] == hash_directory(calib)
+
+
+def test_int8_without_calibration_data_fails_cleanly(tiny_project: Path) -> None:
+    with pytest.raises(InputError, match="needs calibration data"):
+        edgedeploy.build(tiny_project, log=lambda _: None, precision__mode="int8")
+    assert not (tiny_project.parent / "out" / "model.int8.onnx").exists()
+
+
+OUTLIER_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class OutlierNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(4, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 10)
+            self.register_buffer("gain", torch.tensor([1000.0, 1.0, 1.0, 1.0]).view(1, 4, 1, 1))
+
+        def forward(self, image):
+            y = torch.relu(self.c1(image)) * self.gain
+            return self.fc(torch.relu(self.c2(y)).mean((2, 3)))
+
+
+    def build():
+        return OutlierNet()
+    """
+)
+
+
+def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    proj = tmp_path / "outlier"
+    proj.mkdir()
+    mod = f"outlier_{tmp_path.name.replace('-', '_')}"
+    (proj / f"{mod}.py").write_text(OUTLIER_MODEL)
+    ns: dict = {}
+    exec(compile(OUTLIER_MODEL, "outlier.py", "exec"), ns)  # the test's own model source
+    torch.manual_seed(0)
+    net = ns["build"]()
+    with torch.no_grad():
+        net.c2.weight[:, 0] *= 1e-3  # the huge channel and the small ones contribute alike
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(proj / "w.safetensors"))
+    calib = photo_folder(tmp_path / "photos", count=24, size=40)
+    (proj / "deploy.toml").write_text(
+        textwrap.dedent(
+            f"""
+            outputs = ["logits"]
+            [model]
+            factory = "{mod}:build"
+            checkpoint = "w.safetensors"
+            normalization = {{ mean = [0.5, 0.5, 0.5], std = [0.5, 0.5, 0.5] }}
+            [[inputs]]
+            name = "image"
+            shape = ["batch", 3, 16, 16]
+            range = [-1.0, 1.0]
+            [dims.batch]
+            min = 1
+            opt = 4
+            max = 4
+            [precision]
+            mode = "int8"
+            calib = "{calib}"
+            calib_samples = 24
+            accuracy_target = 0.99
+            [validate]
+            samples = 1
+            latency_iters = 2
+            latency_warmup = 1
+            [build]
+            out = "out"
+            """
+        )
+    )
+    result = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
+    assert result.ok
+    prec = result.report["metrics"]["precision"]
+    tries = prec["fallback_tries"]
+    assert tries[0]["score"] < 0.99 <= tries[-1]["score"]
+    import onnx
+
+    kept = [k["node"] for k in prec["kept_float"]]
+    nodes = {n.name: n for n in onnx.load(str(result.out / "model.int8.onnx")).graph.node}
+    assert sorted(nodes[k].op_type for k in kept) == ["Conv", "Mul"]  # the outlier's producer and consumer
+    mul, conv = sorted(kept, key=lambda k: nodes[k].op_type != "Mul")
+    assert nodes[mul].output[0] == nodes[conv].input[0]  # the outlier tensor is no longer quantized
+    assert all("INT8 sensitive" in k["why"] for k in prec["kept_float"])
+    lat = prec["latency_onnxruntime_cpu"]
+    assert lat["int8_final"]["p50_ms"] > 0 and lat["fallback_cost"] > 0
+    assert any(
+        "2 node(s) kept in float for accuracy" in w and mul in w and conv in w for w in result.report["warnings"]
+    )
+    plan = json.loads((result.out / "precision.json").read_text())
+    assert plan["kept_float"] == prec["kept_float"]

@@ -1,0 +1,234 @@
+"""Parity validation of every backend a build produced: metrics, tolerances per precision, batch consistency."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TINY_TOML, write_tiny_project
+
+from edgedeploy.errors import ArtifactIntegrityError, ParityError
+from edgedeploy.pipeline.parity import (
+    NON_FINITE,
+    OUTSIDE_TOLERANCE,
+    add_to_histogram,
+    batch_consistency,
+    compare_output,
+    empty_histogram,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    from edgedeploy.config import load_config
+    from edgedeploy.pipeline.runner import run_build
+
+    folder = tmp_path_factory.mktemp("tiny")
+    name = f"tinynet_{uuid.uuid4().hex[:8]}"
+    path = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
+    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    cfg = load_config(path)
+    return cfg, run_build(cfg, log=lambda _: None)
+
+
+def _context(cfg: Any, out: Path, staging: Path) -> Any:
+    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.targets import get_target
+
+    shutil.copytree(out, staging)
+    ckpt = cfg.path(cfg.model.checkpoint)
+    return BuildContext(cfg=cfg, target=get_target("cpu"), staging=staging, out=out, external={"checkpoint": ckpt})
+
+
+def _candidates(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in metrics["parity"]["candidates"]}
+
+
+# ---- numpy-level rules ------------------------------------------------------------------------------
+
+
+def test_non_finite_output_never_passes_even_without_tolerances() -> None:
+    ref = np.ones((2, 3), np.float32)
+    cand = ref.copy()
+    cand[1, 2] = np.nan
+    cand[0, 0] = np.inf
+    row = compare_output(ref, cand, atol=None, rtol=None, min_cosine=None)
+    assert row["passed"] is False
+    assert row["failure"] == [NON_FINITE]
+    assert (row["nan"], row["inf"]) == (1, 1)
+    assert row["reason"].startswith(f"{NON_FINITE}: 1 NaN and 1 Inf")
+    assert compare_output(ref, ref.copy(), atol=None, rtol=None, min_cosine=None)["passed"] is True
+
+
+def test_metrics_and_topk_for_classifier_outputs() -> None:
+    ref = np.array([[3.0, 2.0, 1.0], [0.0, 1.0, 2.0]], np.float32)
+    cand = np.array([[3.0, 2.0, 1.0], [2.5, 1.0, 2.0]], np.float32)  # row 1's top-1 flips
+    row = compare_output(
+        ref, cand, atol=1e-3, rtol=0.0, min_cosine=0.5, min_topk_agreement=0.9, topk=2, classifier=True
+    )
+    assert row["max_abs"] == pytest.approx(2.5)
+    assert row["top1_agreement"] == pytest.approx(0.5)
+    assert row["topk_overlap"] == pytest.approx(0.75)
+    assert set(row["failure"]) == {OUTSIDE_TOLERANCE, "top-k agreement"}
+    assert row["p99_abs"] <= row["max_abs"] and row["p99_rel"] <= row["max_rel"]
+
+
+def test_error_histogram_counts_every_value() -> None:
+    hist = empty_histogram()
+    ref = np.zeros(100, np.float32)
+    cand = np.concatenate([np.zeros(10), np.full(60, 1e-6), np.full(29, 1e-2), [np.nan]]).astype(np.float32)
+    add_to_histogram(hist, ref, cand)
+    add_to_histogram(hist, ref, cand)
+    assert hist["exact"] == 20 and hist["non_finite"] == 2
+    assert sum(hist["counts"]) == 2 * 89
+    assert len(hist["counts"]) == len(hist["edges"]) - 1
+
+
+def test_batch_consistency_flags_rows_that_differ() -> None:
+    same = {"logits": np.tile(np.arange(4, dtype=np.float32), (3, 1)), "scalar": np.float32(1.0) * np.ones(())}
+    rows = batch_consistency(same, 3, atol=1e-6, rtol=0.0)
+    assert [r.get("passed") for r in rows] == [True, True] and "skipped" in rows[1]
+    drift = {"logits": same["logits"] + np.arange(3, dtype=np.float32)[:, None] * 1e-3}
+    (row,) = batch_consistency(drift, 3, atol=1e-6, rtol=0.0)
+    assert row["passed"] is False and row["failure"] == [OUTSIDE_TOLERANCE]
+
+
+# ---- the stage on a real build ---------------------------------------------------------------------------
+
+
+def test_every_backend_is_validated_at_min_opt_max(tiny_build: tuple[Any, Any]) -> None:
+    from edgedeploy.pipeline.report import results_table
+
+    cfg, result = tiny_build
+    parity = result.report["parity"]
+    cands = {c["name"]: c for c in parity["candidates"]}
+    assert set(cands) == {"torchscript", "onnxruntime-fp32", "tensorrt"}
+    assert cands["tensorrt"] == {"name": "tensorrt", "status": "skipped", "reason": "no TensorRT", "checks": []}
+    assert "tensorrt         skipped: no TensorRT" in results_table(result.report)
+    for name in ("torchscript", "onnxruntime-fp32"):
+        cand = cands[name]
+        assert cand["status"] == "passed" and cand["precision"] == "fp32"
+        parity_rows = [c for c in cand["checks"] if c["check"] == "parity"]
+        assert {c["shape"] for c in parity_rows} == {"min", "opt", "max"}
+        for row in parity_rows:
+            for key in ("max_abs", "p99_abs", "max_rel", "p99_rel", "cosine", "nan", "inf", "top1_agreement"):
+                assert key in row, key
+            assert row["max_abs"] <= cfg.tolerance_for("fp32").atol + 1e-3
+        (batch,) = [c for c in cand["checks"] if c["check"] == "batch_consistency"]
+        assert batch["passed"] and batch["rows"] == cfg.dims["batch"].max and batch["shape"] == "x4"
+        assert sum(cand["histograms"]["logits"]["counts"]) + cand["histograms"]["logits"]["exact"] == sum(
+            int(np.prod(r["shape_ref"])) for r in parity_rows
+        )
+    assert cands["onnxruntime-fp32"]["deploy"] is True and cands["torchscript"]["deploy"] is False
+    lat = result.report["latency"]
+    assert set(lat["backends"]) == {"torchscript", "onnxruntime-fp32"}
+    assert lat["skipped"] == {"tensorrt": "no TensorRT"}
+    for row in lat["backends"].values():
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+        assert row["batch"] == cfg.dims["batch"].opt and row["throughput"] > 0
+        assert row["iters"] == cfg.validate.latency_iters and row["warmup"] == cfg.validate.latency_warmup
+
+
+def test_variants_are_judged_with_their_precision_tolerance(tiny_build: tuple[Any, Any], tmp_path: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from edgedeploy.config import Tolerance
+    from edgedeploy.stages.validate import ParityFromGoldens
+
+    cfg, result = tiny_build
+    ctx = _context(cfg, result.out, tmp_path / "staging")
+    fp16 = convert_float_to_float16(onnx.load(str(ctx.staging / "model.onnx")), keep_io_types=True)
+    onnx.save(fp16, str(ctx.staging / "model.fp16.onnx"))
+    cands = _candidates(ParityFromGoldens().run(ctx))
+    half = cands["onnxruntime-fp16"]
+    assert half["status"] == "passed" and half["tolerance"] == cfg.tolerance_for("fp16").__dict__
+    worst16 = max(c["max_abs"] for c in half["checks"] if c["check"] == "parity")
+    worst32 = max(c["max_abs"] for c in cands["onnxruntime-fp32"]["checks"] if c["check"] == "parity")
+    assert worst16 > worst32  # it really ran in half precision
+
+    strict = dataclasses.replace(cfg, tolerance={"fp16": Tolerance(atol=1e-7, rtol=0.0)})
+    ctx = _context(strict, result.out, tmp_path / "strict")
+    onnx.save(fp16, str(ctx.staging / "model.fp16.onnx"))
+    with pytest.raises(ParityError) as err:
+        ParityFromGoldens().run(ctx)
+    cands = _candidates(ctx.metrics["validate"])
+    assert cands["onnxruntime-fp16"]["status"] == "failed" and cands["onnxruntime-fp32"]["status"] == "passed"
+    assert "1 backend(s) disagree with PyTorch (onnxruntime-fp16)" in err.value.message
+    assert OUTSIDE_TOLERANCE in err.value.message
+
+
+def _add_row_dependent_shift(src: Path, dst: Path) -> None:
+    """Rewrite the model so row k of 'logits' gets k * 0.01 added: identical rows no longer agree."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(src))
+    g = model.graph
+    for node in g.node:
+        node.output[:] = ["logits_raw" if o == "logits" else o for o in node.output]
+    g.node.extend(
+        [
+            helper.make_node("Shape", ["logits_raw"], ["rows_shape"]),
+            helper.make_node("ConstantOfShape", ["rows_shape"], ["ones"], value=helper.make_tensor("v", 1, [1], [1.0])),
+            helper.make_node("CumSum", ["ones", "axis0"], ["index1"]),
+            helper.make_node("Sub", ["index1", "one"], ["index"]),
+            helper.make_node("Mul", ["index", "step"], ["shift"]),
+            helper.make_node("Add", ["logits_raw", "shift"], ["logits"]),
+        ]
+    )
+    g.initializer.extend(
+        [
+            helper.make_tensor("axis0", TensorProto.INT64, [], [0]),
+            helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+            helper.make_tensor("step", TensorProto.FLOAT, [], [0.01]),
+        ]
+    )
+    onnx.save(model, str(dst))
+
+
+def test_row_dependent_candidate_fails_batch_consistency(tiny_build: tuple[Any, Any], tmp_path: Path) -> None:
+    from edgedeploy.stages.validate import ParityFromGoldens
+
+    cfg, result = tiny_build
+    ctx = _context(cfg, result.out, tmp_path / "staging")
+    _add_row_dependent_shift(result.out / "model.onnx", ctx.staging / "model.onnx")
+    with pytest.raises(ParityError):
+        ParityFromGoldens().run(ctx)
+    cand = _candidates(ctx.metrics["validate"])["onnxruntime-fp32"]
+    batch = [c for c in cand["checks"] if c["check"] == "batch_consistency"]
+    assert len(batch) == 1 and not batch[0]["passed"] and OUTSIDE_TOLERANCE in batch[0]["failure"]
+    by_shape = {c["shape"]: c["passed"] for c in cand["checks"] if c["check"] == "parity"}
+    assert by_shape == {"min": True, "opt": False, "max": False}  # batch 1 has only row 0
+
+
+def test_backend_that_cannot_run_is_one_finding_among_all(tiny_build: tuple[Any, Any], tmp_path: Path) -> None:
+    from edgedeploy.stages.validate import ParityFromGoldens
+
+    cfg, result = tiny_build
+    ctx = _context(cfg, result.out, tmp_path / "staging")
+    (ctx.staging / "model.int8.onnx").write_bytes(b"this is not an onnx model")
+    with pytest.raises(ParityError) as err:
+        ParityFromGoldens().run(ctx)
+    cands = _candidates(ctx.metrics["validate"])
+    assert cands["onnxruntime-int8"]["status"] == "failed"
+    assert cands["onnxruntime-int8"]["reason"].startswith("cannot run:")
+    assert cands["onnxruntime-fp32"]["status"] == "passed" and cands["torchscript"]["status"] == "passed"
+    assert "onnxruntime-int8: cannot run:" in err.value.message
+    assert "onnxruntime-int8" in ctx.metrics["validate"]["latency"]["skipped"]
+
+
+def test_torchscript_is_loaded_only_with_its_recorded_hash(tiny_build: tuple[Any, Any]) -> None:
+    from edgedeploy.pipeline.hashing import sha256_file
+    from edgedeploy.validate.runners import load_torchscript
+
+    _, result = tiny_build
+    path = result.out / "model.ts"
+    assert load_torchscript(path, sha256_file(path)) is not None
+    with pytest.raises(ArtifactIntegrityError, match="refusing to load"):
+        load_torchscript(path, "0" * 64)

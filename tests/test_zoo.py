@@ -1,0 +1,184 @@
+"""Model zoo: torchvision architectures, an LSTM and a transformer encoder through the real cpu build.
+
+Every model goes through ``edgedeploy.build`` (reference, capture, export, preflight, build,
+validate) with dynamic dims and must pass multi-shape parity with FP32 max abs error <= 1e-4.
+Weights are random (``weights=None``), inputs tiny and widths reduced where torchvision allows,
+so the zoo stays within a few minutes on two cores; the heavier members carry ``slow``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import edgedeploy
+from edgedeploy.config import config_from_dict
+
+MAX_ABS = 1e-4
+IMAGE_DIMS = {"batch": {"min": 1, "opt": 2, "max": 4}}
+IMAGE_INPUT = [{"name": "image", "shape": ["batch", 3, 32, 32], "range": [-1.0, 1.0]}]
+
+SEQUENCE_MODELS = '''
+import torch
+from torch import nn
+
+
+class LstmTagger(nn.Module):
+    """Two-layer LSTM over a dynamic-length sequence, a label per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out)
+
+
+class TinyEncoder(nn.Module):
+    """Token embedding, learned positions and a 2-layer transformer encoder; dynamic batch x sequence."""
+
+    def __init__(self, vocab=50, width=16, max_len=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.pos = nn.Parameter(torch.randn(1, max_len, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
+        return self.head(self.encoder(x))
+
+
+def lstm():
+    torch.manual_seed(0)
+    return LstmTagger()
+
+
+def encoder():
+    torch.manual_seed(0)
+    return TinyEncoder()
+'''
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=lambda: IMAGE_INPUT)
+    dims: dict[str, dict[str, int]] = field(default_factory=lambda: IMAGE_DIMS)
+    outputs: tuple[str, ...] = ("logits",)
+    classifier: bool = True
+
+
+def _tv(name: str, **kwargs: Any) -> ZooModel:
+    return ZooModel(f"torchvision.models:{name}", {"num_classes": 10, **kwargs})
+
+
+ZOO: dict[str, Any] = {
+    "resnet18": _tv("resnet18"),
+    "mobilenet_v2": _tv("mobilenet_v2", width_mult=0.25),
+    "mobilenet_v3_small": _tv("mobilenet_v3_small", width_mult=0.5),
+    "mobilenet_v3_large": _tv("mobilenet_v3_large", width_mult=0.25),
+    "shufflenet_v2_x0_5": _tv("shufflenet_v2_x0_5"),
+    "squeezenet1_1": _tv("squeezenet1_1"),
+    "mnasnet0_5": _tv("mnasnet0_5"),
+    "regnet_x_400mf": _tv("regnet_x_400mf"),
+    "regnet_y_400mf": _tv("regnet_y_400mf"),
+    "efficientnet_b0": _tv("efficientnet_b0"),
+    "googlenet": _tv("googlenet", aux_logits=False, init_weights=False),
+    "vit_tiny": ZooModel(
+        "torchvision.models.vision_transformer:VisionTransformer",
+        {
+            "image_size": 32,
+            "patch_size": 8,
+            "num_layers": 2,
+            "num_heads": 2,
+            "hidden_dim": 32,
+            "mlp_dim": 64,
+            "num_classes": 10,
+        },
+    ),
+    "lraspp_mobilenet_v3_large": ZooModel(
+        "torchvision.models.segmentation:lraspp_mobilenet_v3_large",
+        {"weights": None, "weights_backbone": None, "num_classes": 3},
+        inputs=[{"name": "image", "shape": ["batch", 3, "height", "width"], "range": [-1.0, 1.0]}],
+        dims={
+            "batch": {"min": 1, "opt": 1, "max": 2},
+            "height": {"min": 32, "opt": 48, "max": 64},
+            "width": {"min": 32, "opt": 48, "max": 64},
+        },
+        outputs=("out",),
+        classifier=False,
+    ),
+    "lstm": ZooModel(
+        "zoo_sequence:lstm",
+        inputs=[{"name": "x", "shape": ["batch", "seq", 8], "range": [-1.0, 1.0]}],
+        dims={"batch": {"min": 1, "opt": 2, "max": 3}, "seq": {"min": 1, "opt": 6, "max": 12}},
+        outputs=("tags",),
+        classifier=False,
+    ),
+    "transformer_encoder": ZooModel(
+        "zoo_sequence:encoder",
+        inputs=[{"name": "tokens", "shape": ["batch", "seq"], "dtype": "int64", "range": [0, 49]}],
+        dims={"batch": {"min": 1, "opt": 2, "max": 3}, "seq": {"min": 2, "opt": 8, "max": 16}},
+        outputs=("scores",),
+        classifier=False,
+    ),
+    "resnet50": pytest.param(_tv("resnet50"), marks=pytest.mark.slow),
+    "resnext50_32x4d": pytest.param(_tv("resnext50_32x4d"), marks=pytest.mark.slow),
+    "densenet121": pytest.param(_tv("densenet121"), marks=pytest.mark.slow),
+    "convnext_tiny": pytest.param(_tv("convnext_tiny"), marks=pytest.mark.slow),
+}
+
+
+def _config(folder: Path, model: ZooModel) -> Any:
+    folder.mkdir(parents=True, exist_ok=True)
+    factory = model.factory
+    if factory.startswith("zoo_sequence:"):  # our own modules: a unique module name per test process
+        module = f"zoo_sequence_{uuid.uuid4().hex[:8]}"
+        (folder / f"{module}.py").write_text(textwrap.dedent(SEQUENCE_MODELS))
+        factory = factory.replace("zoo_sequence", module)
+    raw = {
+        "model": {"factory": factory, "kwargs": model.kwargs},
+        "inputs": model.inputs,
+        "dims": model.dims,
+        "outputs": list(model.outputs),
+        "tolerance": {"fp32": {"atol": MAX_ABS, "rtol": 0.0}},
+        "validate": {
+            "samples": 1,
+            "latency_iters": 1,
+            "latency_warmup": 0,
+            "classifier_outputs": list(model.outputs) if model.classifier else [],
+        },
+        "build": {"target": "cpu", "out": str(folder / "out"), "cache": False},
+    }
+    return config_from_dict(raw, source=f"zoo:{factory}", base_dir=folder)
+
+
+@pytest.mark.parametrize("model", list(ZOO.values()), ids=list(ZOO))
+def test_zoo_model_builds_with_dynamic_shapes_and_fp32_parity(tmp_path: Path, model: ZooModel) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    result = edgedeploy.build(_config(tmp_path, model), log=lambda _line: None)
+    assert result.ok
+    export = result.report["metrics"]["export"]
+    assert all(export["shape_probes"].values()) and len(export["shape_probes"]) >= 4
+    onnx_checks = [
+        c
+        for cand in result.report["parity"]["candidates"]
+        if cand["name"] == "onnxruntime-fp32"
+        for c in cand["checks"]
+        if c.get("check", "parity") == "parity"
+    ]
+    assert {c["shape"] for c in onnx_checks} >= {"min", "opt", "max"}
+    worst = max(c["max_abs"] for c in onnx_checks)
+    assert worst <= MAX_ABS, f"max abs error {worst:.3g} > {MAX_ABS}"

@@ -8,7 +8,6 @@ ONNX Runtime models run through polygraphy's ``OnnxrtRunner``, TensorRT engines 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import time
 import warnings
@@ -85,13 +84,9 @@ def discover_backends(folder: Path, build_precision: str, sha256: Any) -> tuple[
 
 def tensorrt_available() -> bool:
     """True when TensorRT's Python bindings import (the type-stub package alone does not count)."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return False
-    try:
-        import tensorrt
-    except Exception:  # ImportError, or OSError when libnvinfer is missing
-        return False
-    return getattr(tensorrt, "__version__", None) is not None
+    from edgedeploy.trt.adapter import tensorrt_version
+
+    return tensorrt_version() is not None
 
 
 def _input_metadata(cfg: Any) -> Any:

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-
+from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError
 from edgedeploy.validate.policy import GatePolicy
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
+from edgedeploy._compat import tomllib
 from edgedeploy.config import dataclass_from_dict
 from edgedeploy.errors import (
     ArtifactIntegrityError,

@@ -156,13 +156,21 @@ def test_qdq_flavour_per_runtime(tmp_path: Path, runtime: str) -> None:
     dq_inputs = [
         inits[n.input[0]].dtype for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
     ]
+    weights = [
+        inits[n.input[0]]
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and inits.get(n.input[0], np.zeros(0, np.float32)).dtype == np.int8
+    ]
+    assert weights
     if runtime == "tensorrt":
         assert flavour.name == "S8S8"
         assert all(z.dtype == np.int8 and not z.any() for z in act_zps)  # symmetric signed: zero point 0
         assert np.int32 not in dq_inputs  # TensorRT takes float biases only
+        assert max(int(np.abs(w).max()) for w in weights) == 127  # full 8-bit weights
     else:
         assert flavour.name == "U8S8" and all(z.dtype == np.uint8 for z in act_zps)
         assert np.int32 in dq_inputs  # int32 biases for ONNX Runtime's integer kernels
+        assert max(int(np.abs(w).max()) for w in weights) <= 64  # 7-bit weights: no vpmaddubsw saturation
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):

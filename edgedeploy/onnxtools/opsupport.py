@@ -41,7 +41,7 @@ class Finding:
 
 
 def _data(name: str) -> dict[str, Any]:
-    return json.loads(resources.files("edgedeploy.targets").joinpath("data", name).read_text(encoding="utf-8"))
+    return json.loads(resources.files("edgedeploy.targets").joinpath("data").joinpath(name).read_text(encoding="utf-8"))
 
 
 def _version_key(text: str) -> tuple[int, ...]:
@@ -353,11 +353,13 @@ def _type_findings(graph: _Graph, table: dict[str, Any], rules: dict[str, Any]) 
     io_hits: dict[str, list[str]] = {}
     for vi in graph.inputs + graph.outputs:
         kind = names.get(vi.type.tensor_type.elem_type)
-        if kind in narrowed:
+        if kind is not None and kind in narrowed:
             io_hits.setdefault(kind, []).append(vi.name)
     const_hits: dict[str, list[str]] = {}
     for init in graph.initializers:
         kind = names.get(init.data_type)
+        if kind is None:
+            continue
         if kind == "DOUBLE" or (kind == "INT64" and kind in narrowed and _int64_out_of_range(init)):
             const_hits.setdefault(kind, []).append(init.name)
     out = []

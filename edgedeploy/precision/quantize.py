@@ -28,6 +28,8 @@ class QdqFlavour:
         activation_symmetric: symmetric activation ranges (zero point 0).
         quantize_bias: int32 biases (ONNX Runtime's integer kernels) or float biases (TensorRT refuses int32 DQ).
         why: the reason this runtime wants this flavour (goes into the report).
+        reduce_range: 7-bit weights (ORT's ``reduce_range``). x86 without VNNI multiplies uint8 x int8 with
+            ``vpmaddubsw``, whose int16 sum of two products saturates with full 8-bit weights.
     """
 
     name: str
@@ -36,6 +38,7 @@ class QdqFlavour:
     activation_symmetric: bool
     quantize_bias: bool
     why: str
+    reduce_range: bool = False
 
 
 QDQ_FLAVOURS: dict[str, QdqFlavour] = {
@@ -43,7 +46,14 @@ QDQ_FLAVOURS: dict[str, QdqFlavour] = {
         "S8S8", "QInt8", "QInt8", True, False, "TensorRT reads symmetric signed INT8 Q/DQ (zero point 0), float bias"
     ),
     "onnxruntime": QdqFlavour(
-        "U8S8", "QUInt8", "QInt8", False, True, "x86 ONNX Runtime's fast INT8 kernels take uint8 activations"
+        "U8S8",
+        "QUInt8",
+        "QInt8",
+        False,
+        True,
+        "x86 ONNX Runtime's fast INT8 kernels take uint8 activations; 7-bit weights (reduce_range) avoid their "
+        "int16 saturation on CPUs without VNNI",
+        reduce_range=True,
     ),
 }
 
@@ -103,6 +113,7 @@ class Quantizer:
                 calibration_data_reader=reader,
                 quant_format=QuantFormat.QDQ,
                 per_channel=self.per_channel,
+                reduce_range=self.flavour.reduce_range,
                 activation_type=getattr(QuantType, self.flavour.activation_type),
                 weight_type=getattr(QuantType, self.flavour.weight_type),
                 nodes_to_quantize=list(only) if only is not None else None,

@@ -116,7 +116,8 @@ class TorchScriptFromModel(Stage):
 
         def run_with(fn: Any) -> Any:
             def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                with torch.inference_mode():
+                # the graph as captured: TorchScript's per-shape profiling / fusion passes only cost time here
+                with torch.inference_mode(), torch.jit.optimized_execution(False):
                     return outputs_as_numpy(cfg, fn(*torch_args(cfg, feed)))
 
             return call
@@ -172,7 +173,8 @@ class TorchScriptFromModel(Stage):
                     with quiet_torch():
                         ep = torch.export.export(model, example, dynamic_shapes=export_dynamic_shapes(ctx.cfg))
                     return ep, ep.module(), findings
-                captured = torch.jit.trace(model, example, check_trace=False)
+                # strict=False: dict / list outputs (segmentation heads) are flattened onto the output names
+                captured = torch.jit.trace(model, example, check_trace=False, strict=False)
                 return captured, captured, findings
             except Exception as exc:  # capture errors come from the user's model code
                 from edgedeploy.stages.export import root_cause

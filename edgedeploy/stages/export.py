@@ -304,7 +304,8 @@ def _export(
     Raises:
         _ExportFailed: the exporter raised, or could not reach the requested opset.
     """
-    import io
+    import os
+    import tempfile
 
     import onnx
     import torch
@@ -326,21 +327,24 @@ def _export(
                         optimize=True,
                         verbose=False,
                     )
+                if program is None:  # only when given a file name, which is not the case here
+                    raise RuntimeError("torch.onnx.export returned no program")
                 proto = program.model_proto
             else:
-                buf = io.BytesIO()
-                torch.onnx.export(
-                    model,
-                    args,
-                    buf,
-                    dynamo=False,
-                    input_names=input_names,
-                    output_names=list(cfg.outputs),
-                    dynamic_axes=dynamic_axes(cfg, out_axes),
-                    opset_version=opset,
-                    do_constant_folding=True,
-                )
-                proto = onnx.load_from_string(buf.getvalue())
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "model.onnx")
+                    torch.onnx.export(
+                        model,
+                        args,
+                        path,
+                        dynamo=False,
+                        input_names=input_names,
+                        output_names=list(cfg.outputs),
+                        dynamic_axes=dynamic_axes(cfg, out_axes),
+                        opset_version=opset,
+                        do_constant_folding=True,
+                    )
+                    proto = onnx.load(path)
     except Exception as exc:  # exporter errors name unsupported aten ops, specialised dims etc.
         raise _ExportFailed(root_cause(exc)) from None
     got = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)

@@ -34,7 +34,7 @@ def deploy_model_name(precision: str) -> str:
 
 class PrecisionFromOnnx(Stage):
     name = "precision"
-    version = "2"
+    version = "3"  # 3: 7-bit weights (reduce_range) in the onnxruntime QDQ flavour
     consumes = (ONNX_MODEL, "calibration")
 
     def applies(self, ctx: BuildContext) -> str | None:

@@ -59,8 +59,10 @@ class PreflightFromOnnx(Stage):
         (ctx.staging / PREFLIGHT).write_text(json.dumps({"target": ctx.target.name, "findings": rows}, indent=2))
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
         ctx.metrics[self.name] = {"findings": rows, **counts}
-        if ctx.log and findings:
+        if ctx.log and (counts["error"] or counts["warning"]):
             ctx.log(findings_table(findings))
+        elif ctx.log and counts["info"]:
+            ctx.log(f"  check: {counts['info']} restriction note(s) to review in {PREFLIGHT}")
         raise_on_errors(findings, ctx.target.name)
         for f in findings:
             if f.severity == "warning":

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import tomllib
-
+from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 
 Runtime = Literal["onnxruntime", "tensorrt"]
@@ -162,7 +161,7 @@ _DESKTOP = dataclasses.replace(
     name="desktop",
     description="x86_64 desktop/server NVIDIA GPU, TensorRT 10.13 (engine built where the GPU is)",
     trt_version="10.13",
-    cuda_version="12.9",
+    cuda_version="13.0",  # NGC TensorRT 25.08 image (docker/images.toml); 10.13 also ships for CUDA 12.9
     sm="",  # any desktop GPU; the engine records the SM it was built on
     max_opset=22,  # conservative: 10.9+ parses opset 22 (later 10.x go higher)
     workspace_mib=4096,

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-
+from edgedeploy._compat import tomllib
 from edgedeploy.config import dataclass_from_dict
 from edgedeploy.errors import ConfigError
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy._compat import tomllib
-from edgedeploy.config import dataclass_from_dict
 from edgedeploy.errors import (
     ArtifactIntegrityError,
     ConfigError,
@@ -31,6 +30,7 @@ from edgedeploy.errors import (
 from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
 from edgedeploy.pipeline.parity import NON_FINITE
 from edgedeploy.pipeline.report import REPORT
+from edgedeploy.schema import dataclass_from_dict
 from edgedeploy.validate.policy import GatePolicy
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgedeploy._compat import tomllib
-from edgedeploy.config import dataclass_from_dict
 from edgedeploy.errors import ConfigError
+from edgedeploy.schema import dataclass_from_dict
 
 
 @dataclass(frozen=True)

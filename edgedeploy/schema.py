@@ -1,0 +1,122 @@
+"""Typed loading of plain data (parsed TOML) into frozen dataclasses, with errors that name the key.
+
+Shared by deploy.toml, train.toml, gate policies and target files: unknown keys get the
+closest valid key as a hint, wrong types name the dotted key and the expected type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal
+
+from edgedeploy.errors import ConfigError
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "none"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(map(str, args))}"
+        raise ConfigError(f"{where}: key '{key}' = {value!r} is not allowed", hint=hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(a, value, key, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{where}: key '{key}' must be {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a table, got {value!r}")
+        return _from_dict(tp, value, key, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: key '{key}' must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(coerce(args[0], v, f"{key}[{i}]", where) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: key '{key}' must have {len(args)} items, got {len(value)}")
+        return tuple(coerce(a, v, f"{key}[{i}]", where) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a table, got {value!r}")
+        return {k: coerce(args[1], v, f"{key}.{k}", where) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: key '{key}' must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: key '{key}' must be a string, got {value!r}")
+    raise TypeError(f"unsupported config type {tp!r}")  # programming error
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str, where: str, internal: tuple[str, ...] = ()) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in internal]
+    for key in data:
+        if key not in names:
+            dotted = f"{prefix}.{key}" if prefix else key
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(names)}"
+            raise ConfigError(f"{where}: unknown key '{dotted}'", hint=hint)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in internal:
+            continue
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                dotted = f"{prefix}.{f.name}" if prefix else f.name
+                raise ConfigError(f"{where}: missing required key '{dotted}'")
+            continue
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        kwargs[f.name] = coerce(hints[f.name], data[f.name], dotted, where)
+    return cls(**kwargs)
+
+
+def dataclass_from_dict(cls: type, data: dict[str, Any], where: str, *, internal: tuple[str, ...] = ()) -> Any:
+    """Validate ``data`` into the (nested) dataclass ``cls``.
+
+    Args:
+        cls: the dataclass; nested dataclass fields are validated recursively.
+        data: plain data (parsed TOML / JSON).
+        where: file name for messages.
+        internal: top-level fields of ``cls`` that are set by code, never by the file.
+
+    Raises:
+        ConfigError: unknown or misspelled key, wrong type or missing required key (named, dotted).
+    """
+    return _from_dict(cls, data, "", where, internal)

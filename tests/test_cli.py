@@ -94,3 +94,13 @@ def test_python_dash_m_and_console_script(tiny_project: Path, tmp_path: Path):
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "config file not found" in bad.stderr
+
+
+def test_bundle_only_build_never_reads_as_validated(tiny_project: Path, tmp_path: Path, capsys):
+    code = main(["build", "--config", str(tiny_project), "--target", "jetson-orin", "--precision", "fp16",
+                 "--out", str(tmp_path / "orin")])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "parity skipped here, checked on the device" in out
+    assert "engine not built here" in out
+    assert not list((tmp_path / "orin").rglob("*.engine"))

@@ -27,8 +27,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(results_table(result.report))
         cached = sum(r.status == "cached" for r in result.stages)
+        verdict = result.report["status"].upper()
+        if (result.report.get("parity") or {}).get("status") == "skipped":
+            # never let a bundle-only build read as a validated artifact
+            verdict += " (host stages only; parity skipped here, checked on the device)"
         print(
-            f"\n{result.report['status'].upper()}: target {result.target}, {result.precision}, "
+            f"\n{verdict}: target {result.target}, {result.precision}, "
             f"{result.seconds:.1f}s ({cached} of {len(result.stages)} stages cached) -> {result.out}"
         )
         for line in result.report.get("notes", []):

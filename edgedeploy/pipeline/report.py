@@ -62,16 +62,12 @@ def summarize(validate: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_report_files(report: dict[str, Any], folder: Path) -> list[str]:
-    """Write report.json (and the other report formats registered) into ``folder``; return their names."""
+def write_report_files(report: dict[str, Any], folder: Path, plot_cache: Path | None = None) -> list[str]:
+    """Write report.json, report.junit.xml, report.md and report.html into ``folder``; return their names."""
+    from edgedeploy.pipeline import report_formats
+
     atomic_write_json(folder / REPORT, report)
-    names = [REPORT]
-    try:
-        from edgedeploy.pipeline import report_formats
-    except ImportError:  # optional formats module not present
-        return names
-    names += report_formats.write_all(report, folder)
-    return names
+    return [REPORT, *report_formats.write_all(report, folder, plot_cache)]
 
 
 def results_table(report: dict[str, Any]) -> str:

@@ -21,11 +21,15 @@ MARKDOWN = "report.md"
 HTML = "report.html"
 
 
-def write_all(report: dict[str, Any], folder: Path) -> list[str]:
-    """Write report.junit.xml, report.md and report.html into ``folder``; return their names."""
+def write_all(report: dict[str, Any], folder: Path, plot_cache: Path | None = None) -> list[str]:
+    """Write report.junit.xml, report.md and report.html into ``folder``; return their names.
+
+    ``plot_cache``: folder where rendered SVG plots are kept by content hash, so a cached rebuild
+    does not pay for matplotlib again.
+    """
     atomic_write_text(folder / JUNIT, junit_xml(report))
     atomic_write_text(folder / MARKDOWN, markdown(report))
-    atomic_write_text(folder / HTML, html_page(report))
+    atomic_write_text(folder / HTML, html_page(report, plot_cache))
     return [JUNIT, MARKDOWN, HTML]
 
 
@@ -239,7 +243,7 @@ figcaption{font-size:12px;color:#555}
 """
 
 
-def html_page(report: dict[str, Any]) -> str:
+def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
     """A self-contained HTML page: tables plus inline SVG plots (error histograms, latency bars)."""
     e = html.escape
     status = str(report.get("status", "?"))
@@ -269,7 +273,7 @@ def html_page(report: dict[str, Any]) -> str:
     parts.append("<h2>Latency (opt shape)</h2>")
     parts.append(_latency_table(report))
     parts.append("<h2>Plots</h2>")
-    parts += _plots(report)
+    parts += _cached_plots(report, plot_cache)
     gate = (report.get("metrics") or {}).get("gate")
     if gate:
         parts.append(f"<h2>Release gate: {e(gate['status'])}</h2><ul>")
@@ -337,6 +341,27 @@ def _latency_table(report: dict[str, Any]) -> str:
     if lat.get("status") == "skipped":
         out.append(f"<p>skipped: {e(str(lat.get('reason', '')))}</p>")
     return "\n".join(out)
+
+
+def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
+    """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
+    if plot_cache is None:
+        return _plots(report)
+    from edgedeploy.pipeline.hashing import sha256_json
+
+    key = sha256_json(
+        {
+            "v": 1,
+            "hist": [(c.get("name"), c.get("histograms")) for c in _candidates(report)],
+            "latency": (report.get("latency") or {}).get("backends"),
+        }  # fmt: skip
+    )
+    memo = plot_cache / f"{key}.html"
+    if memo.is_file():
+        return [memo.read_text(encoding="utf-8")]
+    parts = _plots(report)
+    atomic_write_text(memo, "\n".join(parts))
+    return ["\n".join(parts)]
 
 
 def _plots(report: dict[str, Any]) -> list[str]:

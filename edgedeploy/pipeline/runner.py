@@ -151,7 +151,7 @@ def run_build(
         status="passed",
         seconds=seconds,
     )
-    report_files = write_report_files(report, staging)
+    report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(
         config=cfg.to_dict(),

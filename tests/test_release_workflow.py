@@ -23,7 +23,7 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extra")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
-DOCS = [ROOT / "docs" / "release.md", ROOT / "docs" / "docker.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `docker run ... IMAGE args`: our images have `deploy` as entrypoint, so what follows the image is a deploy command.
 IMAGE_TOKEN = re.compile(r"edgedeploy:[\w.-]+$|^\$\{?[A-Z_]*IMAGE[A-Z_]*\}?$")
 CONTROL = re.compile(r"^[;&|()]+$")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError
-from edgedeploy.schema import dataclass_from_dict
+from edgedeploy.schema import dataclass_from_dict, resolve_path
 from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
@@ -153,10 +153,7 @@ class DeployConfig:
     # ---- derived views -------------------------------------------------
     def path(self, value: str | None) -> Path | None:
         """Resolve a path from the config relative to the config file's folder."""
-        if value is None:
-            return None
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else Path(self.base_dir) / p
+        return resolve_path(self.base_dir, value)
 
     def tolerance_for(self, precision: str) -> Tolerance:
         """Configured tolerance for ``precision``, defaults filled in per field."""

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from edgedeploy.errors import ConfigError
@@ -120,3 +121,11 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], where: str, *, internal
         ConfigError: unknown or misspelled key, wrong type or missing required key (named, dotted).
     """
     return _from_dict(cls, data, "", where, internal)
+
+
+def resolve_path(base_dir: str | Path, value: str | None) -> Path | None:
+    """``value`` (from a config file) as a path: ``~`` expanded, relative paths against ``base_dir``."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else Path(base_dir) / p

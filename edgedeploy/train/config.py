@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError
-from edgedeploy.schema import dataclass_from_dict
+from edgedeploy.schema import dataclass_from_dict, resolve_path
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,7 @@ class TrainConfig:
 
     def path(self, value: str | None) -> Path | None:
         """Resolve a path from the config relative to the config file's folder."""
-        if value is None:
-            return None
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else Path(self.base_dir) / p
+        return resolve_path(self.base_dir, value)
 
 
 def train_config_from_dict(raw: dict[str, Any], *, source: str = "<dict>", base_dir: str | Path = ".") -> TrainConfig:

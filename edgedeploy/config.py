@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError
-from edgedeploy.schema import dataclass_from_dict, resolve_path
+from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
@@ -385,14 +384,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> De
         ConfigError: the file is missing, is not valid TOML, or fails validation.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}", hint="pass --config PATH to a deploy.toml")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    raw = read_toml(path, what="config file", hint="pass --config PATH to a deploy.toml")
     return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
 
 

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgedeploy._compat import tomllib
 from edgedeploy.errors import (
     ArtifactIntegrityError,
-    ConfigError,
     DeployError,
     InputError,
     ParityError,
@@ -30,7 +28,7 @@ from edgedeploy.errors import (
 from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
 from edgedeploy.pipeline.parity import NON_FINITE
 from edgedeploy.pipeline.report import REPORT
-from edgedeploy.schema import dataclass_from_dict
+from edgedeploy.schema import dataclass_from_dict, read_toml
 from edgedeploy.validate.policy import GatePolicy
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
@@ -110,12 +108,7 @@ def load_policy(path: str | Path) -> GatePolicy:
         ConfigError: missing or unreadable file, invalid TOML, unknown key or wrong type (named).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"gate policy not found: {path}", hint="pass --policy PATH to a gate.toml")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    raw = read_toml(path, what="gate policy", hint="pass --policy PATH to a gate.toml")
     table = raw["gate"] if set(raw) == {"gate"} and isinstance(raw["gate"], dict) else raw
     policy: GatePolicy = dataclass_from_dict(GatePolicy, table, str(path))
     return _resolve_baseline(policy, path.resolve().parent)

@@ -129,3 +129,22 @@ def resolve_path(base_dir: str | Path, value: str | None) -> Path | None:
         return None
     p = Path(value).expanduser()
     return p if p.is_absolute() else Path(base_dir) / p
+
+
+def read_toml(path: str | Path, *, what: str, hint: str | None = None) -> dict[str, Any]:
+    """Parse a TOML file (``what`` names it in messages, e.g. "config file").
+
+    Raises:
+        ConfigError: the file is missing, not UTF-8 text, or not valid TOML.
+    """
+    from edgedeploy._compat import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}", hint=hint)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None

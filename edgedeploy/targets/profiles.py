@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError, TargetCapabilityError
+from edgedeploy.schema import read_toml
 
 Runtime = Literal["onnxruntime", "tensorrt"]
 
@@ -245,12 +245,7 @@ def load_target_file(path: str | Path) -> dict[str, TargetProfile]:
         ConfigError: missing file, bad TOML, unknown base or unknown / mistyped field.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"targets file not found: {path}")
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, what="targets file")
     hints = typing.get_type_hints(TargetProfile)
     names = [f.name for f in dataclasses.fields(TargetProfile)]
     out: dict[str, TargetProfile] = {}

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edgedeploy._compat import tomllib
 from edgedeploy.errors import ConfigError
-from edgedeploy.schema import dataclass_from_dict, resolve_path
+from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 
 
 @dataclass(frozen=True)
@@ -136,12 +135,7 @@ def load_train_config(path: str | Path) -> TrainConfig:
         ConfigError: missing file, invalid TOML, or validation failure naming the key.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"train config not found: {path}", hint="pass --config PATH to a train.toml")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    raw = read_toml(path, what="train config", hint="pass --config PATH to a train.toml")
     return train_config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
 
 

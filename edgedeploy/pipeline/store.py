@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,21 +39,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def atomic_copy(src: str | Path, dst: str | Path) -> None:
-    """Copy ``src`` to ``dst`` atomically (temp file + rename in ``dst``'s folder)."""
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def publish(staging: Path, out: Path, files: Iterable[str], stale: Iterable[str] = ()) -> None:

@@ -35,22 +35,6 @@ def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
     return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
 
 
-def max_abs_diff(a: Any, b: Any) -> float:
-    """Largest absolute difference between two (nested) model outputs; inf on a structure or shape mismatch."""
-    from edgedeploy.stages.reference import _flatten
-
-    fa, fb = _flatten(a), _flatten(b)
-    if len(fa) != len(fb):
-        return float("inf")
-    worst = 0.0
-    for x, y in zip(fa, fb):
-        if tuple(x.shape) != tuple(y.shape):
-            return float("inf")
-        if x.numel():
-            worst = max(worst, float((x.float() - y.float()).abs().max()))
-    return worst
-
-
 def _library_dirs() -> tuple[str, ...]:
     import torch
 

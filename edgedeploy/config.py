@@ -59,6 +59,13 @@ class ModelSection:
         default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
     )
     python_path: tuple[str, ...] = (".",)
+    trust_sidecar_code: bool = field(
+        default=False,
+        metadata=_flag(
+            "--trust-checkpoint-code",
+            "let the checkpoint's .meta.json name the model factory (module inside model.python_path only)",
+        ),
+    )
     class_names: tuple[str, ...] = ()
     normalization: dict[str, Any] = field(default_factory=dict)
 
@@ -148,6 +155,7 @@ class DeployConfig:
     build: BuildSection = field(default_factory=BuildSection)
     source: str = "<dict>"
     base_dir: str = "."
+    factory_origin: str = "config"  # "config" | "sidecar" | "package": where model.factory came from
 
     # ---- derived views -------------------------------------------------
     def path(self, value: str | None) -> Path | None:
@@ -277,25 +285,66 @@ def checkpoint_metadata_path(checkpoint: Path) -> Path:
     return checkpoint.with_suffix(".meta.json")
 
 
-def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) -> None:
+SIDECAR_FORMAT = "edgedeploy-checkpoint/1"
+# Modules whose factories a sidecar may name without model.trust_sidecar_code: the package's own
+# model zoo. Anything else a sidecar names is code chosen by whoever wrote the sidecar.
+PACKAGE_FACTORY_MODULES = ("edgedeploy.train.models",)
+
+
+def _module_file_in_roots(module_name: str, roots: list[Path]) -> Path | None:
+    """The source file of ``module_name`` under one of ``roots``, found without importing anything."""
+    rel = Path(*module_name.split("."))
+    for root in roots:
+        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) -> str:
     """Fill model factory, inputs, dims and outputs from a train-stage checkpoint's metadata.
 
-    The config's own values win; metadata only fills what the config leaves out.
+    The config's own values win; metadata only fills what the config leaves out. A sidecar is
+    untrusted data: the factory it names is taken only from the package's own model zoo, or,
+    with ``model.trust_sidecar_code = true``, from a module file inside ``model.python_path``.
+    Nothing is imported here.
+
+    Returns:
+        Where ``model.factory`` comes from: ``config``, ``package`` or ``sidecar``.
+
+    Raises:
+        ConfigError: unreadable sidecar, wrong format, or a factory the sidecar may not name.
     """
-    ckpt = (raw.get("model") or {}).get("checkpoint")
+    model = raw.get("model") or {}
+    ckpt = model.get("checkpoint")
     if not ckpt:
-        return
+        return "config"
     path = Path(ckpt) if Path(ckpt).is_absolute() else base_dir / ckpt
     meta_path = checkpoint_metadata_path(path)
     if not meta_path.is_file():
-        return
+        return "config"
     try:
         meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{meta_path}: checkpoint metadata is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{meta_path}: checkpoint metadata must be a JSON object, got {type(meta).__name__}")
+    if "format" in meta and meta["format"] != SIDECAR_FORMAT:
+        raise ConfigError(
+            f"{meta_path}: checkpoint metadata format {meta['format']!r} is not {SIDECAR_FORMAT!r}",
+            hint="re-create it with deploy train, or delete it and set model.* in the config",
+        )
     model = raw.setdefault("model", {})
-    model.setdefault("factory", meta.get("factory", ""))
-    if "factory_kwargs" in meta:
+    origin = "config"
+    side_factory = meta.get("factory") or ""
+    if not isinstance(side_factory, str):
+        raise ConfigError(f"{meta_path}: key 'factory' must be a 'module:callable' string")
+    if not model.get("factory") and side_factory:
+        origin = _sidecar_factory_origin(side_factory, model, base_dir, meta_path)
+        model["factory"] = side_factory
+    if "factory_kwargs" in meta and model.get("factory") == side_factory:
+        if not isinstance(meta["factory_kwargs"], dict):
+            raise ConfigError(f"{meta_path}: key 'factory_kwargs' must be a JSON object")
         model.setdefault("kwargs", meta["factory_kwargs"])
     for key in ("class_names", "normalization"):
         if meta.get(key):
@@ -303,6 +352,29 @@ def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) 
     for key in ("inputs", "outputs", "dims"):
         if key in meta:
             raw.setdefault(key, meta[key])
+    return origin
+
+
+def _sidecar_factory_origin(factory: str, model: dict[str, Any], base_dir: Path, meta_path: Path) -> str:
+    module_name = factory.partition(":")[0]
+    if module_name in PACKAGE_FACTORY_MODULES:
+        return "package"
+    trust = model.get("trust_sidecar_code", False)
+    if trust is not True:
+        raise ConfigError(
+            f"{meta_path}: names model factory {factory!r}; "
+            "a checkpoint sidecar is data and may not choose code to run",
+            hint=f"set model.factory = {factory!r} in your config if you trust it, "
+            "or model.trust_sidecar_code = true (--trust-checkpoint-code) for a factory inside model.python_path",
+        )
+    roots = [resolve_path(str(base_dir), p) for p in (model.get("python_path") or ["."])]
+    if _module_file_in_roots(module_name, [r for r in roots if r is not None]) is None:
+        raise ConfigError(
+            f"{meta_path}: factory {factory!r} does not resolve to a module file inside model.python_path "
+            f"({', '.join(str(r) for r in roots)}); sidecar factories may only name the project's own code",
+            hint="set model.factory in the config to use a library or system module",
+        )
+    return "sidecar"
 
 
 def config_from_dict(
@@ -322,9 +394,11 @@ def config_from_dict(
     raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
-    _merge_checkpoint_metadata(raw, Path(base_dir), source)
-    cfg: DeployConfig = dataclass_from_dict(DeployConfig, raw, source, internal=("source", "base_dir"))
-    cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir))
+    origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
+    cfg: DeployConfig = dataclass_from_dict(
+        DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
+    )
+    cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir), factory_origin=origin)
     _check_consistency(cfg)
     return cfg
 
@@ -391,24 +465,50 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> De
 def import_factory(cfg: DeployConfig) -> Any:
     """Import the ``module:callable`` model factory named in the config.
 
-    Raises:
-        ConfigError: the module does not import or has no such callable.
-    """
-    module_name, _, attr = cfg.model.factory.partition(":")
-    for p in reversed(cfg.model.python_path):
-        resolved = str(cfg.path(p))
-        if resolved not in sys.path:
-            sys.path.insert(0, resolved)
-    import importlib
+    A factory that came from a checkpoint sidecar is checked before anything runs: its module
+    must be a file inside ``model.python_path`` (or the package's own zoo), and the callable must
+    be a function or class defined in that module (not, say, ``os.system`` re-exported there).
 
+    Raises:
+        ConfigError: the module does not import, has no such callable, or a sidecar factory
+            resolves outside the allowed roots.
+    """
+    import importlib
+    import importlib.util
+    import inspect
+
+    module_name, _, attr = cfg.model.factory.partition(":")
+    roots = [cfg.path(p) for p in cfg.model.python_path]
+    for p in reversed(roots):
+        if str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    origin = getattr(cfg, "factory_origin", "config")  # train configs name their factory themselves
+    where = f"{cfg.source}: key 'model.factory'"
+    if origin == "sidecar":
+        where = f"{cfg.source}: model.factory from the checkpoint sidecar"
+        expected = _module_file_in_roots(module_name, [r for r in roots if r is not None])
+        spec = importlib.util.find_spec(module_name) if "." not in module_name else None
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else expected
+        if expected is None or origin != expected:
+            raise ConfigError(
+                f"{where}: module {module_name!r} resolves to {origin}, outside model.python_path",
+                hint="set model.factory in the config if you trust it",
+            )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's factory
         raise ConfigError(
-            f"{cfg.source}: key 'model.factory': cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
+            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
             hint="check the module name and model.python_path",
         ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ConfigError(f"{cfg.source}: key 'model.factory': module {module_name!r} has no callable {attr!r}")
+        raise ConfigError(f"{where}: module {module_name!r} has no callable {attr!r}")
+    if origin != "config" and not (
+        (inspect.isfunction(factory) or inspect.isclass(factory)) and factory.__module__ == module.__name__
+    ):
+        raise ConfigError(
+            f"{where}: {cfg.model.factory!r} is not a function or class defined in {module_name!r}",
+            hint="a sidecar may only name the project's own model builders; set model.factory in the config",
+        )
     return factory

@@ -126,7 +126,8 @@ def test_checkpoint_metadata_fills_model_and_inputs(tmp_path: Path):
             }
         )
     )
-    (tmp_path / "deploy.toml").write_text('[model]\ncheckpoint = "ck.safetensors"\n')
+    (tmp_path / "m.py").write_text("def build(k=0):\n    return k\n")
+    (tmp_path / "deploy.toml").write_text('[model]\ncheckpoint = "ck.safetensors"\ntrust_sidecar_code = true\n')
     cfg = load_config(tmp_path / "deploy.toml")
-    assert cfg.model.factory == "m:build" and cfg.model.kwargs == {"k": 1}
+    assert cfg.model.factory == "m:build" and cfg.model.kwargs == {"k": 1} and cfg.factory_origin == "sidecar"
     assert cfg.inputs[0].name == "x" and cfg.outputs == ("y",)

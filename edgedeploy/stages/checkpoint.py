@@ -105,6 +105,32 @@ def build_model(cfg: DeployConfig) -> Any:
     return model
 
 
+def verify_sidecar_hash(checkpoint: Path) -> None:
+    """Check the weights against the ``weights_sha256`` their ``.meta.json`` sidecar records.
+
+    Raises:
+        CheckpointError: the sidecar records a hash and the weights do not match it.
+    """
+    import json
+
+    from edgedeploy.config import checkpoint_metadata_path
+    from edgedeploy.pipeline.hashing import sha256_file
+
+    meta_path = checkpoint_metadata_path(Path(checkpoint))
+    if not meta_path.is_file():
+        return
+    try:
+        recorded = json.loads(meta_path.read_text()).get("weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        return  # config loading already reported an unreadable sidecar
+    if recorded is not None and recorded != sha256_file(checkpoint):
+        raise CheckpointError(
+            f"checkpoint {checkpoint} does not match the weights_sha256 in {meta_path.name}: "
+            "the weights were replaced or corrupted after training",
+            hint="use the checkpoint the sidecar was written for, or re-create the sidecar with deploy train",
+        )
+
+
 def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
     """The model from its factory with checkpoint weights loaded, in eval mode.
 
@@ -112,6 +138,8 @@ def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
         ConfigError: factory problems.
         CheckpointError: unreadable checkpoint, or keys / shapes that do not fit the model.
     """
+    if checkpoint is not None:
+        verify_sidecar_hash(checkpoint)
     model = build_model(cfg)
     if checkpoint is not None:
         state = read_state_dict(checkpoint)

@@ -23,13 +23,13 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from edgedeploy import __version__
-from edgedeploy.config import checkpoint_metadata_path
+from edgedeploy.config import SIDECAR_FORMAT, checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError
 from edgedeploy.pipeline.hashing import sha256_file
 from edgedeploy.pipeline.store import atomic_write_bytes, atomic_write_json
 from edgedeploy.stages.checkpoint import read_state_dict
 
-FORMAT = "edgedeploy-checkpoint/1"
+FORMAT = SIDECAR_FORMAT
 RESUME_FORMAT = "edgedeploy-train-state/1"
 
 

@@ -21,7 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets-file", default=None, help="extra target profiles (TOML)")
     p.add_argument("--dla-core", type=int, default=None, help="check for DLA on this core (Jetson)")
     p.add_argument("--precision", default=None, help="precision the engine will use (DLA checks; default fp32)")
-    p.add_argument("--out", default=None, help="with --config: output folder (default <build.out>/check-<target>)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="with --config: output folder (default <build.out>-check-<target>)",
+    )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(handler=run)
 
@@ -82,7 +86,9 @@ def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     if args.precision:
         overrides["precision.mode"] = args.precision
     cfg = load_config(args.config, overrides)
-    default_out = Path(cfg.path(cfg.build.out) or "build") / f"check-{cfg.build.target}"
+    build_out = Path(cfg.path(cfg.build.out) or "build")
+    # beside build.out, not inside it: a build replaces its output folder as a whole
+    default_out = build_out.parent / f"{build_out.name}-check-{cfg.build.target}"
     out = Path(args.out).resolve() if args.out else default_out
     cfg = load_config(args.config, {**overrides, "build.out": str(out)})
     try:

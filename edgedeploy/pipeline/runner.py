@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,16 +13,17 @@ from typing import Any
 
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
-from edgedeploy.pipeline.cache import StageCache
+from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
+from edgedeploy.fileio.outdir import OutputFolder
+from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
 from edgedeploy.pipeline.context import BuildContext, factory_source
 from edgedeploy.pipeline.hashing import sha256_json
-from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
+from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.pipeline.store import atomic_write_json, publish
+from edgedeploy.pipeline.store import atomic_write_json
 from edgedeploy.stages.base import Stage
 from edgedeploy.targets import TargetProfile, get_target
 
-FAILED_DIR = ".last-failed"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
 
@@ -108,15 +108,22 @@ def run_build(
         DeployError: any stage's error, after the failure report was written.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    out = Path(cfg.path(cfg.build.out) or "build")
+    inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
+    with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+        return _run_build(cfg, folder, stages, log)
+
+
+def _run_build(
+    cfg: DeployConfig, folder: OutputFolder, stages: list[Stage] | None, log: Callable[[str], None]
+) -> BuildResult:
     t_start = time.perf_counter()
     target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
     target.require_precision(cfg.precision.mode)
     target.require_dla(cfg.build.dla_core)
-    out = Path(cfg.path(cfg.build.out) or "build")
-    out.mkdir(parents=True, exist_ok=True)
+    out = folder.out
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
+    staging = folder.new_staging()
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
     stages = stages if stages is not None else default_stages(target)
     records: list[StageRecord] = []
@@ -136,7 +143,7 @@ def run_build(
 
         gate_build(ctx)
     except DeployError as exc:
-        _fail(ctx, cfg, target, records, current, exc, t_start)
+        _fail(ctx, cfg, target, records, current, exc, t_start, folder)
         raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -163,11 +170,13 @@ def run_build(
         summary=report.get("summary", {}),
     )
     atomic_write_json(staging / MANIFEST, manifest)
-    previous = read_manifest(out) or {}
-    stale = [n for n in previous.get("artifacts", {}) if n not in artifacts]
-    publish(staging, out, list(artifacts) + [MANIFEST], stale=stale)
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(out / FAILED_DIR, ignore_errors=True)
+    try:
+        folder.publish(staging)  # the whole folder at once; the previous one is retired as a unit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if cfg.build.cache:
+        cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
         target=target.name,
@@ -221,6 +230,7 @@ def _fail(
     stage: str,
     exc: DeployError,
     t_start: float,
+    folder: OutputFolder,
 ) -> None:
     """Keep the failed run's files and a failure report in ``<out>/.last-failed``; touch nothing else."""
     records = records + [StageRecord(stage or "setup", "failed", reason=exc.one_line())]
@@ -238,11 +248,6 @@ def _fail(
         write_report_files(report, ctx.staging)
     except Exception:  # the failure report is best effort; the original error matters more
         pass
-    failed = ctx.out / FAILED_DIR
-    shutil.rmtree(failed, ignore_errors=True)
-    try:
-        os.replace(ctx.staging, failed)
-    except OSError:
-        shutil.rmtree(ctx.staging, ignore_errors=True)
+    failed = folder.fail(ctx.staging)
     if ctx.log:
         ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")

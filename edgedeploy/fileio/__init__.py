@@ -1,0 +1,1 @@
+"""File handling shared by the pipeline: the output folder as a unit, confined paths, copies."""

@@ -157,6 +157,7 @@ def evaluate(
     checks: list[GateCheck] = []
     if folder is not None:
         checks.append(_integrity(folder))
+        checks.append(_binding(folder, report))
     if report.get("status") != "passed":
         err = report.get("error") or {}
         code = PARITY if err.get("exit_code") == ParityError.exit_code else BUILD
@@ -173,6 +174,28 @@ def _integrity(folder: Path) -> GateCheck:
     except ArtifactIntegrityError as exc:
         return GateCheck("integrity", "integrity", False, exc.message, INTEGRITY)
     return GateCheck("integrity", "integrity", True, f"{len(names)} artifacts match {MANIFEST}")
+
+
+def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
+    """The report, the manifest and the model they name belong together (see pipeline.signing)."""
+    from edgedeploy.pipeline.manifest import read_manifest
+    from edgedeploy.pipeline.signing import binding_problems
+
+    problems = binding_problems(report, read_manifest(folder) or {})
+    if problems:
+        return GateCheck("binding", "integrity", False, "; ".join(problems), INTEGRITY)
+    model = report.get("model") or {}
+    return GateCheck("binding", "integrity", True, f"report, manifest and {model.get('artifact')} agree")
+
+
+def _signature(folder: Path, public_key: str | Path) -> GateCheck:
+    from edgedeploy.pipeline.signing import verify_release
+
+    try:
+        verify_release(folder, public_key)
+    except ArtifactIntegrityError as exc:
+        return GateCheck("signature", "integrity", False, exc.message, INTEGRITY)
+    return GateCheck("signature", "integrity", True, f"every file of {folder} is as signed by {Path(public_key).name}")
 
 
 def _judged(report: dict[str, Any], policy: GatePolicy) -> list[dict[str, Any]]:
@@ -285,21 +308,33 @@ def _latency(report: dict[str, Any], policy: GatePolicy, baseline: dict[str, Any
 
 
 def run_gate(
-    report_path: str | Path, *, policy_path: str | Path | None = None, baseline_path: str | Path | None = None
+    report_path: str | Path,
+    *,
+    policy_path: str | Path | None = None,
+    baseline_path: str | Path | None = None,
+    verify_key: str | Path | None = None,
 ) -> GateResult:
     """``deploy gate``: load the report, policy and baseline, verify artifacts, evaluate.
 
+    With ``verify_key`` the output folder's ``release.sig`` must verify against that public key,
+    over every file in the folder (checked before anything in it is believed).
+
     Raises:
-        InputError: the report or the baseline is missing or unreadable.
+        InputError: the report, the baseline or the key is missing or unreadable.
         ConfigError: the policy file is invalid.
     """
+    signature = None
+    if verify_key is not None:
+        path = Path(report_path)
+        signature = _signature(path if path.is_dir() else path.parent, verify_key)
     report, folder = load_report(report_path)
     policy = load_policy(policy_path) if policy_path else GatePolicy()
     base = baseline_path or policy.baseline
     baseline = load_report(base)[0] if base else None
     # a failed build publishes no manifest: judge the failure itself, not the missing files
     checked = folder if report.get("status") == "passed" else None
-    return evaluate(report, policy, folder=checked, baseline=baseline)
+    result = evaluate(report, policy, folder=checked, baseline=baseline)
+    return GateResult([signature, *result.checks]) if signature else result
 
 
 def policy_for_build(cfg: Any) -> GatePolicy | None:

@@ -29,6 +29,7 @@ MARKER = ".edgedeploy-out"
 MARKER_SCHEMA = "edgedeploy-out/1"
 CACHE_DIR = ".cache"
 FAILED_DIR = ".last-failed"
+SIGNATURE = "release.sig"  # written by 'deploy sign' (edgedeploy.pipeline.signing); part of the release
 # what the device step (complete_bundle.py) writes beside a bundle.json; a rebuild replaces them with the bundle
 DEVICE_OUTPUTS = ("model.engine", "engine.json", "validation.json", "timing.cache")
 _RENAME_EXCHANGE = 2
@@ -213,7 +214,7 @@ class OutputFolder:
                 f"(it holds {', '.join(sorted(entries)[:5])}); a build replaces its output folder as a whole",
                 hint="pass --out pointing at a new or empty folder",
             )
-        listed = {n for n in manifest.get("artifacts", {}) if isinstance(n, str)} | {"manifest.json", MARKER}
+        listed = {n for n in manifest.get("artifacts", {}) if isinstance(n, str)} | {"manifest.json", MARKER, SIGNATURE}
         foreign = []
         for path in sorted(self.out.rglob("*")):
             rel = path.relative_to(self.out).as_posix()

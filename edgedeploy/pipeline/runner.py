@@ -20,6 +20,7 @@ from edgedeploy.pipeline.context import BuildContext, factory_source
 from edgedeploy.pipeline.hashing import sha256_json
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
+from edgedeploy.pipeline.signing import release_model
 from edgedeploy.pipeline.store import atomic_write_json
 from edgedeploy.stages.base import Stage
 from edgedeploy.targets import TargetProfile, get_target
@@ -158,6 +159,7 @@ def _run_build(
         status="passed",
         seconds=seconds,
     )
+    report["model"] = release_model(ctx.metrics, ctx.sha256)  # what was validated, bound by the gate
     report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(

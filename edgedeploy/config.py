@@ -449,6 +449,12 @@ def _check_consistency(cfg: DeployConfig) -> None:
     for name in cfg.validate.classifier_outputs:
         if name not in cfg.outputs:
             raise ConfigError(f"{where}: key 'validate.classifier_outputs' names unknown output {name!r}")
+    if len(set(cfg.outputs)) != len(cfg.outputs):
+        dupes = sorted({n for n in cfg.outputs if cfg.outputs.count(n) > 1})
+        raise ConfigError(f"{where}: key 'outputs' names {dupes} more than once", hint="each output once")
+    from edgedeploy.config_ranges import config_problems, raise_if_problems
+
+    raise_if_problems(config_problems(cfg), where)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:

@@ -111,6 +111,9 @@ def load_policy(path: str | Path) -> GatePolicy:
     raw = read_toml(path, what="gate policy", hint="pass --policy PATH to a gate.toml")
     table = raw["gate"] if set(raw) == {"gate"} and isinstance(raw["gate"], dict) else raw
     policy: GatePolicy = dataclass_from_dict(GatePolicy, table, str(path))
+    from edgedeploy.config_ranges import policy_problems, raise_if_problems
+
+    raise_if_problems(policy_problems(policy), str(path))
     return _resolve_baseline(policy, path.resolve().parent)
 
 
@@ -330,11 +333,37 @@ def run_gate(
     report, folder = load_report(report_path)
     policy = load_policy(policy_path) if policy_path else GatePolicy()
     base = baseline_path or policy.baseline
-    baseline = load_report(base)[0] if base else None
+    baseline = _checked_baseline(base, policy) if base else None
     # a failed build publishes no manifest: judge the failure itself, not the missing files
     checked = folder if report.get("status") == "passed" else None
     result = evaluate(report, policy, folder=checked, baseline=baseline)
     return GateResult([signature, *result.checks]) if signature else result
+
+
+def _checked_baseline(path: str | Path, policy: GatePolicy) -> dict[str, Any]:
+    """The baseline report, refused when a latency it holds is no measurement (0, negative, NaN, inf).
+
+    A zero or NaN baseline would make every regression look like +0%, silently disabling the check.
+
+    Raises:
+        InputError: unreadable, or a backend's latency is not a positive finite number (named).
+    """
+    import math
+
+    baseline = load_report(path)[0]
+    key = f"{policy.latency_metric}_ms"
+    bad = []
+    for name, row in ((baseline.get("latency") or {}).get("backends") or {}).items():
+        value = row.get(key) if isinstance(row, dict) else None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if not ok:
+            bad.append(f"{name} {key} = {value!r}")
+    if bad:
+        raise InputError(
+            f"baseline {path}: " + "; ".join(bad) + " is not a latency measurement",
+            hint="pass the report.json of a build whose latency was measured, or drop --baseline",
+        )
+    return baseline
 
 
 def policy_for_build(cfg: Any) -> GatePolicy | None:
@@ -371,7 +400,7 @@ def gate_build(ctx: Any) -> None:
         "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
         "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
     }
-    baseline = load_report(policy.baseline)[0] if policy.baseline else None
+    baseline = _checked_baseline(policy.baseline, policy) if policy.baseline else None
     result = evaluate(report, policy, baseline=baseline)
     ctx.metrics["gate"] = result.to_dict()
     if ctx.log:

@@ -58,9 +58,15 @@ def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     path = Path(args.onnx)
     if not path.is_file():
         raise InputError(f"ONNX file not found: {path}", hint="pass --onnx PATH to an existing .onnx file")
+    if path.stat().st_size == 0:  # protobuf parses zero bytes as an empty model with nothing to object to
+        raise InputError(f"{path} is empty (0 bytes), not an ONNX model", hint="export the model again")
     target = get_target(args.target or "cpu", args.targets_file)
     target.require_dla(args.dla_core)
     try:
+        import onnx
+
+        if not onnx.load(str(path), load_external_data=False).graph.output:
+            raise InputError(f"{path} has no graph outputs: not an exported ONNX model", hint="export it again")
         findings = check_model(path, target, dla_core=args.dla_core, precision=args.precision or "fp32")
     except Exception as exc:  # onnx.load's DecodeError and friends: the file is not an ONNX model
         if type(exc).__module__.startswith("edgedeploy"):

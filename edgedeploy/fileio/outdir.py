@@ -303,3 +303,43 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# a build writes several copies of the model (TorchScript, ONNX, fp16/int8, bundle) plus goldens and reports
+MIN_FREE_BYTES = 64 << 20
+MODEL_COPIES = 8
+
+
+def check_free_space(folder: Path, checkpoint: Path | None, *, free: int | None = None) -> None:
+    """Refuse to start a build that cannot fit on the disk of ``folder``.
+
+    Some writers cannot fail cleanly when the disk fills up (TorchScript's C++ writer aborts the
+    process), so the estimate is checked before anything is written.
+
+    Raises:
+        InputError: less free space than the estimate (both named).
+    """
+    need = MIN_FREE_BYTES + MODEL_COPIES * (checkpoint.stat().st_size if checkpoint and checkpoint.is_file() else 0)
+    probe = folder if folder.exists() else folder.parent
+    if free is None:
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            return
+    if free < need:
+        raise InputError(
+            f"not enough disk space for a build in {folder}: {free / 2**20:.0f} MiB free, about "
+            f"{need / 2**20:.0f} MiB needed ({MODEL_COPIES} copies of the checkpoint + reports)",
+            hint="free space (deploy cache prune --out OUT --max-size 1G) or pass --out on a bigger disk",
+        )
+
+
+def disk_full(exc: OSError, where: Path) -> InputError | None:
+    """The one-line error for a disk that filled up during a build (None for other OS errors)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return InputError(
+        f"disk full while building into {where}: {exc.strerror} ({exc.filename or 'writing an artifact'}); "
+        "nothing was published, the previous output is unchanged",
+        hint="free space (deploy cache prune --out OUT --max-size 1G) or pass --out on a bigger disk",
+    )

@@ -14,7 +14,7 @@ from typing import Any
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
 from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
-from edgedeploy.fileio.outdir import OutputFolder
+from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
 from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
 from edgedeploy.pipeline.context import BuildContext, factory_source
 from edgedeploy.pipeline.hashing import sha256_json
@@ -112,7 +112,14 @@ def run_build(
     out = Path(cfg.path(cfg.build.out) or "build")
     inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
     with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
-        return _run_build(cfg, folder, stages, log)
+        check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
+        try:
+            return _run_build(cfg, folder, stages, log)
+        except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
+            err = disk_full(exc, folder.out)
+            if err is None:
+                raise
+            raise err from None
 
 
 def _run_build(
@@ -126,6 +133,11 @@ def _run_build(
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
     staging = folder.new_staging()
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
+    if "checkpoint" not in ctx.external:
+        ctx.warn(
+            "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
+            "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
+        )
     stages = stages if stages is not None else default_stages(target)
     records: list[StageRecord] = []
     produced: list[str] = []

@@ -273,3 +273,66 @@ def test_a_publish_error_such_as_a_full_disk_keeps_the_old_release(tmp_path, mon
 def test_manifest_names_are_confined_to_out(tmp_path, name):
     with pytest.raises(DeployError, match="not a plain relative name"):
         outdir.confined(tmp_path, name)
+
+
+def test_a_manifest_that_is_a_json_list_is_one_line_and_deletes_nothing(tiny_project: Path, capsys):
+    from edgedeploy.cli import main
+
+    first = edgedeploy.build(tiny_project, **QUIET)
+    (first.out / "manifest.json").write_text("[1, 2]")
+    code = main(["build", "-c", str(tiny_project)])
+    err = capsys.readouterr().err
+    assert code == InputError.exit_code and "Traceback" not in err
+    assert "holds files deploy build did not write" in err
+    assert (first.out / "model.onnx").is_file()
+
+
+# ---- the cache is bounded ------------------------------------------------------------------------------
+
+
+def _entry(root: Path, stage: str, key: str, size: int, age: float) -> Path:
+    import time
+
+    d = root / stage / key
+    d.mkdir(parents=True)
+    (d / "blob").write_bytes(b"x" * size)
+    (d / "stage.json").write_text(json.dumps({"files": {"blob": sha256_file(d / "blob")}, "metrics": {}}))
+    os.utime(d / "stage.json", (time.time() - age, time.time() - age))
+    return d
+
+
+def test_cache_prune_drops_least_recently_used_entries_first(tmp_path, capsys):
+    from edgedeploy.cli import main
+    from edgedeploy.pipeline.cache import StageCache
+
+    root = tmp_path / "cache"
+    old = _entry(root, "export", "a" * 64, 4000, age=300)
+    used = _entry(root, "export", "b" * 64, 4000, age=200)
+    new = _entry(root, "capture", "c" * 64, 4000, age=100)
+    assert StageCache(root).lookup("export", "b" * 64) is not None  # a hit counts as a use
+    assert main(["cache", "prune", "--dir", str(root), "--max-size", "9000"]) == 0
+    assert "pruned 1 entries" in capsys.readouterr().out
+    assert not old.exists() and used.exists() and new.exists()
+    assert main(["cache", "prune", "--dir", str(root), "--max-size", "0"]) == 0
+    assert not used.exists() and not new.exists()
+    assert main(["cache", "prune", "--dir", str(root), "--max-size", "lots"]) == ConfigError.exit_code
+
+
+def test_a_build_bounds_its_cache(tiny_project: Path, monkeypatch):
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_MAX_SIZE", "0")
+    result = edgedeploy.build(tiny_project, **QUIET)
+    assert result.ok
+    assert not list((result.out / ".cache").glob("*/*/stage.json"))
+
+
+def test_a_cache_entry_naming_files_outside_it_is_dropped(tmp_path):
+    from edgedeploy.pipeline.cache import StageCache
+
+    root = tmp_path / "cache"
+    d = root / "export" / ("d" * 64)
+    d.mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    (d / "stage.json").write_text(json.dumps({"files": {"../../../secret.txt": sha256_file(secret)}, "metrics": {}}))
+    assert StageCache(root).lookup("export", "d" * 64) is None
+    assert not d.exists() and secret.read_text() == "secret"

@@ -64,7 +64,7 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
         f"edgedeploy device bundle: target {plan.target} (TensorRT {plan.trt_version}), {plan.precision}.\n"
         "The engine is built on the device, where TensorRT runs. Copy this folder there, then:\n\n"
         f"    python3 -I complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
-        f"    sh {TRTEXEC_SCRIPT}                  # or build with trtexec only (no validation)\n\n"
+        f"    python3 -I complete_bundle.py . --verify-only && sh {TRTEXEC_SCRIPT}   # or trtexec (no validation)\n\n"
         f"Needs TensorRT's Python bindings (JetPack ships them), numpy and polygraphy; Python {device_python}"
         " or newer (3.6+).\n"
         "Dry run anywhere without TensorRT: python3 -I complete_bundle.py . --runner onnxruntime\n"

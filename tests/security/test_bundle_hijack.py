@@ -134,3 +134,16 @@ def test_standalone_helpers_load_only_after_verification(bundle):
     assert proc.returncode == 0, proc.stderr
     assert "REFUSED parity.py: not a verified file of this bundle" in proc.stdout
     assert f"LOADED {bundle.resolve() / 'parity.py'}" in proc.stdout
+
+
+def test_verify_only_checks_before_trtexec_sh_runs_bundle_content(bundle):
+    proc = subprocess.run(
+        [sys.executable, "-I", "complete_bundle.py", ".", "--verify-only"], cwd=bundle, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (bundle / "validation.json").exists()
+    (bundle / "trtexec.sh").write_text("#!/bin/sh\ntouch PWNED\n")
+    proc = subprocess.run(
+        [sys.executable, "-I", "complete_bundle.py", ".", "--verify-only"], cwd=bundle, capture_output=True, text=True
+    )
+    assert proc.returncode == device.EXIT_INTEGRITY and "trtexec.sh sha256 differs" in proc.stderr

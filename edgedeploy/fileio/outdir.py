@@ -131,16 +131,23 @@ class OutputFolder:
     # ---- entering ---------------------------------------------------------------------------------
     def __enter__(self) -> OutputFolder:
         self._check_path()
-        self.out.parent.mkdir(parents=True, exist_ok=True)
         from filelock import FileLock, Timeout
 
         self._lock = FileLock(str(self.lock_path))
         try:
-            self._lock.acquire(timeout=0)
-        except Timeout:
-            if self.log:
-                self.log(f"waiting for another build into {self.out} to finish (lock {self.lock_path})")
-            self._lock.acquire()
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._lock.acquire(timeout=0)
+            except Timeout:
+                if self.log:
+                    self.log(f"waiting for another build into {self.out} to finish (lock {self.lock_path})")
+                self._lock.acquire()
+        except PermissionError as exc:
+            raise ConfigError(
+                f"build.out: cannot write beside {self.out} ({exc.strerror}: {self.lock_path}); a build is staged "
+                "next to its output folder and switched in by rename",
+                hint="point --out at a folder inside a writable folder",
+            ) from None
         try:
             self.recover()
             self.check_owned()

@@ -336,3 +336,15 @@ def test_a_cache_entry_naming_files_outside_it_is_dropped(tmp_path):
     (d / "stage.json").write_text(json.dumps({"files": {"../../../secret.txt": sha256_file(secret)}, "metrics": {}}))
     assert StageCache(root).lookup("export", "d" * 64) is None
     assert not d.exists() and secret.read_text() == "secret"
+
+
+def test_an_out_in_a_read_only_folder_is_a_config_error(tmp_path, monkeypatch):
+    import filelock
+
+    def denied(self, *args, **kwargs):  # what a read-only parent gives (simulated: tests may run as root)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", denied)
+    with pytest.raises(ConfigError, match="cannot write beside"):
+        with OutputFolder(tmp_path / "out"):
+            pass

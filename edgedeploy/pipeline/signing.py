@@ -89,6 +89,7 @@ def _model_signing() -> Any:
 
 def _hashing_config(folder: Path) -> Any:
     ms = _model_signing()
+    folder = folder.resolve()  # model-signing matches ignored paths against the resolved folder
     ignored = [folder / p for p in UNSIGNED]
     # git files are signed too: a dropped .gitattributes is a change like any other
     return ms.hashing.Config().set_ignored_paths(paths=ignored, ignore_git_paths=False)
@@ -130,7 +131,7 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
 
     from edgedeploy.pipeline.manifest import read_manifest, verify_artifacts
 
-    folder = Path(folder)
+    folder = Path(folder).resolve()
     verify_artifacts(folder)
     manifest = read_manifest(folder) or {}
     try:
@@ -152,6 +153,9 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
             cfg.set_hashing_config(_hashing_config(folder)).sign(folder, tmp)
         except ValueError as exc:  # cryptography's "could not deserialize key" and friends
             raise InputError(f"cannot sign with {key}: {' '.join(str(exc).split())[:200]}") from None
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; the signature is as public as the release
         os.replace(tmp, folder / SIGNATURE)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -166,7 +170,7 @@ def verify_release(folder: str | Path, public_key: str | Path) -> None:
             added or removed since signing (named).
         InputError: the public key is missing or unreadable.
     """
-    folder = Path(folder)
+    folder = Path(folder).resolve()
     pub = Path(public_key)
     if not pub.is_file():
         raise InputError(f"verification key not found: {pub}", hint="pass --verify-key PATH to a PEM public key")

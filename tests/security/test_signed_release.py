@@ -168,3 +168,16 @@ def test_a_signed_release_can_be_rebuilt_over(release):
     assert (folder / "release.sig").is_file()
     assert main(["build", "--config", str(cfg)]) == 0
     assert not (folder / "release.sig").exists()  # the new release is not signed until 'deploy sign' runs again
+
+
+def test_signing_a_relative_path_covers_the_release_and_not_its_cache(release, tmp_path, monkeypatch, capsys):
+    cfg, _, key, pub = release
+    monkeypatch.chdir(cfg.parent)
+    assert main(["build", "--config", str(cfg)]) == 0
+    assert main(["sign", "out", "--key", str(key)]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat("out/release.sig").st_mode & 0o777 == 0o666 & ~mask  # like every artifact, not mkstemp's 0600
+    (Path("out") / ".cache" / "later-entry").write_text("the cache may change after signing")
+    code, text = _gate(capsys, Path("out"), "--verify-key", str(pub))
+    assert code == 0, text

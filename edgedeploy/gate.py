@@ -181,13 +181,22 @@ def _integrity(folder: Path) -> GateCheck:
 
 def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
     """The report, the manifest and the model they name belong together (see pipeline.signing)."""
+    from edgedeploy.fileio.outdir import confined
     from edgedeploy.pipeline.manifest import read_manifest
     from edgedeploy.pipeline.signing import binding_problems
 
     problems = binding_problems(report, read_manifest(folder) or {})
+    model = report.get("model") or {}
+    if not problems and str(model.get("artifact", "")).endswith("bundle.json"):
+        # a device bundle: its bundle.json (bound above) must in turn match every file in the bundle
+        from edgedeploy.device import complete_bundle as device
+
+        try:
+            device.verify_bundle(str(confined(folder, model["artifact"]).parent))
+        except (device.BundleError, ArtifactIntegrityError) as exc:
+            problems.append(exc.message)
     if problems:
         return GateCheck("binding", "integrity", False, "; ".join(problems), INTEGRITY)
-    model = report.get("model") or {}
     return GateCheck("binding", "integrity", True, f"report, manifest and {model.get('artifact')} agree")
 
 

@@ -181,3 +181,19 @@ def test_signing_a_relative_path_covers_the_release_and_not_its_cache(release, t
     (Path("out") / ".cache" / "later-entry").write_text("the cache may change after signing")
     code, text = _gate(capsys, Path("out"), "--verify-key", str(pub))
     assert code == 0, text
+
+
+def test_a_bundle_release_binds_bundle_json_to_every_bundle_file(release, tmp_path, capsys):
+    cfg = release[0]
+    out = tmp_path / "orin"
+    assert main(["build", "--config", str(cfg), "--target", "jetson-orin", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["model"]["artifact"] == "bundle/bundle.json" and report["model"]["validated"] == "on the device"
+    policy = tmp_path / "bundle-gate.toml"  # as in release.yml: parity is checked on the device
+    policy.write_text('[gate]\nrequired_checks = ["integrity"]\n')
+    code, text = _gate(capsys, out, "--policy", str(policy))
+    assert code == 0, text
+    (out / "bundle" / "model.onnx").write_bytes(b"another model")
+    _rehash(out)  # the manifest agrees with the swap; bundle.json (bound to the report) does not
+    code, text = _gate(capsys, out, "--policy", str(policy))
+    assert code == INTEGRITY and "model.onnx sha256 differs from bundle.json" in text, text

@@ -36,8 +36,12 @@ def run_prune(args: argparse.Namespace) -> int:
     cache = StageCache(Path(root))
     removed, freed = cache.prune(limit)
     left = sum(r[1] for r in cache.entries())
-    print(
-        f"pruned {removed} entries ({freed / 1e6:.1f} MB) from {root}; "
-        f"{left / 1e6:.1f} MB left (bound {limit / 1e6:.1f} MB)"
-    )
+    print(f"pruned {removed} entries ({_size(freed)}) from {root}; {_size(left)} left (bound {_size(limit)})")
     return 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

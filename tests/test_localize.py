@@ -111,7 +111,7 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def _model(cfg: object) -> object:
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
 
     return load_model(cfg, None)
 
@@ -206,7 +206,7 @@ def test_perturbed_conv_weight_is_localized_to_its_module(
 
 
 def _stage_context(cfg: object, out: Path, staging: Path) -> object:
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)
@@ -237,8 +237,8 @@ def test_stage_names_the_perturbed_layer_in_its_parity_error(built: tuple[object
 
 def test_nan_candidate_fails_with_its_own_message(built: tuple[object, Path], tmp_path: Path) -> None:
     from edgedeploy.errors import ParityError
-    from edgedeploy.pipeline.parity import NON_FINITE
     from edgedeploy.stages.validate import ParityFromGoldens
+    from edgedeploy.validate.parity import NON_FINITE
 
     cfg, out = built
     ctx = _stage_context(cfg, out, tmp_path / "staging")

@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY_TOML, write_tiny_project
 
 from edgedeploy.errors import ArtifactIntegrityError, ParityError
-from edgedeploy.pipeline.parity import (
+from edgedeploy.validate.parity import (
     NON_FINITE,
     OUTSIDE_TOLERANCE,
     add_to_histogram,
@@ -37,7 +37,7 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
 
 
 def _context(cfg: Any, out: Path, staging: Path) -> Any:
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)
@@ -224,7 +224,7 @@ def test_backend_that_cannot_run_is_one_finding_among_all(tiny_build: tuple[Any,
 
 
 def test_torchscript_is_loaded_only_with_its_recorded_hash(tiny_build: tuple[Any, Any]) -> None:
-    from edgedeploy.pipeline.hashing import sha256_file
+    from edgedeploy.fileio.hashing import sha256_file
     from edgedeploy.validate.runners import load_torchscript
 
     _, result = tiny_build

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 _RECORD = "stage.json"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 MANIFEST = "manifest.json"
 SCHEMA = "edgedeploy-manifest/1"
@@ -19,7 +19,7 @@ TOOLS = ("torch", "torchvision", "onnx", "onnxruntime", "onnxslim", "polygraphy"
 
 def tool_versions() -> dict[str, str]:
     """Installed versions of the tools that shape an artifact, read without importing them."""
-    from edgedeploy import __version__
+    from edgedeploy._version import __version__
 
     versions = {"python": platform.python_version(), "edgedeploy": __version__}
     for name in TOOLS:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.config import DeployConfig
-from edgedeploy.pipeline.store import atomic_write_json
+from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.targets import TargetProfile
 
 REPORT = "report.json"

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
+from edgedeploy.fileio.hashing import sha256_file, sha256_json
+from edgedeploy.fileio.store import atomic_write_json, publish
+from edgedeploy.modelio import usercode
 from edgedeploy.pipeline.cache import StageCache
-from edgedeploy.pipeline.context import BuildContext, factory_source
-from edgedeploy.pipeline.hashing import sha256_json
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.pipeline.store import atomic_write_json, publish
 from edgedeploy.stages.base import Stage
+from edgedeploy.stages.context import BuildContext
 from edgedeploy.targets import TargetProfile, get_target
 
 FAILED_DIR = ".last-failed"
@@ -82,16 +84,18 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
             raise InputError(
                 f"checkpoint not found: {ckpt}", hint="fix model.checkpoint in the config or pass --checkpoint PATH"
             )
-        ext["checkpoint"] = ckpt
-    src = factory_source(cfg)
-    if src is not None:
-        ext["model_code"] = src
+        ext[CHECKPOINT] = ckpt
+    data = cfg.path(cfg.validate.data)
+    if data is not None:
+        if not data.is_file():
+            raise InputError(f"validation data not found: {data}", hint="fix validate.data")
+        ext[VALIDATION_DATA] = data
     calib = cfg.path(cfg.precision.calib)
     if calib is not None and cfg.precision.mode == "int8":
         if not calib.exists():
             raise InputError(f"calibration data not found: {calib}", hint="fix precision.calib or --calib")
         if calib.is_file():
-            ext["calibration"] = calib
+            ext[CALIBRATION] = calib
     return ext
 
 
@@ -118,6 +122,11 @@ def run_build(
     staging = out / f".staging-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
+    # the user's code, loaded once for this build: every file it imported is an input of the model
+    usercode.forget()
+    loaded = usercode.load_factory(cfg)
+    ctx.factory = loaded.factory
+    ctx.groups[MODEL_CODE] = loaded.files
     stages = stages if stages is not None else default_stages(target)
     records: list[StageRecord] = []
     produced: list[str] = []
@@ -132,7 +141,7 @@ def run_build(
             detail = f" ({rec.reason})" if rec.reason else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
         current = "gate"  # release gate ([gate] / --policy), before anything is published
-        from edgedeploy.gate import gate_build
+        from edgedeploy.pipeline.gate import gate_build
 
         gate_build(ctx)
     except DeployError as exc:
@@ -157,7 +166,7 @@ def run_build(
         config=cfg.to_dict(),
         config_sha=sha256_json(cfg.to_dict()),
         target=target.capabilities(),
-        inputs={k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()},
+        inputs=_manifest_inputs(ctx),
         artifacts=artifacts,
         stages=[r.to_dict() for r in records],
         summary=report.get("summary", {}),
@@ -179,6 +188,32 @@ def run_build(
     )
 
 
+def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
+    """External inputs as the manifest records them; user code lists every file the build loaded."""
+    inputs: dict[str, Any] = {k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()}
+    for name, files in ctx.groups.items():
+        inputs[name] = {
+            "path": str(files[0]) if files else "",
+            "sha256": ctx.sha256(name),
+            "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+        }
+    return inputs
+
+
+def _input_hashes(stage: Stage, ctx: BuildContext) -> dict[str, str]:
+    """sha256 of every external input ``stage`` declares.
+
+    Raises:
+        InputError: a declared input is not configured for this build, or its file is gone.
+    """
+    hashes = {}
+    for name in stage.inputs(ctx):
+        if not ctx.has_input(name):
+            raise InputError(f"stage {stage.name} needs input {name!r}, which this build does not have")
+        hashes[name] = ctx.sha256(name)
+    return hashes
+
+
 def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployConfig) -> StageRecord:
     reason = stage.applies(ctx)
     if reason is not None:
@@ -191,6 +226,7 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
             "version": stage.version,
             "config": stage.config_key(ctx),
             "consumes": {n: ctx.sha256(n) for n in stage.consumes if ctx.path(n).is_file()},
+            "inputs": _input_hashes(stage, ctx),
             "outputs": outputs,
         }
     )

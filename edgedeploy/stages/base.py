@@ -5,8 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE
+
 if TYPE_CHECKING:
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
 
 
 class Stage(ABC):
@@ -32,6 +34,13 @@ class Stage(ABC):
         """Files this stage writes for this build (default: ``produces``)."""
         return self.produces
 
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        """External inputs (``artifacts.CHECKPOINT``, ``MODEL_CODE``, ``CALIBRATION``,
+        ``VALIDATION_DATA``) this stage's result depends on for this build; each is hashed into
+        the cache key, and one the build does not have is an error. Default: none.
+        """
+        return ()
+
     def config_key(self, ctx: BuildContext) -> Any:
         """The config fields (and target facts) this stage's result depends on."""
         return None
@@ -43,3 +52,8 @@ class Stage(ABC):
         Raises:
             DeployError: a subclass naming what failed and how to fix it.
         """
+
+
+def model_inputs(ctx: BuildContext) -> tuple[str, ...]:
+    """The inputs of anything computed from the PyTorch model: its code and, when configured, its weights."""
+    return ((CHECKPOINT,) if CHECKPOINT in ctx.external else ()) + (MODEL_CODE,)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from edgedeploy.artifacts import ONNX_MODEL
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
-from edgedeploy.pipeline.context import BuildContext
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.export import ONNX_MODEL
+from edgedeploy.stages.context import BuildContext
 
 PREFLIGHT = "preflight.json"
 

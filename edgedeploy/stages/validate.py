@@ -16,20 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy.artifacts import GOLDENS, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.parity import (
+from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.stages.base import Stage
+from edgedeploy.stages.context import BuildContext
+from edgedeploy.validate.latency import measure
+from edgedeploy.validate.parity import (
     NON_FINITE,
     add_to_histogram,
     batch_consistency,
     compare_output,
     empty_histogram,
 )
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.precision import deploy_model_name
-from edgedeploy.stages.reference import GOLDENS, load_goldens
-from edgedeploy.validate.latency import measure
-from edgedeploy.validate.latency import time_calls as latency  # noqa: F401  (kept for precision.analysis)
 from edgedeploy.validate.runners import (
     ENGINE_FILES,
     ONNX_MODELS,

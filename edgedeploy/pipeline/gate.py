@@ -26,10 +26,10 @@ from edgedeploy.errors import (
     StageError,
 )
 from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.parity import NON_FINITE
 from edgedeploy.pipeline.report import REPORT
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
-from edgedeploy.validate.policy import GatePolicy
+from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)

@@ -47,7 +47,7 @@ LAYERS: dict[str, int] = {
     "": 5,  # the package itself (re-exports the API)
 }
 # Inside stages/, these are the contract and the registry, not stages.
-STAGE_SUPPORT = {"stages", "stages.base", "stages.context", "stages.result"}
+STAGE_SUPPORT = {"stages", "stages.base", "stages.context", "stages.names"}
 
 
 def _root() -> Path:

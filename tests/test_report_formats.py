@@ -63,7 +63,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         cfg=cfg,
         target=get_target("cpu"),
         stages=stages,
-        metrics=ctx.metrics,
+        metrics={**ctx.metrics, "validate": err.value.partial.metrics},
         warnings=[],
         status="failed",
         seconds=1.0,

@@ -69,6 +69,7 @@ def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     from edgedeploy.config import load_config
     from edgedeploy.errors import UnsupportedOpsError
     from edgedeploy.pipeline.runner import run_build
+    from edgedeploy.stages import names
     from edgedeploy.stages.export import OnnxFromTorch
     from edgedeploy.stages.preflight import PreflightFromOnnx
 
@@ -89,7 +90,7 @@ def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
         result = run_build(cfg, stages=[OnnxFromTorch(), PreflightFromOnnx()], log=_progress)
     except UnsupportedOpsError as exc:
         return list(exc.findings), cfg.build.target
-    return list(result.report["metrics"].get("check", {}).get("findings", [])), cfg.build.target
+    return list(result.report["metrics"].get(names.CHECK, {}).get("findings", [])), cfg.build.target
 
 
 def _progress(line: str) -> None:

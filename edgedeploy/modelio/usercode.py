@@ -73,6 +73,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 def is_user_file(path: str | Path) -> bool:
     """True for a Python source file outside the standard library, site-packages and edgedeploy."""
+    if not os.path.isabs(str(path)) or not os.path.isfile(str(path)):
+        return False  # built-in and synthetic modules (torch._classes says "_classes.py")
     real = os.path.realpath(str(path))
     if not real.endswith(".py"):
         return False

@@ -26,9 +26,12 @@ from edgedeploy.errors import (
     StageError,
 )
 from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.report import REPORT
+from edgedeploy.pipeline.report import REPORT, build_report
 from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
+from edgedeploy.stages import names
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
 from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
@@ -89,7 +92,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError("gate", message, hint="fix the build failure first; see its report")
+            return StageError(names.GATE, message, hint="fix the build failure first; see its report")
         err = _ERRORS[code](message, hint="see the failing checks listed above")
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -316,31 +319,44 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-def gate_build(ctx: Any) -> None:
-    """The gate at the end of ``deploy build`` (before publishing), when the build has a policy.
+class GateFromReport(Stage):
+    """The release gate at the end of ``deploy build`` (before publishing), appended when the build has a policy.
 
-    Integrity is not checked here: the runner writes the manifest right after. The verdict goes into
-    ``ctx.metrics["gate"]`` (and so into report.json) whether it passes or not.
-
-    Raises:
-        ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log).
-        InputError: the policy's baseline report is missing or unreadable.
+    It judges the build's report as it stands after validation (integrity is not checked here: the runner
+    writes the manifest right after). The verdict is the stage's metrics, in report.json either way.
     """
-    policy = policy_for_build(ctx.cfg)
-    if policy is None:
-        return
-    validate = ctx.metrics.get("validate") or {}
-    report = {
-        "schema": "edgedeploy-report/1",
-        "status": "passed",
-        "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
-        "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
-    }
-    baseline = load_report(policy.baseline)[0] if policy.baseline else None
-    result = evaluate(report, policy, baseline=baseline)
-    ctx.metrics["gate"] = result.to_dict()
-    if ctx.log:
-        for check in result.failures:
-            ctx.log(f"  gate {check.line()}")
-    if not result.passed:
-        raise result.error()
+
+    name = names.GATE
+    version = "1"
+    cacheable = False  # a verdict on this build and its baseline, never replayed
+
+    def run(self, ctx: BuildContext) -> StageResult:
+        """Judge the build against its policy.
+
+        Raises:
+            ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log),
+                with the verdict attached as the partial result.
+            InputError: the policy's baseline report is missing or unreadable.
+        """
+        policy = policy_for_build(ctx.cfg)
+        if policy is None:
+            return StageResult({"status": "skipped", "reason": "no policy"})
+        report = build_report(
+            cfg=ctx.cfg,
+            target=ctx.target,
+            stages=[],
+            metrics=ctx.metrics,
+            warnings=ctx.warnings,
+            status="passed",
+            seconds=0.0,
+        )
+        baseline = load_report(policy.baseline)[0] if policy.baseline else None
+        result = evaluate(report, policy, baseline=baseline)
+        if ctx.log:
+            for check in result.failures:
+                ctx.log(f"  gate {check.line()}")
+        if not result.passed:
+            error = result.error()
+            error.partial = StageResult(result.to_dict())
+            raise error
+        return StageResult(result.to_dict())

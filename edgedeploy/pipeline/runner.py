@@ -21,7 +21,7 @@ from edgedeploy.modelio import usercode
 from edgedeploy.pipeline.cache import StageCache
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.stages.base import Stage
+from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
 from edgedeploy.targets import TargetProfile, get_target
 
@@ -69,11 +69,20 @@ class BuildResult:
         return self.out / name
 
 
-def default_stages(target: TargetProfile) -> list[Stage]:
-    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime)."""
+def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> list[Stage]:
+    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime), and the
+    release gate last when the build has a policy (``[gate]`` / ``--policy``), before anything is published.
+
+    Raises:
+        ConfigError: the policy file is invalid.
+    """
+    from edgedeploy.pipeline.gate import GateFromReport, policy_for_build
     from edgedeploy.stages import pipeline_stages
 
-    return pipeline_stages(target)
+    stages = pipeline_stages(target)
+    if cfg is not None and policy_for_build(cfg) is not None:
+        stages.append(GateFromReport())
+    return stages
 
 
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
@@ -127,7 +136,7 @@ def run_build(
     loaded = usercode.load_factory(cfg)
     ctx.factory = loaded.factory
     ctx.groups[MODEL_CODE] = loaded.files
-    stages = stages if stages is not None else default_stages(target)
+    stages = stages if stages is not None else default_stages(target, cfg)
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
@@ -140,10 +149,6 @@ def run_build(
             produced.extend(f for f in rec.files if f not in produced)
             detail = f" ({rec.reason})" if rec.reason else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
-        current = "gate"  # release gate ([gate] / --policy), before anything is published
-        from edgedeploy.pipeline.gate import gate_build
-
-        gate_build(ctx)
     except DeployError as exc:
         _fail(ctx, cfg, target, records, current, exc, t_start)
         raise
@@ -230,23 +235,40 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
             "outputs": outputs,
         }
     )
-    entry = cache.lookup(stage.name, key) if cfg.build.cache else None
+    use_cache = cfg.build.cache and stage.cacheable
+    entry = cache.lookup(stage.name, key) if use_cache else None
     if entry is not None:
         cache.restore(stage.name, key, entry, ctx.staging)
-        ctx.metrics[stage.name] = entry.metrics
+        _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
         return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=outputs)
+    before = len(ctx.warnings)
     try:
-        metrics = stage.run(ctx) or {}
-    except DeployError:
-        ctx.metrics.setdefault(stage.name, {})
+        result = StageResult.of(stage.run(ctx))
+    except DeployError as exc:
+        _record(ctx, stage.name, StageResult.of(exc.partial), emitted=0)
         raise
+    # warnings given to ctx.warn while running are part of the result (and so of the cache entry)
+    emitted = ctx.warnings[before:]
+    result.warnings = emitted + [w for w in result.warnings if w not in emitted]
     missing = [f for f in outputs if not (ctx.staging / f).is_file()]
     if missing:  # a stage that claims outputs it did not write is a bug in that stage
         raise RuntimeError(f"stage {stage.name} did not write {missing}")
-    ctx.metrics[stage.name] = metrics
-    if cfg.build.cache:
-        cache.store(stage.name, key, ctx.staging, outputs, metrics)
+    _record(ctx, stage.name, result, emitted=len(emitted))
+    if use_cache:
+        cache.store(stage.name, key, ctx.staging, outputs, result.metrics, warnings=result.warnings, notes=result.notes)
     return StageRecord(stage.name, "ran", time.perf_counter() - t0, key, files=outputs)
+
+
+def _record(ctx: BuildContext, name: str, result: StageResult, *, emitted: int) -> None:
+    """Put a stage's result into the build: metrics (notes included) and warnings not yet emitted."""
+    metrics = dict(result.metrics)
+    if result.notes:
+        metrics["notes"] = list(metrics.get("notes") or []) + [
+            n for n in result.notes if n not in (metrics.get("notes") or [])
+        ]
+    ctx.metrics[name] = metrics
+    for w in result.warnings[emitted:]:
+        ctx.warn(w)
 
 
 def _fail(

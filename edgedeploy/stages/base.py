@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE
 
 if TYPE_CHECKING:
     from edgedeploy.stages.context import BuildContext
+
+
+@dataclass
+class StageResult:
+    """What a stage returns, cached as a whole: JSON-able metrics, warnings for the user, notes for the report.
+
+    A stage that fails after measuring something attaches its partial result to the error
+    (``DeployError.partial``) instead of writing into the context.
+    """
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": self.metrics, "warnings": list(self.warnings), "notes": list(self.notes)}
+
+    @classmethod
+    def of(cls, value: Any) -> StageResult:
+        """A result from what ``run`` returned (a StageResult, a metrics dict, or None)."""
+        if isinstance(value, StageResult):
+            return value
+        return cls(metrics=dict(value or {}))
 
 
 class Stage(ABC):
@@ -23,6 +47,7 @@ class Stage(ABC):
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
+    cacheable: ClassVar[bool] = True  # False: always run (a verdict on this build, like the gate)
     consumes: ClassVar[tuple[str, ...]] = ()
     produces: ClassVar[tuple[str, ...]] = ()
 
@@ -46,8 +71,10 @@ class Stage(ABC):
         return None
 
     @abstractmethod
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
-        """Do the work: write ``outputs`` into ``ctx.staging``; return JSON-able metrics.
+    def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
+        """Do the work: write ``outputs`` into ``ctx.staging``; return a :class:`StageResult`
+        (a plain metrics dict is accepted). Warnings given to ``ctx.warn`` while the stage runs
+        become part of its result, so they survive a cache hit.
 
         Raises:
             DeployError: a subclass naming what failed and how to fix it.

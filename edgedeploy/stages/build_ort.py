@@ -7,12 +7,13 @@ from typing import Any
 
 from edgedeploy.artifacts import PRECISION_MODELS, RUNTIME_INFO, deploy_model_name
 from edgedeploy.onnxtools.ort import ort_session
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 
 
 class OrtModelFromOnnx(Stage):
-    name = "build"
+    name = names.BUILD
     version = "1"
     consumes = tuple(dict.fromkeys(PRECISION_MODELS.values()))
     produces = (RUNTIME_INFO,)

@@ -18,6 +18,7 @@ from typing import Any
 from edgedeploy.artifacts import GOLDENS
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 from edgedeploy.trt.plan import (
@@ -72,7 +73,7 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 
 class BundleFromOnnx(Stage):
-    name = "build"
+    name = names.BUILD
     version = "1"
     consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
 

@@ -21,6 +21,7 @@ from edgedeploy.errors import StageError
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, quiet_torch, root_cause, torch_args, user_frame
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 
@@ -28,7 +29,7 @@ CAPTURE_ATOL = 1e-4
 
 
 class TorchScriptFromModel(Stage):
-    name = "capture"
+    name = names.CAPTURE
     version = "2"
     produces = (TORCHSCRIPT,)
 

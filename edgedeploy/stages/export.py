@@ -39,6 +39,7 @@ from edgedeploy.onnxtools.shapes import (
     probe_feeds,
     probe_points,
 )
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 
@@ -53,7 +54,7 @@ def weights_bytes(ctx: BuildContext) -> int:
 
 
 class OnnxFromTorch(Stage):
-    name = "export"
+    name = names.EXPORT
     version = "2"
     produces = (ONNX_MODEL,)
 

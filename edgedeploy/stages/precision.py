@@ -20,12 +20,13 @@ import numpy as np
 
 from edgedeploy.artifacts import CALIBRATION, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 
 
 class PrecisionFromOnnx(Stage):
-    name = "precision"
+    name = names.PRECISION
     version = "3"  # 3: 7-bit weights (reduce_range) in the onnxruntime QDQ flavour
     consumes = (ONNX_MODEL,)
 

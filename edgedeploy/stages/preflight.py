@@ -13,7 +13,8 @@ from typing import Any
 from edgedeploy.artifacts import ONNX_MODEL
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
-from edgedeploy.stages.base import Stage
+from edgedeploy.stages import names
+from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
 
 PREFLIGHT = "preflight.json"
@@ -38,7 +39,7 @@ def raise_on_errors(findings: list[Finding], target_name: str) -> None:
 
 
 class PreflightFromOnnx(Stage):
-    name = "check"
+    name = names.CHECK
     version = "2"
     consumes = (ONNX_MODEL,)
     produces = (PREFLIGHT,)
@@ -46,7 +47,7 @@ class PreflightFromOnnx(Stage):
     def config_key(self, ctx: BuildContext) -> Any:
         return {"target": ctx.target.capabilities(), "dla": ctx.cfg.build.dla_core, "precision": ctx.precision}
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         path = ctx.path(ONNX_MODEL)
         findings = check_model(path, ctx.target, dla_core=ctx.cfg.build.dla_core, precision=ctx.precision)
         if any(f.severity != "info" and f.op and not f.source for f in findings):
@@ -58,13 +59,19 @@ class PreflightFromOnnx(Stage):
         rows = [f.to_dict() for f in findings]
         (ctx.staging / PREFLIGHT).write_text(json.dumps({"target": ctx.target.name, "findings": rows}, indent=2))
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
-        ctx.metrics[self.name] = {"findings": rows, **counts}
+        metrics = {"findings": rows, **counts}
         if ctx.log and (counts["error"] or counts["warning"]):
             ctx.log(findings_table(findings))
         elif ctx.log and counts["info"]:
             ctx.log(f"  check: {counts['info']} restriction note(s) to review in {PREFLIGHT}")
-        raise_on_errors(findings, ctx.target.name)
-        for f in findings:
-            if f.severity == "warning":
-                ctx.warn(f"check: {f.op + ' ' if f.op else ''}{f.node + ': ' if f.node else ''}{f.message}")
-        return {"findings": rows, **counts}
+        try:
+            raise_on_errors(findings, ctx.target.name)
+        except UnsupportedOpsError as exc:
+            exc.partial = StageResult(metrics)
+            raise
+        warnings = [
+            f"check: {f.op + ' ' if f.op else ''}{f.node + ': ' if f.node else ''}{f.message}"
+            for f in findings
+            if f.severity == "warning"
+        ]
+        return StageResult(metrics, warnings=warnings)

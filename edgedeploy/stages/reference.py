@@ -14,12 +14,13 @@ from edgedeploy.artifacts import GOLDENS, VALIDATION_DATA
 from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
+from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 
 
 class GoldensFromTorch(Stage):
-    name = "reference"
+    name = names.REFERENCE
     version = "1"
     produces = (GOLDENS,)
 

@@ -483,11 +483,32 @@ def check_model(
     precision: str = "fp32",
     module_paths: dict[str, str] | None = None,
 ) -> list[Finding]:
-    """All preflight findings for ``model_path`` on ``target`` (dispatch on the target's runtime)."""
+    """All preflight findings for ``model_path`` on ``target`` (the target runtime's registered preflight)."""
+    from edgedeploy import runtimes
+
+    preflight = runtimes.load(runtimes.get(target.runtime).preflight)
+    findings: list[Finding] = preflight(
+        model_path, target, dla_core=dla_core, precision=precision, module_paths=module_paths
+    )
+    return findings
+
+
+def onnxruntime_preflight(model_path: str | Path, target: Any, **_: Any) -> list[Finding]:
+    """The onnxruntime runtime's preflight: a real CPU session, and the target's opset ceiling."""
+    return onnxruntime_findings(model_path, max_opset=target.max_opset)
+
+
+def tensorrt_preflight(
+    model_path: str | Path,
+    target: Any,
+    *,
+    dla_core: int | None = None,
+    precision: str = "fp32",
+    module_paths: dict[str, str] | None = None,
+) -> list[Finding]:
+    """The tensorrt runtime's preflight: every node against the op table of the target's TensorRT version."""
     import onnx
 
-    if target.runtime == "onnxruntime":
-        return onnxruntime_findings(model_path, max_opset=target.max_opset)
     model = onnx.load(str(model_path), load_external_data=False)
     return tensorrt_findings(
         model,

@@ -32,3 +32,12 @@ def ort_session(path: str | Path, *, threads: int | None = None, optimize: bool 
         return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped exceptions
         raise StageError(stage, f"ONNX Runtime cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def onnxruntime_version() -> str | None:
+    """Installed ONNX Runtime version, or None when it does not import (the runtime's environment probe)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return str(ort.__version__)

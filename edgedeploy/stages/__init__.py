@@ -10,11 +10,17 @@ if TYPE_CHECKING:
 
 
 def builders() -> dict[str, type[Stage]]:
-    """Build stage per target runtime (the only place that maps a runtime to a builder)."""
-    from edgedeploy.stages.build_ort import OrtModelFromOnnx
-    from edgedeploy.stages.build_trt import BundleFromOnnx
+    """Build stage per registered target runtime (``edgedeploy.runtimes``)."""
+    from edgedeploy import runtimes
 
-    return {"onnxruntime": OrtModelFromOnnx, "tensorrt": BundleFromOnnx}
+    return {name: runtimes.load(runtimes.get(name).build_stage) for name in runtimes.names()}
+
+
+def _builder(runtime: str) -> type[Stage]:
+    from edgedeploy import runtimes
+
+    stage: type[Stage] = runtimes.load(runtimes.get(runtime).build_stage)
+    return stage
 
 
 def pipeline_stages(target: TargetProfile) -> list[Stage]:
@@ -32,6 +38,6 @@ def pipeline_stages(target: TargetProfile) -> list[Stage]:
         OnnxFromTorch(),
         PreflightFromOnnx(),
         PrecisionFromOnnx(),
-        builders()[target.runtime](),
+        _builder(target.runtime)(),
         ParityFromGoldens(),
     ]

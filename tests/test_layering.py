@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "schema": 0,
     "policy": 0,
     "artifacts": 0,
+    "runtimes": 0,
     "config": 0,
     "targets": 0,
     "device": 0,

@@ -429,14 +429,14 @@ def _check_consistency(cfg: DeployConfig) -> None:
                 f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",
                 hint=f"use one of {', '.join(DTYPES)}",
             )
-        for d in spec.shape:
-            if isinstance(d, str) and d not in cfg.dims:
+        for size in spec.shape:
+            if isinstance(size, str) and size not in cfg.dims:
                 raise ConfigError(
-                    f"{where}: inputs[{i}] ({spec.name}) uses dim {d!r} that has no [dims.{d}] table",
-                    hint=f"add [dims.{d}] with min, opt and max",
+                    f"{where}: inputs[{i}] ({spec.name}) uses dim {size!r} that has no [dims.{size}] table",
+                    hint=f"add [dims.{size}] with min, opt and max",
                 )
-            if isinstance(d, int) and d < 1:
-                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {d}")
+            if isinstance(size, int) and size < 1:
+                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {size}")
         lo, hi = spec.range
         if lo > hi:
             raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")

@@ -49,7 +49,8 @@ class GoldensFromTorch(Stage):
                 store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
         for s, feeds in enumerate(user):
             store_goldens(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
-        np.savez(ctx.staging / GOLDENS, **arrays)
+        # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
+        np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
         if nonfinite:
             raise StageError(

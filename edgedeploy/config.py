@@ -150,7 +150,7 @@ class DeployConfig:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     validate: ValidateSection = field(default_factory=ValidateSection)
-    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/pipeline/gate.py)
+    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/validate/gate.py)
     build: BuildSection = field(default_factory=BuildSection)
     source: str = "<dict>"
     base_dir: str = "."

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "policy": 0,
     "artifacts": 0,
     "runtimes": 0,
+    "stagenames": 0,
     "config": 0,
     "targets": 0,
     "device": 0,
@@ -48,7 +49,7 @@ LAYERS: dict[str, int] = {
     "": 5,  # the package itself (re-exports the API)
 }
 # Inside stages/, these are the contract and the registry, not stages.
-STAGE_SUPPORT = {"stages", "stages.base", "stages.context", "stages.names"}
+STAGE_SUPPORT = {"stages", "stages.base", "stages.context"}
 
 
 def _root() -> Path:

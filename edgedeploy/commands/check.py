@@ -66,10 +66,10 @@ def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
 
 
 def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
+    from edgedeploy import stagenames as names
     from edgedeploy.config import load_config
     from edgedeploy.errors import UnsupportedOpsError
     from edgedeploy.pipeline.runner import run_build
-    from edgedeploy.stages import names
     from edgedeploy.stages.export import OnnxFromTorch
     from edgedeploy.stages.preflight import PreflightFromOnnx
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
-from edgedeploy.stages import names
 from edgedeploy.targets import TargetProfile
 
-REPORT = "report.json"
 SCHEMA = "edgedeploy-report/1"
 
 

@@ -116,7 +116,7 @@ def junit_xml(report: dict[str, Any]) -> str:
     if gate:
         suite = _suite(root, "gate")
         for chk in gate.get("checks", []):
-            case = _case(suite, "edgedeploy.pipeline.gate", chk["id"])
+            case = _case(suite, "edgedeploy.gate", chk["id"])
             if not chk["passed"]:
                 ET.SubElement(case, "failure", message=chk["message"], type=chk["kind"])
     error = report.get("error")

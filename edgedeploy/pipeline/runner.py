@@ -76,8 +76,9 @@ def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> li
     Raises:
         ConfigError: the policy file is invalid.
     """
-    from edgedeploy.pipeline.gate import GateFromReport, policy_for_build
     from edgedeploy.stages import pipeline_stages
+    from edgedeploy.stages.gate import GateFromReport
+    from edgedeploy.validate.gate import policy_for_build
 
     stages = pipeline_stages(target)
     if cfg is not None and policy_for_build(cfg) is not None:

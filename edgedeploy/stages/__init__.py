@@ -1,4 +1,9 @@
-"""Pipeline stages, one per module, each named by what it makes from what."""
+"""Pipeline stages (layer 3): orchestration only, one stage per module, each named by what it makes
+from what. ``base`` holds the contract (``Stage``, ``StageResult``), ``context`` the build's state.
+
+A stage module may import ``base`` and ``context``, domain packages, tools and plain data; never
+another stage module, ``pipeline`` or the entry points. This package maps a target to its stages.
+"""
 
 from __future__ import annotations
 

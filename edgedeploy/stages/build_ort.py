@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import PRECISION_MODELS, RUNTIME_INFO, deploy_model_name
 from edgedeploy.onnxtools.ort import ort_session
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 

@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 from edgedeploy.trt.plan import (

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import EXPORTED_PROGRAM, TORCHSCRIPT
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, quiet_torch, root_cause, torch_args, user_frame
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.inputs import feeds_with_dims
@@ -39,7 +40,6 @@ from edgedeploy.onnxtools.shapes import (
     probe_feeds,
     probe_points,
 )
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIBRATION, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import ONNX_MODEL
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
 

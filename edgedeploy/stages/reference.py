@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS, VALIDATION_DATA
 from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 

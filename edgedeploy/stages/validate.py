@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.modelio.goldens import load_goldens
-from edgedeploy.stages import names
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
 from edgedeploy.validate.latency import measure

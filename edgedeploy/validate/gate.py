@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
     ArtifactIntegrityError,
     DeployError,
@@ -25,13 +26,10 @@ from edgedeploy.errors import (
     PerformanceRegressionError,
     StageError,
 )
-from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.report import REPORT, build_report
+from edgedeploy.fileio.integrity import verify_artifacts
 from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
-from edgedeploy.stages import names
-from edgedeploy.stages.base import Stage, StageResult
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stagenames import GATE, VALIDATE
 from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
@@ -92,7 +90,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError(names.GATE, message, hint="fix the build failure first; see its report")
+            return StageError(GATE, message, hint="fix the build failure first; see its report")
         err = _ERRORS[code](message, hint="see the failing checks listed above")
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -319,44 +317,14 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-class GateFromReport(Stage):
-    """The release gate at the end of ``deploy build`` (before publishing), appended when the build has a policy.
-
-    It judges the build's report as it stands after validation (integrity is not checked here: the runner
-    writes the manifest right after). The verdict is the stage's metrics, in report.json either way.
-    """
-
-    name = names.GATE
-    version = "1"
-    cacheable = False  # a verdict on this build and its baseline, never replayed
-
-    def run(self, ctx: BuildContext) -> StageResult:
-        """Judge the build against its policy.
-
-        Raises:
-            ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log),
-                with the verdict attached as the partial result.
-            InputError: the policy's baseline report is missing or unreadable.
-        """
-        policy = policy_for_build(ctx.cfg)
-        if policy is None:
-            return StageResult({"status": "skipped", "reason": "no policy"})
-        report = build_report(
-            cfg=ctx.cfg,
-            target=ctx.target,
-            stages=[],
-            metrics=ctx.metrics,
-            warnings=ctx.warnings,
-            status="passed",
-            seconds=0.0,
-        )
-        baseline = load_report(policy.baseline)[0] if policy.baseline else None
-        result = evaluate(report, policy, baseline=baseline)
-        if ctx.log:
-            for check in result.failures:
-                ctx.log(f"  gate {check.line()}")
-        if not result.passed:
-            error = result.error()
-            error.partial = StageResult(result.to_dict())
-            raise error
-        return StageResult(result.to_dict())
+def judged_view(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a passing build's report the gate judges, from the stages' metrics so far
+    (the same ``parity`` / ``latency`` entries report.json gets)."""
+    validate = metrics.get(VALIDATE) or {}
+    not_run = {"status": "skipped", "reason": "validate stage did not run"}
+    return {
+        "schema": "edgedeploy-report/1",
+        "status": "passed",
+        "parity": validate.get("parity", not_run),
+        "latency": validate.get("latency", not_run),
+    }

@@ -11,11 +11,11 @@ import pytest
 from conftest import write_tiny_project
 
 from edgedeploy import runtimes
+from edgedeploy import stagenames as names
 from edgedeploy.artifacts import PRECISION_MODELS, deploy_model_name
 from edgedeploy.config import load_config
 from edgedeploy.errors import ConfigError
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy import stagenames as names
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.targets import load_target_file
 

@@ -38,6 +38,7 @@ def test_warnings_survive_a_cache_hit(tmp_path: Path) -> None:
     second = run_build(cfg, stages=[NoteFromNothing()], log=lambda _: None)
     assert [s.status for s in second.stages] == ["cached"]
     assert first.report["warnings"] == second.report["warnings"] == ["toy: something to look at"]
+    assert not second.ok  # passed, but nothing was validated against PyTorch
 
 
 def test_a_missing_declared_input_is_an_error(tmp_path: Path) -> None:

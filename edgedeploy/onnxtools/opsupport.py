@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.errors import UnsupportedOpsError
+
 SEVERITIES = ("error", "warning", "info")
 _TABLE_FILE = re.compile(r"^trt-(\d+(?:\.\d+)*)\.json$")
 
@@ -534,3 +536,21 @@ def findings_table(findings: list[Finding] | list[dict[str, str]]) -> str:
     counts = {s: sum(r["severity"] == s for r in rows) for s in SEVERITIES}
     lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)")
     return "\n".join(lines)
+
+
+def raise_on_errors(findings: list[Finding], target_name: str) -> None:
+    """Raise once for all error findings.
+
+    Raises:
+        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
+    """
+    errors = [f for f in findings if f.severity == "error"]
+    if not errors:
+        return
+    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    raise UnsupportedOpsError(
+        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
+        findings=[f.to_dict() for f in findings],
+        hint=errors[0].fix,
+    )

@@ -63,7 +63,14 @@ class BuildResult:
 
     @property
     def ok(self) -> bool:
-        return self.report.get("status") == "passed"
+        """True when the build passed and its artifacts were validated against PyTorch here.
+
+        False for a passing build that is not validated yet: a TensorRT bundle (complete_bundle.py
+        validates the engine on the device) or a run whose stages did not include validation.
+        A failing build raises instead of returning.
+        """
+        parity = self.report.get("parity") or {}
+        return self.report.get("status") == "passed" and parity.get("status") == "passed"
 
     def artifact(self, name: str) -> Path:
         return self.out / name

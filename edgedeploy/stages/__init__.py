@@ -31,9 +31,9 @@ def _builder(runtime: str) -> type[Stage]:
 def pipeline_stages(target: TargetProfile) -> list[Stage]:
     """The ordered stages of ``deploy build`` for ``target``."""
     from edgedeploy.stages.capture import TorchScriptFromModel
+    from edgedeploy.stages.check import PreflightFromOnnx
     from edgedeploy.stages.export import OnnxFromTorch
     from edgedeploy.stages.precision import PrecisionFromOnnx
-    from edgedeploy.stages.preflight import PreflightFromOnnx
     from edgedeploy.stages.reference import GoldensFromTorch
     from edgedeploy.stages.validate import ParityFromGoldens
 

@@ -11,31 +11,11 @@ import json
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import ONNX_MODEL
+from edgedeploy.artifacts import ONNX_MODEL, PREFLIGHT
 from edgedeploy.errors import UnsupportedOpsError
-from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
+from edgedeploy.onnxtools.opsupport import check_model, findings_table, module_files, raise_on_errors
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
-
-PREFLIGHT = "preflight.json"
-
-
-def raise_on_errors(findings: list[Finding], target_name: str) -> None:
-    """Raise once for all error findings.
-
-    Raises:
-        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
-    """
-    errors = [f for f in findings if f.severity == "error"]
-    if not errors:
-        return
-    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
-    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
-    raise UnsupportedOpsError(
-        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
-        findings=[f.to_dict() for f in findings],
-        hint=errors[0].fix,
-    )
 
 
 class PreflightFromOnnx(Stage):

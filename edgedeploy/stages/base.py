@@ -38,11 +38,14 @@ class StageResult:
 class Stage(ABC):
     """One step of the pipeline, named by what it makes from what (``OnnxFromTorch``).
 
-    A stage declares the artifacts it consumes (files earlier stages wrote into the
-    staging folder, or external inputs such as ``checkpoint``) and the files it
-    produces. Its cache key hashes ``name``, ``version``, :meth:`config_key` and the
-    sha256 of everything in ``consumes``; when the key is unchanged the stage is not
-    run and its files and metrics come from the cache.
+    A stage declares the staging files it consumes (written by earlier stages; optional
+    ones may be absent), the external inputs it depends on (:meth:`inputs`: checkpoint,
+    user code, calibration or validation data; a declared input the build lacks is an
+    error) and the files it produces. Its cache key hashes ``name``, ``version``,
+    :meth:`config_key`, the consumed files and the inputs; when the key is unchanged the
+    stage is not run and its files and whole :class:`StageResult` (warnings included)
+    come from the cache. Stages never import each other: shared code lives in the tool
+    and domain packages, shared names in ``edgedeploy.artifacts``.
     """
 
     name: ClassVar[str]

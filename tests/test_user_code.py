@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import TINY_TOML, write_tiny_project
 
 import edgedeploy
@@ -107,3 +108,14 @@ def test_validation_data_changed_in_place_reruns_reference_and_validate(tmp_path
     assert status["reference"] == "ran" and status["validate"] == "ran", status
     assert status["export"] == "cached"
     assert (second.out / "goldens.npz").read_bytes() != goldens_first
+
+
+def test_a_factory_that_fails_to_import_writes_nothing(tmp_path: Path) -> None:
+    from edgedeploy.errors import ConfigError
+
+    cfg = write_tiny_project(tmp_path / "proj")
+    (tmp_path / "proj" / "tinynet.py").write_text("raise RuntimeError('broken on import')\n")
+    with pytest.raises(ConfigError, match="broken on import"):
+        edgedeploy.build(cfg, log=lambda _: None)
+    out = tmp_path / "proj" / "out"
+    assert not list(out.glob(".staging-*")) and not (out / "model.onnx").exists()

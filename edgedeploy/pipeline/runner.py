@@ -137,14 +137,15 @@ def run_build(
     out.mkdir(parents=True, exist_ok=True)
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
     staging = out / f".staging-{uuid.uuid4().hex[:8]}"
+    # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
+    external = _external_inputs(cfg)
+    usercode.forget()  # modules an earlier build in this process imported are imported afresh
+    loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
+    stages = stages if stages is not None else default_stages(target, cfg)
     staging.mkdir(parents=True)
-    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
-    # the user's code, loaded once for this build: every file it imported is an input of the model
-    usercode.forget()
-    loaded = usercode.load_factory(cfg)
+    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
     ctx.factory = loaded.factory
     ctx.groups[MODEL_CODE] = loaded.files
-    stages = stages if stages is not None else default_stages(target, cfg)
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edgedeploy.errors import ConfigError
-    from edgedeploy.pipeline.signing import generate_keypair, sign_release
+    from edgedeploy.fileio.signing import generate_keypair, sign_release
 
     if args.generate_key:
         key, pub = generate_keypair(args.generate_key)

@@ -46,7 +46,7 @@ PLAN = "plan.json"
 ENGINE_RECORD = "engine.json"
 ENGINE_SCHEMA = "edgedeploy-engine/1"
 VALIDATION = "validation.json"
-SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.pipeline.parity"}
+SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.validate.parity"}
 
 if __name__ == "__main__":  # also any other entry naming this folder (PYTHONPATH=.), now that os is safe to import
     _HERE = os.path.dirname(os.path.realpath(__file__))

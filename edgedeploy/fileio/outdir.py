@@ -29,7 +29,7 @@ MARKER = ".edgedeploy-out"
 MARKER_SCHEMA = "edgedeploy-out/1"
 CACHE_DIR = ".cache"
 FAILED_DIR = ".last-failed"
-SIGNATURE = "release.sig"  # written by 'deploy sign' (edgedeploy.pipeline.signing); part of the release
+SIGNATURE = "release.sig"  # written by 'deploy sign' (edgedeploy.fileio.signing); part of the release
 # what the device step (complete_bundle.py) writes beside a bundle.json; a rebuild replaces them with the bundle
 DEVICE_OUTPUTS = ("model.engine", "engine.json", "validation.json", "timing.cache")
 _RENAME_EXCHANGE = 2

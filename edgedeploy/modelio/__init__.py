@@ -1,1 +1,9 @@
-"""The model side of a build: checkpoints, input specs, the PyTorch model and what it accepts."""
+"""Tools over PyTorch models and their inputs (layer 1).
+
+Owns: checkpoint reading and model construction (``checkpoint``), seeded inputs (``inputs``),
+goldens I/O (``goldens``), the one loader of user code (``usercode``), torch helpers
+(``torchutil``: quiet_torch, root_cause, flatten), and what a model must satisfy before a build
+runs it (``admission``: checkpoint dtypes, a dry forward at the min shape). May import layer 0
+(errors, config, artifacts, targets), ``fileio`` and other ``modelio`` modules; never stages,
+pipeline or domain packages.
+"""

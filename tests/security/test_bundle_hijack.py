@@ -15,7 +15,7 @@ from conftest import TINY_TOML, write_tiny_project
 from edgedeploy.api import build
 from edgedeploy.cli import main
 from edgedeploy.device import complete_bundle as device
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('pwned')\n"
 

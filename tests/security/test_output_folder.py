@@ -14,8 +14,8 @@ import pytest
 import edgedeploy
 from edgedeploy.errors import ConfigError, DeployError, InputError
 from edgedeploy.fileio import outdir
+from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.outdir import OutputFolder
-from edgedeploy.pipeline.hashing import sha256_file
 from edgedeploy.pipeline.manifest import verify_artifacts
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 import edgedeploy
+from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.stable import stable_json
-from edgedeploy.pipeline.hashing import sha256_file
 
 
 def _cold_build(project: Path, out: Path, calib: Path) -> edgedeploy.api.BuildResult:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
     ArtifactIntegrityError,
     DeployError,
@@ -25,11 +26,11 @@ from edgedeploy.errors import (
     PerformanceRegressionError,
     StageError,
 )
-from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.parity import NON_FINITE
-from edgedeploy.pipeline.report import REPORT
+from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
-from edgedeploy.validate.policy import GatePolicy
+from edgedeploy.stagenames import GATE, VALIDATE
+from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
@@ -89,7 +90,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError("gate", message, hint="fix the build failure first; see its report")
+            return StageError(GATE, message, hint="fix the build failure first; see its report")
         err = _ERRORS[code](message, hint="see the failing checks listed above")
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -180,10 +181,10 @@ def _integrity(folder: Path) -> GateCheck:
 
 
 def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
-    """The report, the manifest and the model they name belong together (see pipeline.signing)."""
+    """The report, the manifest and the model they name belong together (see fileio.signing)."""
+    from edgedeploy.fileio.integrity import read_manifest
     from edgedeploy.fileio.outdir import confined
-    from edgedeploy.pipeline.manifest import read_manifest
-    from edgedeploy.pipeline.signing import binding_problems
+    from edgedeploy.fileio.signing import binding_problems
 
     problems = binding_problems(report, read_manifest(folder) or {})
     model = report.get("model") or {}
@@ -201,7 +202,7 @@ def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
 
 
 def _signature(folder: Path, public_key: str | Path) -> GateCheck:
-    from edgedeploy.pipeline.signing import verify_release
+    from edgedeploy.fileio.signing import verify_release
 
     try:
         verify_release(folder, public_key)
@@ -342,14 +343,14 @@ def run_gate(
     report, folder = load_report(report_path)
     policy = load_policy(policy_path) if policy_path else GatePolicy()
     base = baseline_path or policy.baseline
-    baseline = _checked_baseline(base, policy) if base else None
+    baseline = load_baseline(base, policy) if base else None
     # a failed build publishes no manifest: judge the failure itself, not the missing files
     checked = folder if report.get("status") == "passed" else None
     result = evaluate(report, policy, folder=checked, baseline=baseline)
     return GateResult([signature, *result.checks]) if signature else result
 
 
-def _checked_baseline(path: str | Path, policy: GatePolicy) -> dict[str, Any]:
+def load_baseline(path: str | Path, policy: GatePolicy) -> dict[str, Any]:
     """The baseline report, refused when a latency it holds is no measurement (0, negative, NaN, inf).
 
     A zero or NaN baseline would make every regression look like +0%, silently disabling the check.
@@ -389,31 +390,14 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-def gate_build(ctx: Any) -> None:
-    """The gate at the end of ``deploy build`` (before publishing), when the build has a policy.
-
-    Integrity is not checked here: the runner writes the manifest right after. The verdict goes into
-    ``ctx.metrics["gate"]`` (and so into report.json) whether it passes or not.
-
-    Raises:
-        ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log).
-        InputError: the policy's baseline report is missing or unreadable.
-    """
-    policy = policy_for_build(ctx.cfg)
-    if policy is None:
-        return
-    validate = ctx.metrics.get("validate") or {}
-    report = {
+def judged_view(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a passing build's report the gate judges, from the stages' metrics so far
+    (the same ``parity`` / ``latency`` entries report.json gets)."""
+    validate = metrics.get(VALIDATE) or {}
+    not_run = {"status": "skipped", "reason": "validate stage did not run"}
+    return {
         "schema": "edgedeploy-report/1",
         "status": "passed",
-        "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
-        "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
+        "parity": validate.get("parity", not_run),
+        "latency": validate.get("latency", not_run),
     }
-    baseline = _checked_baseline(policy.baseline, policy) if policy.baseline else None
-    result = evaluate(report, policy, baseline=baseline)
-    ctx.metrics["gate"] = result.to_dict()
-    if ctx.log:
-        for check in result.failures:
-            ctx.log(f"  gate {check.line()}")
-    if not result.passed:
-        raise result.error()

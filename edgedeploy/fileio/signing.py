@@ -129,7 +129,7 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
     """
     import json
 
-    from edgedeploy.pipeline.manifest import read_manifest, verify_artifacts
+    from edgedeploy.fileio.integrity import read_manifest, verify_artifacts
 
     folder = Path(folder).resolve()
     verify_artifacts(folder)

@@ -169,7 +169,18 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # cpu_offload would hand the full state to rank 0 only; every rank needs it for its weight digest
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    return {k: v.detach().cpu() for k, v in full.items()}
+
+
+def local_param_numel(model: nn.Module) -> int:
+    """Parameter elements this rank holds (its shards under FSDP, everything otherwise)."""
+    total = 0
+    for p in unwrap(model).parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel()
+    return total
 
 
 class EpochLoader:

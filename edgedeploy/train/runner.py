@@ -262,6 +262,7 @@ def _run(
         static_graph=r.ddp.static_graph,
         gradient_as_bucket_view=r.ddp.gradient_as_bucket_view,
     )
+    held = D.local_param_numel(model)  # under FSDP: this rank's shard only
     compiled = False
     if r.compile:
 
@@ -371,7 +372,13 @@ def _run(
             save_kwargs["temperature"] = T
         # final metadata: adds run totals and every rank's weight digest (proof the replicas agree)
         meta = _metadata(cfg, splits, save_kwargs, metrics, outputs if temperature_out else list(cfg.deploy.outputs))
-        meta["distributed"] = {"world_size": info.world_size, "strategy": r.strategy, "replica_digests": digests}
+        meta["distributed"] = {
+            "world_size": info.world_size,
+            "strategy": r.strategy,
+            "replica_digests": digests,
+            "param_numel": sum(v.numel() for k, v in weights.items() if k in dict(model.named_parameters())),
+            "rank0_param_numel_held": held,
+        }
         if isinstance(T, float):
             meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
         if frozen:

@@ -131,6 +131,9 @@ def wrap_model(
                 "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
                 hint="use strategy = 'ddp' or upgrade torch",
             ) from None
+        with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
         for child in model.children():  # shard per top-level block, then the rest: overlapped gathers
             if any(p.requires_grad for p in child.parameters()):
                 fully_shard(child)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import sys
 import time
 import warnings
@@ -214,6 +215,24 @@ def _run(
     model = build_model(cfg).to(device)
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
     loss_fn = _loss(cfg, splits, device)
+    d = cfg.data
+    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    probe = _probe_batch(eval_loader)
+    if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
+        graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
+        say(f"graph: {graph}")
+    r = cfg.run
+    wrap = functools.partial(
+        D.wrap_model,
+        info=info,
+        device=device,
+        strategy=r.strategy,
+        find_unused_parameters=r.ddp.find_unused_parameters,
+        static_graph=r.ddp.static_graph,
+        gradient_as_bucket_view=r.ddp.gradient_as_bucket_view,
+    )
+    # FSDP replaces the parameters with sharded ones: the optimizer must see those (no resume here)
+    train_model = wrap(model) if fsdp else model
     optimizer = _optimizer(cfg, model, loss_fn)
     amp = MixedPrecision(device, cfg.run.precision)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
@@ -229,7 +248,6 @@ def _run(
         pin_memory=d.pin_memory and device.type == "cuda",
         stream_samples=splits.train_samples,
     )
-    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
     steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
     scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
     folded: dict[str, Any] = {}
@@ -248,20 +266,8 @@ def _run(
             warnings.simplefilter("ignore", UserWarning)
             for _ in range(state.optimizer_steps):  # pure functions of the steps actually taken
                 scheduler.step()
-    probe = _probe_batch(eval_loader)
-    if cfg.run.graph and info.is_main:
-        graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
-        say(f"graph: {graph}")
-    r = cfg.run
-    train_model = D.wrap_model(
-        model,
-        info,
-        device,
-        strategy=r.strategy,
-        find_unused_parameters=r.ddp.find_unused_parameters,
-        static_graph=r.ddp.static_graph,
-        gradient_as_bucket_view=r.ddp.gradient_as_bucket_view,
-    )
+    if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
+        train_model = wrap(model)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
     compiled = False
     if r.compile:

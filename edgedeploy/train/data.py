@@ -38,6 +38,7 @@ class Splits:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     train_samples: int | None = None
     calibration: dict[str, np.ndarray] = field(default_factory=dict)  # a few training inputs, by input name
+    validation: dict[str, np.ndarray] = field(default_factory=dict)  # held-out inputs, by input name
     provenance: dict[str, Any] = field(default_factory=dict)
 
 

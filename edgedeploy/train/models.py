@@ -76,3 +76,65 @@ def mlp(
 ) -> MLP:  # fmt: skip
     """Factory ``edgedeploy.train.models:mlp``."""
     return MLP(in_features, tuple(hidden), num_classes, temperature)
+
+
+class BertBiLSTMClassifier(nn.Module):
+    """BERT encoder -> BiLSTM over its token states -> masked additive self-attention pooling -> linear.
+
+    The seed's hybrid text classifier: BERT extracts contextual features, the BiLSTM adds sequential
+    (long-range, order-sensitive) modelling, attention weights the informative tokens. Inputs are
+    ``input_ids`` and ``attention_mask`` (int64, ``(batch, length)``); padding gets zero attention.
+    ``freeze_layers`` keeps the embeddings and the lowest BERT layers fixed (the seed froze 6 of 12).
+    Built from a ``transformers.BertConfig`` (random init; no hub download), eager attention so the
+    ONNX export is plain MatMul/Softmax.
+    """
+
+    def __init__(
+        self, vocab_size: int, num_classes: int, *, hidden: int = 256, layers: int = 4, heads: int = 4,
+        intermediate: int = 1024, max_length: int = 128, lstm_hidden: int = 128, dropout: float = 0.1,
+        freeze_layers: int = 0, temperature: float | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        try:
+            from transformers import BertConfig, BertModel
+        except ImportError:
+            from edgedeploy.errors import ConfigError
+
+            raise ConfigError(
+                "the BERT + BiLSTM classifier needs transformers", hint="pip install 'edgedeploy[hf]'"
+            ) from None
+        config = BertConfig(
+            vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=intermediate, max_position_embeddings=max_length, hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout, attn_implementation="eager",
+        )  # fmt: skip
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.lstm = nn.LSTM(hidden, lstm_hidden, batch_first=True, bidirectional=True)
+        self.attn = nn.Linear(2 * lstm_hidden, 1)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * lstm_hidden, num_classes)
+        self.temperature = temperature
+        if freeze_layers:
+            frozen = [self.bert.embeddings, *self.bert.encoder.layer[:freeze_layers]]
+            for module in frozen:
+                for p in module.parameters():
+                    p.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        states = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        seq, _ = self.lstm(states)
+        scores = self.attn(seq).squeeze(-1)
+        scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1).unsqueeze(-1)
+        pooled = (weights * seq).sum(dim=1)
+        return _with_probabilities(self.head(self.dropout(pooled)), self.temperature)
+
+
+def bert_bilstm_classifier(
+    vocab_size: int, num_classes: int, tiny: bool = False, temperature: float | None = None, **overrides
+) -> BertBiLSTMClassifier:
+    """Factory ``edgedeploy.train.models:bert_bilstm_classifier``; ``tiny = true`` is a 2-layer,
+    hidden-32 BERT for tests and CPU examples (keys given in ``overrides`` still win)."""
+    sizes = dict(hidden=32, layers=2, heads=2, intermediate=64, lstm_hidden=32) if tiny else {}
+    sizes.update(overrides)
+    return BertBiLSTMClassifier(vocab_size, num_classes, temperature=temperature, **sizes)

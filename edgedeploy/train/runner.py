@@ -392,10 +392,12 @@ def _run(
         save_checkpoint(
             ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
         )
-        if splits.calibration:
-            import numpy as np
+        if splits.calibration:  # for deploy build: precision.calib (training inputs) and
+            import numpy as np  # validate.data (held-out inputs, never calibrated on)
 
             np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **splits.calibration)
+            most = cfg.deploy.batch[2]  # one batch within the deployed dims
+            np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in splits.validation.items()})
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
     D.barrier(info)
     if len(set(digests)) > 1:

@@ -441,6 +441,7 @@ def _hf_text(cfg: TrainConfig) -> Splits:
             {"name": "attention_mask", "shape": ["batch", length], "dtype": "int64", "range": [0, 1]},
         ],
         calibration={"input_ids": ids[:128].numpy(), "attention_mask": mask[:128].numpy()},
+        validation={"input_ids": tids.numpy(), "attention_mask": tmask.numpy()},
         provenance={"kind": "hf_text", "location": str(path), "train_samples": len(texts), "vocab_size": vocab},
     )
 

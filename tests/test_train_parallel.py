@@ -126,7 +126,7 @@ def test_ten_ddp_runs_in_a_row_all_exit_0(tmp_path):
 def test_webdataset_shards_on_two_ranks_match_single_process_accuracy(tmp_path):
     from tests.test_train_data import make_shards
 
-    make_shards(tmp_path / "shards", 40, shards=4)
+    make_shards(tmp_path / "shards", 40, shards=4, test_every=4)
     toml = tmp_path / "wds.toml"
     toml.write_text(
         textwrap.dedent(
@@ -158,7 +158,10 @@ def test_webdataset_shards_on_two_ranks_match_single_process_accuracy(tmp_path):
         capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-2000:]
-    two = _torchrun(["--standalone", "--nproc_per_node", "2"], toml, tmp_path / "two", tmp_path, timeout=400)
+    # same effective batch (2 ranks x 4 = 8) and so the same number of steps as the single process
+    toml2 = tmp_path / "wds2.toml"
+    toml2.write_text(toml.read_text().replace("batch_size = 8", "batch_size = 4"))
+    two = _torchrun(["--standalone", "--nproc_per_node", "2"], toml2, tmp_path / "two", tmp_path, timeout=400)
     assert two.returncode == 0, two.stderr[-2000:]
     acc1 = json.loads((tmp_path / "one" / "model.meta.json").read_text())["metrics"]["test_accuracy"]
     acc2 = json.loads((tmp_path / "two" / "model.meta.json").read_text())["metrics"]["test_accuracy"]

@@ -122,6 +122,9 @@ class BertBiLSTMClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         states = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # zero the padded positions: the backward LSTM runs through them into the real tokens, and
+        # packed sequences do not export to ONNX; zeros make padding content irrelevant
+        states = states * attention_mask.unsqueeze(-1).to(states.dtype)
         seq, _ = self.lstm(states)
         scores = self.attn(seq).squeeze(-1)
         scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)

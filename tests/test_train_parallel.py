@@ -12,7 +12,6 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import load_file
 
 TOML = """

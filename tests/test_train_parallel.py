@@ -131,8 +131,8 @@ def test_webdataset_shards_on_two_ranks_match_single_process_accuracy(tmp_path):
         textwrap.dedent(
             """
             [model]
-            factory = "edgedeploy.train.models:digits_cnn"
-            kwargs = { channels = 8, num_classes = 3 }
+            factory = "edgedeploy.train.models:mlp"   # no BatchNorm: per-rank batch statistics would differ
+            kwargs = { in_features = 256, hidden = [64], num_classes = 3 }
             [data]
             dataset = "webdataset"
             path = "shards/train-{00..03}.tar"
@@ -145,7 +145,7 @@ def test_webdataset_shards_on_two_ranks_match_single_process_accuracy(tmp_path):
             [monitor]
             memory = false
             [run]
-            epochs = 8
+            epochs = 10
             device = "cpu"
             backend = "gloo"
             threads = 1

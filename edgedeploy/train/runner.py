@@ -392,17 +392,49 @@ def _run(
         save_checkpoint(
             ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
         )
-        if splits.calibration:  # for deploy build: precision.calib (training inputs) and
-            import numpy as np  # validate.data (held-out inputs, never calibrated on)
-
-            np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **splits.calibration)
-            most = cfg.deploy.batch[2]  # one batch within the deployed dims
-            np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in splits.validation.items()})
+        _write_deploy_data(cfg, splits, out)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
     D.barrier(info)
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
+    """``<name>.calib.npz`` (training inputs, for precision.calib) and ``<name>.validate.npz`` (held-out
+    inputs, never trained or calibrated on, for validate.data), keyed by input name, in the deployed dims."""
+    import numpy as np
+
+    names = [spec["name"] for spec in _input_specs(cfg, splits)]
+    most = cfg.deploy.batch[2]
+    calib = splits.calibration or _inputs_of(splits.train, names, 128, plain=True)
+    held = splits.validation or _inputs_of(splits.test, names, most)
+    if calib:
+        np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **calib)
+    if held:
+        np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in held.items()})
+
+
+def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:
+    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``)."""
+    import numpy as np
+
+    if plain and getattr(dataset, "transform", None) is not None:
+        dataset = copy.copy(dataset)
+        dataset.transform = None
+    loader = torch.utils.data.DataLoader(dataset, batch_size=min(limit, 64))
+    parts: list[list[np.ndarray]] = [[] for _ in names]
+    seen = 0
+    for x, _ in loader:
+        xs = list(x) if isinstance(x, (tuple, list)) else [x]
+        if len(xs) != len(names) or not all(isinstance(t, torch.Tensor) for t in xs):
+            return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
+        for part, t in zip(parts, xs):
+            part.append(t.numpy())
+        seen += len(xs[0])
+        if seen >= limit:
+            break
+    return {n: np.concatenate(p)[:limit] for n, p in zip(names, parts)} if seen else {}
 
 
 def _count(dataset: Any, fallback: int | None) -> str:

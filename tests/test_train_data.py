@@ -229,3 +229,16 @@ def test_callable_returns_datasets(tmp_path):
     assert result.state.step == 2 * 1  # 30 samples, batch 64: one step per epoch
     with pytest.raises(InputError, match=r"must return \(train_dataset, test_dataset"):
         load_splits(_cfg(tmp_path, {"dataset": "callable", "callable": "mydata:broken"}, model))
+
+
+def test_a_model_that_does_not_fit_the_data_fails_in_one_line(tmp_path):
+    x = np.random.default_rng(0).random((30, 4), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(30) % 3)
+    wrong_size = {"factory": "edgedeploy.train.models:mlp", "kwargs": {"in_features": 5, "num_classes": 3}}
+    with pytest.raises(ConfigError, match=r"does not fit the data \(inputs \[\(2, 4\)\]\): mat1 and mat2") as exc:
+        run_training(_cfg(tmp_path, {"dataset": "npz", "path": "d.npz"}, wrong_size), tmp_path / "a", log=QUIET)
+    assert "model.kwargs" in exc.value.one_line()
+    too_few = {"factory": "edgedeploy.train.models:mlp", "kwargs": {"in_features": 4, "num_classes": 2}}
+    with pytest.raises(ConfigError, match=r"returns shape \(2, 2\) for 3 classes"):
+        run_training(_cfg(tmp_path, {"dataset": "npz", "path": "d.npz"}, too_few), tmp_path / "b", log=QUIET)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

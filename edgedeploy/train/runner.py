@@ -218,6 +218,7 @@ def _run(
     d = cfg.data
     eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
     probe = _probe_batch(eval_loader)
+    _check_model_fits(cfg, model, to_device(probe, device), splits.num_classes)
     if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
         graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
         say(f"graph: {graph}")
@@ -398,6 +399,38 @@ def _run(
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> None:
+    """One eval-mode forward on two held-out samples: a model that does not fit the data fails here in
+    one line (naming the shapes), not as a traceback in the first training step.
+
+    Raises:
+        ConfigError: the forward fails, or the model has fewer outputs than the data has classes.
+    """
+    few = probe[:2] if isinstance(probe, torch.Tensor) else type(probe)(t[:2] for t in probe)
+    shapes = [tuple(t.shape) for t in (few if isinstance(few, (tuple, list)) else [few])]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = call_model(model, few)
+    except (RuntimeError, IndexError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{cfg.source}: model {cfg.model.factory} with kwargs {dict(cfg.model.kwargs)} does not fit the data "
+            f"(inputs {shapes}): {first}",
+            hint="match model.kwargs (input size, vocab_size, max_length, num_classes) to the data",
+        ) from None
+    finally:
+        model.train(was_training)
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if logits.ndim != 2 or logits.shape[-1] < num_classes:
+        raise ConfigError(
+            f"{cfg.source}: model {cfg.model.factory} returns shape {tuple(logits.shape)} "
+            f"for {num_classes} classes in the data",
+            hint="set num_classes in model.kwargs to the number of classes",
+        )
 
 
 def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:

@@ -174,7 +174,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     # cpu_offload would hand the full state to rank 0 only; every rank needs it for its weight digest
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    return {k: v.detach().cpu() for k, v in full.items()}
+    return {k: v.detach().cpu() for k, v in full.items() if isinstance(v, torch.Tensor)}
 
 
 def local_param_numel(model: nn.Module) -> int:

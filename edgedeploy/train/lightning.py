@@ -26,7 +26,7 @@ def _lightning() -> Any:
         import lightning.pytorch as pl
     except ImportError:
         try:
-            import pytorch_lightning as pl  # the older package name
+            import pytorch_lightning as pl  # type: ignore[no-redef]  # the older package name
         except ImportError:
             raise ImportError("the Lightning adapter needs Lightning: pip install 'edgedeploy[lightning]'") from None
     return pl

@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -122,7 +122,7 @@ def train_epoch(
             optimizer.zero_grad(set_to_none=True)
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else cast(Any, model).no_sync()
         with sync:
             with amp.autocast():
                 loss = loss_fn(call_model(model, x), y)

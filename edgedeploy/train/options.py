@@ -45,8 +45,8 @@ def freeze(model: nn.Module, patterns: Sequence[str], where: str = "train config
 
 
 def compile_model(
-    model: nn.Module, backend: str, trial: Callable[[nn.Module], Any] | None, log: Callable[[str], None]
-) -> tuple[nn.Module, bool]:
+    model: nn.Module, backend: str, trial: Callable[[Any], Any] | None, log: Callable[[str], None]
+) -> tuple[Any, bool]:
     """``torch.compile(model, backend=...)``, checked by running ``trial`` once.
 
     When the backend is missing or compilation fails (no C++ compiler for inductor, an unsupported

@@ -443,9 +443,9 @@ def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
     calib = splits.calibration or _inputs_of(splits.train, names, 128, plain=True)
     held = splits.validation or _inputs_of(splits.test, names, most)
     if calib:
-        np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **calib)
+        np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **calib)  # type: ignore[arg-type]
     if held:
-        np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in held.items()})
+        np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in held.items()})  # type: ignore[arg-type]
 
 
 def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:

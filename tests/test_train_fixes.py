@@ -200,7 +200,7 @@ def _temperature_cfg(tmp_path, export: str):
 @pytest.mark.parametrize("export", ["fold", "output", "none"])
 def test_learned_temperature_reaches_the_deployed_model(tmp_path, export):
     from edgedeploy.config import config_from_dict
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
 
     cfg = _temperature_cfg(tmp_path, export)
     result = run_training(cfg, tmp_path / "run", log=lambda _l: None)

@@ -24,7 +24,7 @@ def test_trainer_fit_runs_the_grad_monitor_and_writes_a_deployable_checkpoint(tm
     import lightning.pytorch as pl
 
     from edgedeploy.config import config_from_dict
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
     from edgedeploy.train.lightning import deploy_checkpoint_callback, lightning_module
     from edgedeploy.train.models import mlp
     from edgedeploy.train.monitors import GradientFlowMonitor, lightning_callback

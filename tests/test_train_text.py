@@ -27,7 +27,7 @@ def _text_project(tmp_path, vocab: int = 300):
 
 def test_bert_bilstm_trains_on_real_text_and_its_checkpoint_loads_on_the_deploy_side(tmp_path):
     from edgedeploy.config import config_from_dict
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
     from edgedeploy.train.config import train_config_from_dict
     from edgedeploy.train.models import bert_bilstm_classifier
     from edgedeploy.train.runner import run_training

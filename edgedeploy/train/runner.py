@@ -65,7 +65,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
     Raises:
         ConfigError: the factory does not import, raises, or returns something other than a module.
     """
-    from edgedeploy.stages.checkpoint import build_model as build_from_factory
+    from edgedeploy.modelio.checkpoint import build_model as build_from_factory
 
     model = build_from_factory(cfg)  # type: ignore[arg-type]  # duck-typed: model.factory/kwargs/python_path, path()
     return init_weights(model) if cfg.model.init == "policy" else model
@@ -124,7 +124,7 @@ def _input_specs(cfg: TrainConfig, splits: Splits) -> list[dict[str, Any]]:
 def _metadata(
     cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any], outputs: list[str]
 ) -> dict[str, Any]:
-    from edgedeploy.pipeline.context import factory_source
+    from edgedeploy.modelio.usercode import factory_source
 
     bmin, bopt, bmax = cfg.deploy.batch
     src = factory_source(cfg)  # type: ignore[arg-type]  # duck-typed like build_model
@@ -305,7 +305,7 @@ def _run(
     outputs = list(cfg.deploy.outputs)
     temperature_out = cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "output"
     if temperature_out:
-        from edgedeploy.config import import_factory
+        from edgedeploy.modelio.usercode import import_factory
 
         if not accepts_temperature(import_factory(cfg)):  # type: ignore[arg-type]
             raise ConfigError(

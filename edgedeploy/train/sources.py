@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from edgedeploy.errors import ConfigError, InputError
 from edgedeploy.precision.data import IMAGE_SUFFIXES, preprocess_image
 from edgedeploy.train.config import TrainConfig
-from edgedeploy.train.data import Splits, encode_labels, outward_range, stratified_test_indices
+from edgedeploy.train.splits import Splits, encode_labels, outward_range, stratified_test_indices
 
 
 def load(cfg: TrainConfig) -> Splits:

@@ -238,7 +238,6 @@ def _run(
     amp = MixedPrecision(device, cfg.run.precision)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
     state = LoopState()
-    d = cfg.data
     train_loader = D.make_loader(
         splits.train,
         d.batch_size,

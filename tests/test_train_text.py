@@ -27,6 +27,7 @@ def _text_project(tmp_path, vocab: int = 300):
 
 def test_bert_bilstm_trains_on_real_text_and_its_checkpoint_loads_on_the_deploy_side(tmp_path):
     from edgedeploy.config import config_from_dict
+    from edgedeploy.errors import ConfigError
     from edgedeploy.modelio.checkpoint import load_model
     from edgedeploy.train.config import train_config_from_dict
     from edgedeploy.train.models import bert_bilstm_classifier
@@ -43,6 +44,9 @@ def test_bert_bilstm_trains_on_real_text_and_its_checkpoint_loads_on_the_deploy_
         "run": {"epochs": 2, "device": "cpu", "threads": 1, "freeze": ["bert.embeddings"]},
         "deploy": {"batch": [1, 4, 64]},
     }
+    small = {**raw, "model": {**raw["model"], "kwargs": {**kwargs, "vocab_size": 100}}}
+    with pytest.raises(ConfigError, match=r"'model.kwargs.vocab_size' = 100 is smaller than the tokenizer's 300"):
+        run_training(train_config_from_dict(small, source="train.toml", base_dir=tmp_path), tmp_path / "x")
     cfg = train_config_from_dict(raw, source="train.toml", base_dir=tmp_path)
     result = run_training(cfg, tmp_path / "ckpt", log=lambda _l: None)
     assert result.state.history[-1]["train_loss"] < result.state.history[0]["train_loss"]

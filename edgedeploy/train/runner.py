@@ -212,6 +212,13 @@ def _run(
         )
     splits = load_splits(cfg)
     kwargs = dict(cfg.model.kwargs)
+    vocab = splits.provenance.get("vocab_size")
+    if vocab and isinstance(kwargs.get("vocab_size"), int) and kwargs["vocab_size"] < vocab:
+        raise ConfigError(
+            f"{cfg.source}: key 'model.kwargs.vocab_size' = {kwargs['vocab_size']} is smaller than the tokenizer's "
+            f"{vocab} tokens",
+            hint=f"set vocab_size = {vocab}",
+        )
     model = build_model(cfg).to(device)
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
     loss_fn = _loss(cfg, splits, device)

@@ -49,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
 def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     from edgedeploy.errors import InputError
     from edgedeploy.onnxtools.opsupport import check_model
-    from edgedeploy.targets import get_target
 
     path = Path(args.onnx)
     if not path.is_file():
         raise InputError(f"ONNX file not found: {path}", hint="pass --onnx PATH to an existing .onnx file")
-    target = get_target(args.target or "cpu", args.targets_file)
+    from edgedeploy.targets.resolve import resolve_target
+
+    target, _ = resolve_target(args.target or "cpu", targets_file=args.targets_file)
     target.require_dla(args.dla_core)
     try:
         findings = check_model(path, target, dla_core=args.dla_core, precision=args.precision or "fp32")

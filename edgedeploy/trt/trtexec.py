@@ -41,6 +41,10 @@ def trtexec_args(plan: BuildPlan, *, trtexec: str = "trtexec") -> tuple[list[str
         argv += [f"--minShapes={_shapes(plan, 'min')}", f"--optShapes={_shapes(plan, 'opt')}"]
         argv += [f"--maxShapes={_shapes(plan, 'max')}"]
     argv.append(f"--memPoolSize=workspace:{plan.workspace_mib}" if v >= (8, 4) else f"--workspace={plan.workspace_mib}")
+    if plan.precision == "fp32":
+        # TF32 is on by default from TensorRT 7.1 (trtexec: --noTF32 to disable); FP32 engines must
+        # not run TF32 math on Ampere / Orin. The Python build clears BuilderFlag.TF32 likewise.
+        argv.append("--noTF32")
     if major < 11:
         if plan.strongly_typed:
             argv.append("--stronglyTyped")

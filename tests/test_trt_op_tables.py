@@ -81,3 +81,34 @@ def test_the_generator_lets_the_importer_source_win_and_records_both_sides():
     again = tool.apply_importer(table, spec, tool.importer_view(spec, source))  # idempotent on its own output
     assert json.dumps(again, sort_keys=True) == json.dumps(table, sort_keys=True)
     assert tool.docs_view(table)["unsupported"]["Reciprocal"] == "not supported"
+
+
+def test_dla_findings_know_the_tensorrt_version_and_dla_generation(tmp_path):
+    """Orin DLA operator matrix (TensorRT 8.5 / 8.6): Div and Softmax-on-Xavier fall back to the GPU."""
+    from edgedeploy.onnxtools.opsupport import check_model
+    from edgedeploy.targets import get_target
+
+    nodes = [
+        helper.make_node("Div", ["x", "x"], ["d"], name="div"),
+        helper.make_node("Softmax", ["d"], ["y"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])],
+    )
+    path = tmp_path / "dla.onnx"
+    import onnx
+
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+    def dla_ops(target):
+        return {
+            f.op
+            for f in check_model(path, get_target(target), dla_core=0, precision="fp16")
+            if "DLA cannot" in f.message
+        }
+
+    assert dla_ops("jetson-xavier") == {"Div", "Softmax"}  # TensorRT 8.5, first-generation DLA
+    assert dla_ops("jetson-orin") == set()  # TensorRT 10.3, Orin DLA

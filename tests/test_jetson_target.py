@@ -113,6 +113,11 @@ def test_fp32_trtexec_lines_turn_tf32_off(version):
     assert "--noTF32" not in trtexec_args(fp16)[0]
 
 
+def test_int8_trtexec_lines_enable_fp16_too():
+    argv = trtexec_args(_plan(trt_version="8.5", precision="int8", strategy="int8-calib-cache", calib_cache="c"))[0]
+    assert {"--int8", "--fp16", "--calib=c"} <= set(argv) and "--noTF32" not in argv
+
+
 def test_torch_tensorrt_never_compiles_an_int8_plan_as_fp32():
     from edgedeploy.trt.torch_builders import torch_tensorrt_settings
 

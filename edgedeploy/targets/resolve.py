@@ -175,7 +175,10 @@ def check_capabilities(target: TargetProfile, cfg: Any) -> None:
             problems.append(f"DLA needs static shapes; inputs {', '.join(dynamic)} have dynamic dims (min != max)")
             hints.append("set min = opt = max for every [dims] entry of a DLA build")
     if cfg.export.opset is not None and target.max_opset and cfg.export.opset > target.max_opset:
-        problems.append(f"export.opset {cfg.export.opset} is above target '{target.name}' (max {target.max_opset})")
+        problems.append(
+            f"export.opset = {cfg.export.opset} is above what target '{target.name}' parses "
+            f"(max opset {target.max_opset})"
+        )
         hints.append(f"drop export.opset or set it to {target.max_opset} or lower")
     if problems:
         raise TargetCapabilityError("; ".join(problems), hint="; ".join(hints) or None)

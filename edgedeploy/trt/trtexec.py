@@ -51,7 +51,7 @@ def trtexec_args(plan: BuildPlan, *, trtexec: str = "trtexec") -> tuple[list[str
         elif plan.strategy == "fp16-flag":
             argv.append("--fp16")
         elif plan.precision == "int8":
-            argv.append("--int8")
+            argv += ["--int8", "--fp16"]  # as the Python build: unquantized layers in FP16, not FP32
             if plan.calib_cache:
                 argv.append(f"--calib={plan.calib_cache}")
     if plan.fp32_layers:

@@ -221,3 +221,19 @@ def test_polygraphy_failing_with_syntax_error_is_a_clear_unavailable(fake_device
 
 def test_device_step_args_parse_unchanged():
     assert isinstance(device.parser().parse_args(["."]), argparse.Namespace)
+
+
+def test_polygraphy_that_imports_but_cannot_run_here_falls_back_to_the_bundled_runner(
+    fake_device, tmp_path, monkeypatch
+):
+    """The real polygraphy (installed in the test venv) against the fake: it fails to run, the step still passes."""
+    fake_device("10.13", "8.9")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "py36site" not in p])
+    for name in [m for m in sys.modules if m == "polygraphy" or m.startswith("polygraphy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    pytest.importorskip("polygraphy.backend.trt")
+    bundle = make_bundle(tmp_path / "b", "10.13")
+    lines: list[str] = []
+    result = run_device_step(bundle, lines)
+    assert result["status"] == "passed" and result["runner"] == "tensorrt (named tensors (execute_async_v3))"
+    assert any(line.startswith("note: ") and "trt_runner.py instead" in line for line in lines)

@@ -387,10 +387,10 @@ class TrtRunner:
             try:
                 self.session = adapter.EngineSession(engine_bytes)
                 self.label = "tensorrt (polygraphy)"
-            except adapter.TensorRTUnavailable as exc:
+            except (adapter.TensorRTUnavailable, adapter.EngineBuildError) as exc:
+                # polygraphy missing, not importable on this Python, or unable to run here (it loads
+                # libcudart itself): the bundled runner needs only TensorRT and libcuda.so.1
                 log(f"note: {exc}; running the engine with the bundled trt_runner.py instead")
-            except adapter.EngineBuildError as exc:
-                raise BuildFailed(str(exc)) from None
         if self.session is None:
             runner = sibling("trt_runner")
             try:

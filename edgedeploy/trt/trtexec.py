@@ -54,6 +54,10 @@ def trtexec_args(plan: BuildPlan, *, trtexec: str = "trtexec") -> tuple[list[str
             argv += ["--int8", "--fp16"]  # as the Python build: unquantized layers in FP16, not FP32
             if plan.calib_cache:
                 argv.append(f"--calib={plan.calib_cache}")
+                notes.append(
+                    f"{plan.calib_cache}'s header names TensorRT {plan.trt_version}; TensorRT ignores a cache "
+                    "from another patch release (complete_bundle.py rewrites the header, trtexec does not)"
+                )
     if plan.fp32_layers:
         if v >= (8, 4):
             pins = ",".join(f"{name}:fp32" for name in plan.fp32_layers)

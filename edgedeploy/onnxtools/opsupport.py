@@ -1,8 +1,8 @@
 """Operator preflight: which nodes of an ONNX model the target runtime cannot run, found on the host.
 
 TensorRT targets are checked against op tables derived from onnx/onnx-tensorrt's
-``docs/operators.md`` for the TensorRT version the target ships (pure data, no
-TensorRT needed); the cpu target against ONNX Runtime's CPU kernels by creating a
+``docs/operators.md`` corrected by its importer sources (tools/gen_trt_op_tables.py) for the
+TensorRT version the target ships (pure data, no TensorRT needed); the cpu target against ONNX Runtime's CPU kernels by creating a
 session. Findings carry the node, its op, the PyTorch source location the exporter
 recorded, a severity (error / warning / info) and a suggested fix.
 """

@@ -237,3 +237,41 @@ def test_polygraphy_that_imports_but_cannot_run_here_falls_back_to_the_bundled_r
     result = run_device_step(bundle, lines)
     assert result["status"] == "passed" and result["runner"] == "tensorrt (named tensors (execute_async_v3))"
     assert any(line.startswith("note: ") and "trt_runner.py instead" in line for line in lines)
+
+
+NANO_DEVICE = """
+import ctypes, runpy, sys
+sys.path.insert(0, {tests!r})
+from trt_fakes import FakeLibCuda, make_tensorrt
+lib = FakeLibCuda(name="NVIDIA Tegra X1", sm="5.3")
+sys.modules["tensorrt"] = make_tensorrt("8.2", lib)
+real_cdll = ctypes.CDLL
+ctypes.CDLL = lambda name, *a, **k: lib if "libcuda" in str(name) else real_cdll(name, *a, **k)
+for blocked in ("torch", "edgedeploy", "polygraphy"):  # what a Nano does not have
+    sys.modules[blocked] = None
+sys.argv = [{script!r}, {bundle!r}, "--latency-iters", "1"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_nano_bundle_validates_an_engine_with_its_own_copies_and_no_polygraphy(tmp_path):
+    """The bundle's copied scripts, in a process without torch, edgedeploy or polygraphy, on the fake 8.2."""
+    import shutil
+    import subprocess
+
+    from edgedeploy.stages.build_trt import DEVICE_CODE
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for name, src in DEVICE_CODE.items():
+        shutil.copy(src, bundle / name)
+    make_bundle(bundle, "8.2")  # manifest lists the copies too
+    code = NANO_DEVICE.format(
+        tests=str(Path(__file__).parent), script=str(bundle / "complete_bundle.py"), bundle=str(bundle)
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "runner: TensorRT 8.2.1.8 on NVIDIA Tegra X1" in proc.stderr
+    assert "PASSED" in proc.stderr
+    record = json.loads((bundle / "validation.json").read_text())
+    assert record["runner"] == "tensorrt (bindings (execute_v2))"

@@ -18,7 +18,7 @@ DEVICE_MODULES = sorted(
     [
         *(ROOT / "edgedeploy" / "device").glob("*.py"),
         ROOT / "edgedeploy/trt/adapter.py",
-        ROOT / "edgedeploy/pipeline/parity.py",
+        ROOT / "edgedeploy/validate/parity.py",
     ]
 )
 
@@ -140,7 +140,7 @@ def test_device_side_modules_use_only_numpy_1_13_api(path):
 
 
 def test_classifier_ranking_puts_nan_last_without_the_newer_keywords():
-    from edgedeploy.pipeline import parity
+    from edgedeploy.validate import parity
 
     ref = np.array([[0.1, 0.9, 0.0]], dtype=np.float32)
     cand = np.array([[np.nan, 0.8, 0.1]], dtype=np.float32)

@@ -6,8 +6,8 @@ import onnx
 import pytest
 from test_trt_plan import _cfg
 
+from edgedeploy.onnxtools.export import choose_opset
 from edgedeploy.onnxtools.opsupport import table_for, tensorrt_findings
-from edgedeploy.stages.export import choose_opset
 from edgedeploy.targets import all_targets, get_target
 
 

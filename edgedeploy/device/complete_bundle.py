@@ -41,7 +41,7 @@ ENGINE_SCHEMA = "edgedeploy-engine/1"
 VALIDATION = "validation.json"
 SIBLINGS = {
     "trt_adapter": "edgedeploy.trt.adapter",
-    "parity": "edgedeploy.pipeline.parity",
+    "parity": "edgedeploy.validate.parity",
     "trt_runner": "edgedeploy.device.trt_runner",
 }
 

@@ -113,7 +113,9 @@ def resolve_target(
     """The profile for ``name`` and, for ``jetson`` / ``desktop``, a note saying how it was chosen.
 
     Args:
-        local_tensorrt: ``(trt_version or None, {"name", "sm"} or None)``; read from this machine when None.
+        local_tensorrt: for ``desktop``: ``(trt_version or None, {"name", "sm"} or None)``, or a
+            function returning that (``edgedeploy.trt.provenance.running_tensorrt`` reads this
+            machine; targets sit below trt in the layers, so the caller passes it). None: no detection.
 
     Raises:
         ConfigError: unknown target name (or a bad ``[build] jetson`` default).
@@ -131,7 +133,8 @@ def resolve_target(
             raise ConfigError(f"[build] jetson = {chosen!r} must name a profile", hint="e.g. jetson-orin")
         return get_target(chosen, targets_file), f" (from 'jetson': {how})"
     if name == "desktop":
-        version, gpu = local_tensorrt if local_tensorrt is not None else _local_tensorrt()
+        found = local_tensorrt() if callable(local_tensorrt) else local_tensorrt
+        version, gpu = found if found is not None else (None, None)
         if version is None or gpu is None:
             return get_target("desktop", targets_file), " (no local TensorRT + GPU detected: desktop profile as is)"
         major = int(version.split(".")[0])
@@ -139,13 +142,6 @@ def resolve_target(
         profile = dataclasses.replace(profile, trt_version=".".join(version.split(".")[:2]), sm=gpu.get("sm", ""))
         return profile, f" (from 'desktop': local TensorRT {version} on {gpu.get('name', '?')}, SM {gpu.get('sm')})"
     return get_target(name, targets_file), ""
-
-
-def _local_tensorrt() -> tuple[str | None, dict[str, str] | None]:
-    from edgedeploy.trt import adapter
-
-    version = adapter.tensorrt_version()
-    return version, (adapter.cuda_device() if version else None)
 
 
 def check_capabilities(target: TargetProfile, cfg: Any) -> None:

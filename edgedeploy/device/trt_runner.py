@@ -313,5 +313,7 @@ def open_session(engine_bytes: bytes, trt: Any = None, cuda: Optional[CudaDriver
         RuntimeError: TensorRT refuses the engine.
     """
     if trt is None:
-        import tensorrt as trt
+        import importlib
+
+        trt = importlib.import_module("tensorrt")
     return session_class(str(trt.__version__))(engine_bytes, trt, cuda)

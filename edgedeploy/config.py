@@ -128,6 +128,7 @@ class ValidateSection:
 @dataclass(frozen=True)
 class BuildSection:
     target: str = field(default="cpu", metadata=_flag("--target", "target profile (see deploy targets)"))
+    jetson: str = "jetson-orin"  # what --target jetson means off a Jetson (on one: detected)
     out: str = field(default="build", metadata=_flag("--out", "output directory", path=True))
     cache: bool = field(default=True, metadata=_flag("--cache", "reuse content-keyed cached stages"))
     dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))

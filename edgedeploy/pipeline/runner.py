@@ -23,7 +23,7 @@ from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
-from edgedeploy.targets import TargetProfile, get_target
+from edgedeploy.targets import TargetProfile
 
 FAILED_DIR = ".last-failed"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
@@ -130,9 +130,16 @@ def run_build(
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
-    target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
-    target.require_precision(cfg.precision.mode)
-    target.require_dla(cfg.build.dla_core)
+    from edgedeploy.targets.resolve import check_capabilities, resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, resolved = resolve_target(
+        cfg.build.target,
+        targets_file=cfg.path(cfg.build.targets_file),
+        jetson_default=cfg.build.jetson,
+        local_tensorrt=running_tensorrt,
+    )
+    check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
     out = Path(cfg.path(cfg.build.out) or "build")
     out.mkdir(parents=True, exist_ok=True)
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
@@ -148,7 +155,7 @@ def run_build(
     ctx.groups[MODEL_CODE] = loaded.files
     records: list[StageRecord] = []
     produced: list[str] = []
-    log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
+    log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
     current = ""
     try:
         for i, stage in enumerate(stages, 1):

@@ -43,6 +43,7 @@ _PKG = Path(__file__).resolve().parent.parent
 DEVICE_CODE = {
     "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
+    "trt_runner.py": _PKG / "device" / "trt_runner.py",
     "parity.py": _PKG / "validate" / "parity.py",
 }
 

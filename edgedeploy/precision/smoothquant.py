@@ -39,8 +39,13 @@ def smooth(model: Any, stats: dict[str, RangeStats], nodes: Sequence[str], alpha
     producer = {o: n for n in model.graph.node for o in n.output}
     outputs = {o.name for o in model.graph.output}
     groups: dict[str, list[Any]] = {}
+    k_axis: dict[str, int] = {}  # weight axis that runs along the activation's channels
     for name in nodes:
         n = by_name[name]
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Gemm" and attrs.get("transA", 0):
+            continue
+        k_axis[n.name] = 1 if n.op_type == "Gemm" and attrs.get("transB", 0) else 0
         groups.setdefault(n.input[0], []).append(n)
     rows = []
     for act, group in groups.items():
@@ -50,8 +55,9 @@ def smooth(model: Any, stats: dict[str, RangeStats], nodes: Sequence[str], alpha
         if any(len(readers[n.input[1]]) != sum(m.input[1] == n.input[1] for m in group) for n in group):
             continue  # a weight also read outside the group would change those readers too
         weights = {n.input[1]: numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in group}
+        axis = {n.input[1]: k_axis[n.name] for n in group}
         x_max = st.channel_absmax.astype(np.float64)
-        w_max = np.max([np.abs(w).max(axis=1) for w in weights.values()], axis=0).astype(np.float64)
+        w_max = np.max([np.abs(w).max(axis=1 - axis[k]) for k, w in weights.items()], axis=0).astype(np.float64)
         if x_max.shape != w_max.shape:
             continue
         ok = (x_max > 0) & (w_max > 0)
@@ -59,7 +65,8 @@ def smooth(model: Any, stats: dict[str, RangeStats], nodes: Sequence[str], alpha
         s[ok] = np.clip(x_max[ok] ** alpha / w_max[ok] ** (1.0 - alpha), 1e-5, 1e5)
         s32 = s.astype(np.float32)
         for wname, w in weights.items():
-            inits[wname].CopyFrom(numpy_helper.from_array(w * s32[:, None], wname))
+            scaled = w * (s32[:, None] if axis[wname] == 0 else s32[None, :])
+            inits[wname].CopyFrom(numpy_helper.from_array(scaled, wname))
         prod = producer.get(act)
         affine = [i for i in (prod.input[1:3] if prod is not None else []) if i]
         foldable = (

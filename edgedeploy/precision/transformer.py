@@ -159,6 +159,35 @@ def gemms_to_matmuls(model: Any) -> list[str]:
     return done
 
 
+def isolate_matmul_inputs(model: Any, nodes: Sequence[str]) -> int:
+    """Give the MatMuls ``nodes`` their own copy (``Identity``) of an input that other nodes also read, in place.
+
+    ORT's static Q/DQ quantizer puts one Q/DQ pair on a tensor for all its readers, so the residual ``Add`` that
+    reads a LayerNorm output beside Q/K/V would compute on INT8 values; after this, only the MatMuls do.
+    Returns the number of inputs isolated.
+    """
+    from onnx import helper
+
+    wanted = set(nodes)
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in model.graph.output}
+    done = 0
+    for tensor, users in list(readers.items()):
+        mine = [n for n in users if n.name in wanted and n.input[0] == tensor]
+        if not mine or (len(mine) == len(users) and tensor not in outputs):
+            continue
+        copy = f"{tensor}_to_matmul"
+        first = min(list(model.graph.node).index(n) for n in mine)
+        model.graph.node.insert(first, helper.make_node("Identity", [tensor], [copy], name=f"{copy}_identity"))
+        for n in mine:
+            n.input[0] = copy
+        done += 1
+    return done
+
+
 # ---- quantization ---------------------------------------------------------------------------------------
 
 
@@ -239,6 +268,8 @@ class TransformerQuantizer:
                         "WeightSymmetric": True,
                         "MatMulConstBOnly": True,
                         "QuantizeBias": False,
+                        # Q/DQ on the MatMul inputs only, no requantized outputs (see isolate_matmul_inputs)
+                        "OpTypesToExcludeOutputQuantization": list(WEIGHT_OPS),
                     },
                     calibration_cache_path=str(self._ranges_json),
                 )
@@ -473,6 +504,9 @@ def quantize_transformer(
         quant_input = workdir / "tf.smoothed.onnx"
         onnx.save(model, str(quant_input))
         smoothing = {"status": "on", "alpha": smoothquant_alpha, "activations": len(rows), "smoothed": rows[:50]}
+    if scheme.activations == "calibrated" and isolate_matmul_inputs(model, candidates):
+        quant_input = workdir / "tf.isolated.onnx"
+        onnx.save(model, str(quant_input))
     q = TransformerQuantizer(quant_input, workdir, scheme, calib, per_channel=per_channel, reduce_range=reduce_range)
     result = quantize_with_fallback(
         q,

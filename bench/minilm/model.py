@@ -51,7 +51,11 @@ def write_checkpoint(path: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(model_dir() / "model.safetensors"))
-    keep = {f"bert.{k}": v.contiguous() for k, v in state.items() if not k.startswith("pooler.") and k != "embeddings.position_ids"}
+    keep = {
+        f"bert.{k}": v.contiguous()
+        for k, v in state.items()
+        if not k.startswith("pooler.") and k != "embeddings.position_ids"
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(keep, str(path))
     return path

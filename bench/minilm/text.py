@@ -13,8 +13,24 @@ import re
 from pathlib import Path
 
 STDLIB_MODULES = (
-    "argparse", "collections", "csv", "json", "logging", "pathlib", "subprocess", "threading", "zipfile",
-    "shutil", "tarfile", "textwrap", "heapq", "bisect", "datetime", "calendar", "email", "urllib.parse",
+    "argparse",
+    "collections",
+    "csv",
+    "json",
+    "logging",
+    "pathlib",
+    "subprocess",
+    "threading",
+    "zipfile",
+    "shutil",
+    "tarfile",
+    "textwrap",
+    "heapq",
+    "bisect",
+    "datetime",
+    "calendar",
+    "email",
+    "urllib.parse",
 )
 
 

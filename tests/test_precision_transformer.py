@@ -248,8 +248,8 @@ def test_smoothquant_alpha_is_validated(tiny_project: Path) -> None:
         edgedeploy.load_config(tiny_project, precision__int8_recipe="vit")
 
 
-def test_cpu_int8_build_of_a_transformer(tmp_path: Path) -> None:
-    """deploy build --precision int8 on the tiny transformer: the transformer recipe, notes and validation."""
+def _tiny_project(tmp_path: Path, target: str) -> Path:
+    """A deploy.toml for the tiny transformer (real safetensors checkpoint, padded calibration .npz)."""
     import torch
     from safetensors.torch import save_file
 
@@ -287,21 +287,54 @@ def test_cpu_int8_build_of_a_transformer(tmp_path: Path) -> None:
             [precision]
             mode = "int8"
             calib = "calib.npz"
+            calib_samples = 24
             [validate]
             samples = 1
             latency_iters = 2
             latency_warmup = 1
             [build]
+            target = "{target}"
             out = "out"
             """
         )
     )
-    result = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
+    return proj / "deploy.toml"
+
+
+def test_cpu_int8_build_of_a_transformer(tmp_path: Path) -> None:
+    """deploy build --precision int8 on the tiny transformer: the transformer recipe, notes and validation."""
+    result = edgedeploy.build(_tiny_project(tmp_path, "cpu"), log=lambda _: None)
     assert result.ok
     plan = json.loads((result.out / "precision.json").read_text())
     assert plan["strategy"] == "transformer-dynamic-matmul"
     assert plan["int8_recipe"]["chosen"] == "transformer" and plan["quantized_matmuls"] == 5
     assert plan["held_out"]["disjoint"] and plan["accuracy"]["score"] >= 0.99
     assert plan["absurd_ranges"] and plan["kept_float"] == []
+    assert not result.report["warnings"]
     cand = {c["name"]: c for c in result.report["parity"]["candidates"]}["onnxruntime-int8"]
     assert cand["status"] == "passed"
+
+
+@pytest.mark.slow
+def test_jetson_orin_int8_bundle_of_a_transformer_passes_its_dry_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from edgedeploy.precision.calib_cache import read_trt_cache
+
+    result = edgedeploy.build(_tiny_project(tmp_path, "jetson-orin"), log=lambda _: None)
+    assert result.ok
+    plan = json.loads((result.out / "precision.json").read_text())
+    assert plan["strategy"] == "transformer-qdq-matmul" and plan["scheme"]["activations"] == "calibrated"
+    cache = read_trt_cache(result.out / "calib.cache")
+    assert cache.scales and not set(cache.scales) & {a["tensor"] for a in plan["absurd_ranges"]}
+    bundle = result.out / "bundle"
+    assert json.loads((bundle / "plan.json").read_text())["strategy"] == "int8-qdq"
+    run = subprocess.run(
+        [sys.executable, "complete_bundle.py", ".", "--runner", "onnxruntime"],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0 and "PASSED" in run.stdout + run.stderr, run.stdout + run.stderr

@@ -234,6 +234,25 @@ def test_smoothing_is_exact_in_float_and_flattens_outlier_channels(tiny_tf: Path
     assert any(r["how"] == "Mul inserted" for r in rows)  # activations that also feed a residual Add
 
 
+def test_fallback_keeps_the_most_sensitive_matmuls_float(tiny_tf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "int8.onnx"
+    result, plan, _ = transformer.quantize_transformer(
+        tiny_tf,
+        out,
+        tmp_path,
+        scheme=transformer.scheme_for("onnxruntime"),
+        batches=_batches(8, seed=7),
+        accuracy_target=1.0,  # unreachable: every try runs
+        max_tries=2,
+    )
+    assert not result.met and [t["float_matmuls"] for t in result.tries] == [0, 1, 2]
+    errors = [r["output_error"] for r in result.sensitivity]
+    assert len(errors) == 5 and errors == sorted(errors, reverse=True) and errors[0] > 0
+    assert set(result.kept_float) == {r["node"] for r in result.sensitivity[:2]}
+    assert all(why.startswith("INT8 sensitive") for why in result.kept_float.values())
+    assert result.tries[-1]["score"] > result.tries[0]["score"]
+
+
 def test_split_held_out_is_disjoint() -> None:
     batches = [{"x": np.full((1,), i)} for i in range(10)]
     calib, held = transformer.split_held_out(batches)

@@ -191,7 +191,7 @@ def _int8_transformer(
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           for t in result.tries)  # fmt: skip
         fixes = ["list layers in precision.keep_fp32"]
-        if len(result.sensitivity) > 2 ** (len(result.tries) - 2):
+        if p.max_fallback_tries == 0 or len(result.sensitivity) > 2 ** (len(result.tries) - 2):
             fixes.insert(0, "raise precision.max_fallback_tries")
         if p.smoothquant_alpha == 0:
             fixes.insert(0, "set precision.smoothquant_alpha = 0.5")

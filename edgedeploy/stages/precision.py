@@ -187,6 +187,8 @@ def _int8_transformer(
         log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
     )  # fmt: skip
     last = result.tries[-1]
+    if not plan["held_out"]["disjoint"]:
+        ctx.warn("INT8 judged on its own calibration data (one batch: nothing to hold out); add calibration samples")
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           for t in result.tries)  # fmt: skip

@@ -253,6 +253,34 @@ def test_fallback_keeps_the_most_sensitive_matmuls_float(tiny_tf: Path, tmp_path
     assert result.tries[-1]["score"] > result.tries[0]["score"]
 
 
+def test_nothing_left_to_quantize_is_an_error_not_a_float_artifact(tiny_tf: Path, tmp_path: Path) -> None:
+    import onnx
+
+    from edgedeploy.errors import StageError
+
+    nodes = transformer.weight_matmuls(onnx.load(str(tiny_tf)))
+    with pytest.raises(StageError, match="kept all 5 weight MatMuls in float"):
+        transformer.quantize_transformer(
+            tiny_tf,
+            tmp_path / "int8.onnx",
+            tmp_path,
+            scheme=transformer.scheme_for("onnxruntime"),
+            batches=_batches(4, seed=8),
+            keep_fp32=nodes,
+        )
+    assert not (tmp_path / "int8.onnx").exists()
+    cnn = tmp_path / "cnn.onnx"
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+    ), opset_imports=[onnx.helper.make_opsetid("", 17)]), str(cnn))  # fmt: skip
+    with pytest.raises(StageError, match="no MatMul or Gemm with a constant 2-D weight"):
+        transformer.quantize_transformer(
+            cnn, tmp_path / "x.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"), batches=[{}]
+        )
+
+
 def test_split_held_out_is_disjoint() -> None:
     batches = [{"x": np.full((1,), i)} for i in range(10)]
     calib, held = heldout.split_held_out(batches)

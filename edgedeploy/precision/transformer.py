@@ -438,10 +438,18 @@ def quantize_transformer(
     from edgedeploy.precision.smoothquant import smooth
 
     model = onnx.load(str(float_model))
+    for i, n in enumerate(model.graph.node):
+        n.name = n.name or f"{n.op_type}_{i}"  # quantizers select nodes by name
     rewritten = gemms_to_matmuls(model) if scheme.activations == "dynamic" else []
     base = workdir / "tf.float.onnx"
     onnx.save(model, str(base))
     candidates = weight_matmuls(model)
+    if not candidates:
+        raise StageError(
+            "precision",
+            "transformer INT8 found no MatMul or Gemm with a constant 2-D weight to quantize",
+            hint="use precision.int8_recipe = 'cnn' (or 'auto') for this model",
+        )
     calib, held = split_held_out(batches)
     channel = {n.input[0] for n in model.graph.node if n.name in set(candidates)} if smoothquant_alpha else set()
     stats = rng.collect_ranges(base, calib, workdir, channel_tensors=channel)
@@ -476,6 +484,14 @@ def quantize_transformer(
         run=run_model,
         log=log,
     )
+    if not result.quantized:  # an "INT8" artifact with every MatMul in float would be FP32 under another name
+        out.unlink(missing_ok=True)
+        raise StageError(
+            "precision",
+            f"transformer INT8 kept all {len(candidates)} weight MatMuls in float "
+            f"({len(pinned)} pinned: keep_fp32 or absurd ranges; the rest by fallback), so nothing is INT8",
+            hint="build fp32 instead, or shorten precision.keep_fp32",
+        )
     consumers: dict[str, list[str]] = {}
     for n in model.graph.node:
         for i in n.input:

@@ -220,8 +220,8 @@ def absurd_ranges(
     if model is not None:
         for name, why in mask_constant_tensors(model).items():
             if name not in found:
-                s = stats.get(name)
-                rng = [s.lo, s.hi] if s is not None and math.isfinite(s.lo) else None
+                seen = stats.get(name)
+                rng = [seen.lo, seen.hi] if seen is not None and math.isfinite(seen.lo) else None
                 found[name] = {
                     "range": rng,
                     "why": why + " (mask arithmetic; range on the calibration data may hide it)",

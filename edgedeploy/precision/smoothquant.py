@@ -76,7 +76,7 @@ def smooth(model: Any, stats: dict[str, RangeStats], nodes: Sequence[str], alpha
             and act not in outputs
             and all(i in inits and len(readers[i]) == 1 for i in affine)
         )
-        if foldable:
+        if foldable and prod is not None:
             for name in affine:
                 t = inits[name]
                 t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) / s32, name))

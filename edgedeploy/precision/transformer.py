@@ -341,7 +341,8 @@ def quantize_with_fallback(
     model = q.quantize(q.workdir / "tf0.int8.onnx", active)
     score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
     tries = [{"try": 0, "float_matmuls": len(candidates) - len(active), **_brief(score)}]
-    chosen, kept, sensitivity = model, dict(pinned), []
+    chosen, kept = model, dict(pinned)
+    sensitivity: list[dict[str, Any]] = []
     if score["score"] < accuracy_target and max_tries > 0 and active:
         probe = list(calib[:4])
         ref_probe = run(reference, probe)

@@ -10,65 +10,34 @@ script) or ``model.pt2`` (torch.export, saved with ``torch.export.save``).
 
 from __future__ import annotations
 
-import os
 import traceback
 import warnings
 from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import EXPORTED_PROGRAM, TORCHSCRIPT
 from edgedeploy.errors import StageError
+from edgedeploy.modelio.inputs import feeds_with_dims
+from edgedeploy.modelio.torchutil import outputs_as_numpy, quiet_torch, root_cause, torch_args, user_frame
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.inputs import feeds_with_dims
+from edgedeploy.stages.base import Stage, model_inputs
+from edgedeploy.stages.context import BuildContext
 
-TORCHSCRIPT = "model.ts"
-EXPORTED_PROGRAM = "model.pt2"
 CAPTURE_ATOL = 1e-4
 
 
-def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
-    """The model's positional arguments (config input order) as torch tensors."""
-    import torch
-
-    return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
-
-
-def _library_dirs() -> tuple[str, ...]:
-    import torch
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    stdlib = os.path.dirname(os.path.abspath(warnings.__file__))
-    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(here) + os.sep, stdlib + os.sep)
-
-
-def user_frame(stack: list[traceback.FrameSummary]) -> str | None:
-    """``file:line`` of the innermost frame outside torch and edgedeploy (the user's code), if any."""
-    skip = _library_dirs()
-    for frame in reversed(stack):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(skip) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno}"
-    return None
-
-
-def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:
-    """Model outputs (nested tuples / dicts) flattened onto the configured output names."""
-    from edgedeploy.stages.reference import _flatten
-
-    flat = _flatten(result)
-    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
-
-
 class TorchScriptFromModel(Stage):
-    name = "capture"
+    name = names.CAPTURE
     version = "2"
-    consumes = ("checkpoint", "model_code")
     produces = (TORCHSCRIPT,)
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         return (EXPORTED_PROGRAM,) if ctx.cfg.export.capture == "export" else (TORCHSCRIPT,)
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return model_inputs(ctx)
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
@@ -152,8 +121,6 @@ class TorchScriptFromModel(Stage):
                     captured = torch.jit.script(model)
                     return captured, captured, findings
                 if mode == "export":
-                    from edgedeploy.stages.export import quiet_torch
-
                     with quiet_torch():
                         ep = torch.export.export(model, example, dynamic_shapes=export_dynamic_shapes(ctx.cfg))
                     return ep, ep.module(), findings
@@ -161,8 +128,6 @@ class TorchScriptFromModel(Stage):
                 captured = torch.jit.trace(model, example, check_trace=False, strict=False)
                 return captured, captured, findings
             except Exception as exc:  # capture errors come from the user's model code
-                from edgedeploy.stages.export import root_cause
-
                 raise StageError(
                     self.name,
                     f"{_api(mode)} failed: {root_cause(exc, 400)}",

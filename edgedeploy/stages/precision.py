@@ -174,8 +174,10 @@ def _int8_transformer(
     cfg, target, p = ctx.cfg, ctx.target, ctx.cfg.precision
     scheme = scheme_for(target.runtime)
     int8_dot = host_has_int8_dot()
-    # 7-bit weights only where uint8 x int8 products saturate int16 (x86 without VNNI, ORT's dynamic U8S8)
-    reduce_range = scheme.activations == "dynamic" and int8_dot is False
+    # 7-bit weights only where uint8 x int8 products saturate int16 (x86 without VNNI, ORT's dynamic U8S8);
+    # an explicit precision.reduce_range = true/false (the CNN path's field, where present) wins
+    setting = getattr(p, "reduce_range", "auto")
+    reduce_range = (scheme.activations == "dynamic" and int8_dot is False) if setting == "auto" else bool(setting)
     out = ctx.staging / deploy_model_name("int8")
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,

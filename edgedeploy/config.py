@@ -462,6 +462,12 @@ def _check_consistency(cfg: DeployConfig) -> None:
             f"{where}: key 'precision.smoothquant_alpha' = {cfg.precision.smoothquant_alpha} must be in [0, 1]",
             hint="0 turns smoothing off; 0.5 is SmoothQuant's usual strength",
         )
+    if len(set(cfg.outputs)) != len(cfg.outputs):
+        dupes = sorted({n for n in cfg.outputs if cfg.outputs.count(n) > 1})
+        raise ConfigError(f"{where}: key 'outputs' names {dupes} more than once", hint="each output once")
+    from edgedeploy.config_ranges import config_problems, raise_if_problems
+
+    raise_if_problems(config_problems(cfg), where)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:

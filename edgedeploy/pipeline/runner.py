@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,16 +15,18 @@ from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
-from edgedeploy.fileio.store import atomic_write_json, publish
+from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
+from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
+from edgedeploy.fileio.signing import release_model
+from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.modelio import usercode
-from edgedeploy.pipeline.cache import StageCache
-from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
+from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
+from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
 from edgedeploy.targets import TargetProfile
 
-FAILED_DIR = ".last-failed"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
 
@@ -129,6 +130,22 @@ def run_build(
         DeployError: any stage's error, after the failure report was written.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    out = Path(cfg.path(cfg.build.out) or "build")
+    inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
+    with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+        check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
+        try:
+            return _run_build(cfg, folder, stages, log)
+        except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
+            err = disk_full(exc, folder.out)
+            if err is None:
+                raise
+            raise err from None
+
+
+def _run_build(
+    cfg: DeployConfig, folder: OutputFolder, stages: list[Stage] | None, log: Callable[[str], None]
+) -> BuildResult:
     t_start = time.perf_counter()
     from edgedeploy.targets.resolve import check_capabilities, resolve_target
     from edgedeploy.trt.provenance import running_tensorrt
@@ -140,17 +157,20 @@ def run_build(
         local_tensorrt=running_tensorrt,
     )
     check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
-    out = Path(cfg.path(cfg.build.out) or "build")
-    out.mkdir(parents=True, exist_ok=True)
+    out = folder.out
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
     loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
     stages = stages if stages is not None else default_stages(target, cfg)
-    staging.mkdir(parents=True)
+    staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
+    if CHECKPOINT not in ctx.external:
+        ctx.warn(
+            "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
+            "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
+        )
     ctx.factory = loaded.factory
     ctx.groups[MODEL_CODE] = loaded.files
     records: list[StageRecord] = []
@@ -166,7 +186,7 @@ def run_build(
             detail = f" ({rec.reason})" if rec.reason else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
     except DeployError as exc:
-        _fail(ctx, cfg, target, records, current, exc, t_start)
+        _fail(ctx, cfg, target, records, current, exc, t_start, folder)
         raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -181,6 +201,7 @@ def run_build(
         status="passed",
         seconds=seconds,
     )
+    report["model"] = release_model(ctx.metrics, ctx.sha256)  # what was validated, bound by the gate
     report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(
@@ -193,11 +214,13 @@ def run_build(
         summary=report.get("summary", {}),
     )
     atomic_write_json(staging / MANIFEST, manifest)
-    previous = read_manifest(out) or {}
-    stale = [n for n in previous.get("artifacts", {}) if n not in artifacts]
-    publish(staging, out, list(artifacts) + [MANIFEST], stale=stale)
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(out / FAILED_DIR, ignore_errors=True)
+    try:
+        folder.publish(staging)  # the whole folder at once; the previous one is retired as a unit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if cfg.build.cache:
+        cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
         target=target.name,
@@ -295,6 +318,7 @@ def _fail(
     stage: str,
     exc: DeployError,
     t_start: float,
+    folder: OutputFolder,
 ) -> None:
     """Keep the failed run's files and a failure report in ``<out>/.last-failed``; touch nothing else."""
     records = records + [StageRecord(stage or "setup", "failed", reason=exc.one_line())]
@@ -312,11 +336,6 @@ def _fail(
         write_report_files(report, ctx.staging)
     except Exception:  # the failure report is best effort; the original error matters more
         pass
-    failed = ctx.out / FAILED_DIR
-    shutil.rmtree(failed, ignore_errors=True)
-    try:
-        os.replace(ctx.staging, failed)
-    except OSError:
-        shutil.rmtree(ctx.staging, ignore_errors=True)
+    failed = folder.fail(ctx.staging)
     if ctx.log:
         ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")

@@ -83,7 +83,10 @@ class BuildContext:
             CheckpointError: the checkpoint is unreadable or does not fit the model.
         """
         if self._model is None:
+            from edgedeploy.modelio.admission import dry_forward
             from edgedeploy.modelio.checkpoint import load_model
 
-            self._model = load_model(self.cfg, self.external.get("checkpoint"), self.factory)
+            model = load_model(self.cfg, self.external.get("checkpoint"), self.factory)
+            dry_forward(model, self.cfg)  # the input spec fits forward(), before any stage traces or runs it
+            self._model = model
         return self._model

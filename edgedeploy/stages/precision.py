@@ -10,7 +10,6 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIBRATION, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
+from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import Stage
 from edgedeploy.stages.context import BuildContext
 
@@ -71,7 +71,8 @@ class PrecisionFromOnnx(Stage):
             else:
                 plan = _fp16(ctx, calib.batches, Path(tmp))
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
-        (ctx.staging / PRECISION_JSON).write_text(json.dumps(plan, indent=2, default=float))
+        # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
+        (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         return plan
 
 
@@ -155,9 +156,9 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         "latency_onnxruntime_cpu": result.latency,
     }
     if target.implicit_int8:
-        cache = write_trt_cache(
-            ctx.staging / CALIB_CACHE, scales_from_ranges(q.ranges()), trt_version=target.trt_version
-        )
+        # sorted: the calibrator's ranges come in a different order each run; TensorRT reads the cache as a map
+        scales = dict(sorted(scales_from_ranges(q.ranges()).items()))
+        cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
 

@@ -137,6 +137,7 @@ class ParityFromGoldens(Stage):
             "backend": backend.kind,
             "precision": backend.precision,
             "artifact": backend.artifact,
+            "sha256": ctx.sha256(backend.artifact),  # the exact file these checks judged (the gate binds it)
             "deploy": backend.artifact == deploy_model_name(ctx.precision),
             "tolerance": tol.__dict__,
             "checks": [],

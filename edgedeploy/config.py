@@ -21,7 +21,7 @@ from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
-CaptureMode = Literal["trace", "script", "export"]
+CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
 CalibMethod = Literal["minmax", "entropy", "percentile"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
@@ -72,7 +72,9 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ExportSection:
-    capture: CaptureMode = field(default="trace", metadata=_flag("--capture", "torch capture: trace, script or export"))
+    capture: CaptureMode = field(
+        default="auto", metadata=_flag("--capture", "torch capture: auto, trace, script or export")
+    )
     exporter: ExporterName = field(
         default="auto", metadata=_flag("--exporter", "ONNX exporter: auto, dynamo or torchscript")
     )

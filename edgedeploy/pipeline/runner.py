@@ -198,12 +198,13 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
     if entry is not None:
         cache.restore(stage.name, key, entry, ctx.staging)
         ctx.metrics[stage.name] = entry.metrics
-        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=outputs)
+        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
     try:
         metrics = stage.run(ctx) or {}
     except DeployError:
         ctx.metrics.setdefault(stage.name, {})
         raise
+    outputs = list(stage.outputs(ctx))  # a stage may learn its files while running (capture = "auto")
     missing = [f for f in outputs if not (ctx.staging / f).is_file()]
     if missing:  # a stage that claims outputs it did not write is a bug in that stage
         raise RuntimeError(f"stage {stage.name} did not write {missing}")

@@ -70,7 +70,9 @@ class BuildContext:
         if self._model is None:
             from edgedeploy.stages.checkpoint import load_model
 
-            self._model = load_model(self.cfg, self.external.get("checkpoint"))
+            # a Hugging Face folder's weights are loaded by its factory (from_pretrained), not as a state dict
+            checkpoint = None if self.cfg.model.hf else self.external.get("checkpoint")
+            self._model = load_model(self.cfg, checkpoint)
         return self._model
 
 

@@ -86,6 +86,12 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
     src = factory_source(cfg)
     if src is not None:
         ext["model_code"] = src
+    if cfg.model.hf:  # a Hugging Face folder: its weights and config.json key the cache like a checkpoint
+        from edgedeploy.modelio.hf import weights_file
+
+        folder = Path(cfg.model.kwargs["folder"])
+        ext["checkpoint"] = weights_file(folder) or folder / "config.json"
+        ext["model_code"] = folder / "config.json"
     calib = cfg.path(cfg.precision.calib)
     if calib is not None and cfg.precision.mode == "int8":
         if not calib.exists():
@@ -110,8 +116,9 @@ def run_build(
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
     target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
-    target.require_precision(cfg.precision.mode)
-    target.require_dla(cfg.build.dla_core)
+    from edgedeploy.pipeline.early import refuse_early
+
+    refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
     out = Path(cfg.path(cfg.build.out) or "build")
     out.mkdir(parents=True, exist_ok=True)
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))

@@ -76,13 +76,20 @@ class TorchScriptFromModel(Stage):
         for route in order:
             try:
                 captured, figures, findings = self._try(ctx, route, model, example, points, feeds, eager)
+                artifact = ARTIFACTS[route]
+                try:
+                    save_artifact(route, captured, str(ctx.staging / artifact))
+                except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
+                    from edgedeploy.stages.export import root_cause
+
+                    (ctx.staging / artifact).unlink(missing_ok=True)
+                    raise StageError(self.name, f"saving the {route} capture failed: {root_cause(exc, 300)}") from None
             except StageError as exc:
                 if len(order) == 1:
                     raise
                 tried.append({"route": route, "reason": exc.message.removeprefix(f"[{self.name}] ")})
                 continue
-            self._artifact = ARTIFACTS[route]
-            save_artifact(route, captured, str(ctx.staging / self._artifact))
+            self._artifact = artifact
             for f in findings:
                 if f.user:  # library findings are in the metrics; the probes above already judged them
                     ctx.warn(f"TracerWarning at {f}")

@@ -87,6 +87,7 @@ class GoldensFromTorch(Stage):
             "dims": c.to_dict()["dims"],
             "outputs": list(c.outputs),
             "validate": [c.validate.samples, c.validate.seed, c.validate.data],
+            "calibration": _calibration_key(c),
         }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
@@ -125,9 +126,16 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
     """Batches from ``validate.data`` (.npz with one array per input name), checked against the spec."""
     path = ctx.cfg.path(ctx.cfg.validate.data)
     if path is None:
-        return []
+        return _calibration_samples(ctx.cfg)
     if not path.is_file():
         raise InputError(f"validation data not found: {path}", hint="fix validate.data")
+    if path.suffix.lower() == ".txt":  # sentences for a model.hf folder, tokenized by its tokenizer
+        from edgedeploy.modelio.hf import text_batches
+
+        batches = text_batches(ctx.cfg, path, limit=64)
+        for b in batches:
+            check_feeds(ctx.cfg, b, str(path))
+        return batches
     try:
         with np.load(path, allow_pickle=False) as data:
             feeds = {k: data[k] for k in data.files}
@@ -135,3 +143,28 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
         raise InputError(f"validation data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
     check_feeds(ctx.cfg, feeds, str(path))
     return [feeds]
+
+
+def _calibration_file(cfg: Any) -> Path | None:
+    """The calibration data file (.npz / .npy / .txt) when there is one and no validate.data."""
+    path = cfg.path(cfg.precision.calib)
+    if cfg.validate.data or path is None or not path.is_file():
+        return None
+    return path if path.suffix.lower() in (".npz", ".npy", ".txt") else None
+
+
+def _calibration_key(cfg: Any) -> str:
+    from edgedeploy.pipeline.hashing import sha256_file
+
+    path = _calibration_file(cfg)
+    return sha256_file(path) if path is not None else ""
+
+
+def _calibration_samples(cfg: Any) -> list[dict[str, np.ndarray]]:
+    """One batch of the calibration data: real samples in the goldens when no validate.data is given."""
+    if _calibration_file(cfg) is None:
+        return []
+    from edgedeploy.precision.data import load_calibration
+
+    calib = load_calibration(cfg)
+    return list(calib.batches[:1])

@@ -18,6 +18,7 @@ from edgedeploy.pipeline.cache import StageCache
 from edgedeploy.pipeline.context import BuildContext, factory_source
 from edgedeploy.pipeline.hashing import sha256_json
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
+from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.pipeline.store import atomic_write_json, publish
 from edgedeploy.stages.base import Stage
@@ -102,7 +103,11 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
 
 
 def run_build(
-    cfg: DeployConfig, *, stages: list[Stage] | None = None, log: Callable[[str], None] | None = None
+    cfg: DeployConfig,
+    *,
+    stages: list[Stage] | None = None,
+    log: Callable[[str], None] | None = None,
+    verbose: bool = False,
 ) -> BuildResult:
     """Run a whole build into ``cfg.build.out``.
 
@@ -112,8 +117,12 @@ def run_build(
 
     Raises:
         DeployError: any stage's error, after the failure report was written.
+
+    Library output during a stage (warnings, logging, prints) goes to ``<out>/build.log`` with a
+    count on the stage's line; ``verbose`` shows it as it happens instead.
     """
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    console = sys.stderr  # bound now: stages run with sys.stderr redirected into build.log
+    log = log or (lambda line: print(line, file=console, flush=True))
     t_start = time.perf_counter()
     target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
     from edgedeploy.pipeline.early import refuse_early
@@ -130,19 +139,31 @@ def run_build(
     produced: list[str] = []
     log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
     current = ""
+    noise: list[str] = []
     try:
         for i, stage in enumerate(stages, 1):
             current = stage.name
-            rec = _run_stage(stage, ctx, cache, cfg)
+            heard = StageNoise(stage.name, verbose)
+            try:
+                with heard:
+                    rec = _run_stage(stage, ctx, cache, cfg)
+            finally:
+                noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
             records.append(rec)
             produced.extend(f for f in rec.files if f not in produced)
-            detail = f" ({rec.reason})" if rec.reason else ""
+            detail = "; ".join(x for x in (rec.reason, heard.summary()) if x)
+            detail = f" ({detail})" if detail else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
+            produced.append(BUILD_LOG)
         current = "gate"  # release gate ([gate] / --policy), before anything is published
         from edgedeploy.gate import gate_build
 
         gate_build(ctx)
     except DeployError as exc:
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
         _fail(ctx, cfg, target, records, current, exc, t_start)
         raise
     except BaseException:

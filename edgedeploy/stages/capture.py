@@ -53,8 +53,8 @@ class TorchScriptFromModel(Stage):
         self._artifact: str | None = None  # set by run(): auto only knows its route afterwards
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        if self._artifact:
-            return (self._artifact,)
+        if self._artifact is not None:  # after run(); "" when the capture could not be saved
+            return (self._artifact,) if self._artifact else ()
         return (ARTIFACTS[ctx.cfg.export.capture],) if ctx.cfg.export.capture != "auto" else (TORCHSCRIPT,)
 
     def config_key(self, ctx: BuildContext) -> Any:
@@ -76,20 +76,22 @@ class TorchScriptFromModel(Stage):
         for route in order:
             try:
                 captured, figures, findings = self._try(ctx, route, model, example, points, feeds, eager)
-                artifact = ARTIFACTS[route]
-                try:
-                    save_artifact(route, captured, str(ctx.staging / artifact))
-                except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
-                    from edgedeploy.stages.export import root_cause
-
-                    (ctx.staging / artifact).unlink(missing_ok=True)
-                    raise StageError(self.name, f"saving the {route} capture failed: {root_cause(exc, 300)}") from None
             except StageError as exc:
                 if len(order) == 1:
                     raise
                 tried.append({"route": route, "reason": exc.message.removeprefix(f"[{self.name}] ")})
                 continue
-            self._artifact = artifact
+            self._artifact = ARTIFACTS[route]
+            try:
+                save_artifact(route, captured, str(ctx.staging / self._artifact))
+            except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
+                from edgedeploy.stages.export import root_cause
+
+                # the capture is proven against eager; only its file for LibTorch users is lost
+                (ctx.staging / self._artifact).unlink(missing_ok=True)
+                why = root_cause(exc, 200)
+                ctx.warn(f"capture: {route} matches eager but its {self._artifact} cannot be saved ({why})")
+                self._artifact = ""
             for f in findings:
                 if f.user:  # library findings are in the metrics; the probes above already judged them
                     ctx.warn(f"TracerWarning at {f}")
@@ -99,7 +101,7 @@ class TorchScriptFromModel(Stage):
                 "mode": mode,
                 "route": route,
                 "tried": tried,
-                "artifact": self._artifact,
+                "artifact": self._artifact or None,
                 "points": figures,
                 "max_abs_vs_eager": max((f.get("max_abs", 0.0) for f in figures.values()), default=0.0),
                 "tracer_warnings": [str(f) for f in findings],

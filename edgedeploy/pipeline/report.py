@@ -83,7 +83,7 @@ def results_table(report: dict[str, Any]) -> str:
         for c in cand.get("checks", []):
             lines.append(
                 f"{cand['name']:<16} {c['shape']:<6} {c['output']:<16} {_f(c.get('max_abs')):>10} "
-                f"{_f(c.get('p99_abs')):>10} {_f(c.get('cosine'), 6):>9}  {'ok' if c.get('passed') else 'FAIL'}"
+                f"{_f(c.get('p99_abs')):>10} {_f(c.get('cosine'), 6):>9}  {_verdict(c)}"
             )
     if not parity.get("candidates"):
         lines.append(f"parity: {parity.get('status', 'skipped')} ({parity.get('reason', '')})")
@@ -104,3 +104,10 @@ def _f(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}e}" if digits == 3 else f"{v:.{digits}f}"
     return str(v)
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    """ok / FAIL, or vacuous for a passing row whose reference and candidate are both constant."""
+    if not row.get("passed"):
+        return "FAIL"
+    return "vacuous" if row.get("vacuous") else "ok"

@@ -407,7 +407,7 @@ def config_from_dict(
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     if (raw.get("model") or {}).get("hf"):
-        from edgedeploy.modelio.hf import fill_from_folder  # reads config.json only; no transformers import
+        from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
 
         fill_from_folder(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)

@@ -88,7 +88,7 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
     if src is not None:
         ext["model_code"] = src
     if cfg.model.hf:  # a Hugging Face folder: its weights and config.json key the cache like a checkpoint
-        from edgedeploy.modelio.hf import weights_file
+        from edgedeploy.hfspec import weights_file
 
         folder = Path(cfg.model.kwargs["folder"])
         ext["checkpoint"] = weights_file(folder) or folder / "config.json"

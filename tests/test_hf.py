@@ -145,3 +145,20 @@ def test_missing_tokenizer_is_an_input_error(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="tokenizer"):
         text_batches(cfg, text)
+
+
+def test_flags_alone_make_a_config_with_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgedeploy.cli import build_parser
+    from edgedeploy.commands._common import config_from_args
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "roberta", "vocab_size": 50}))
+    (folder / "model.safetensors").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["build", "--hf", "m", "--task", "sequence-classification"])
+    cfg = config_from_args(args)
+    assert cfg.model.task == "sequence-classification" and cfg.outputs == ("logits",)
+    assert [s.name for s in cfg.inputs] == ["input_ids", "attention_mask"]  # RoBERTa: no segment ids
+    with pytest.raises(ConfigError, match="--config"):
+        config_from_args(build_parser().parse_args(["build", "--target", "cpu"]))

@@ -74,6 +74,12 @@ def results_table(report: dict[str, Any]) -> str:
     """Plain-text table of every parity check, for the end of ``deploy build``."""
     lines = []
     parity = report.get("parity") or {}
+    lat = report.get("latency") or {}
+    if not parity.get("candidates") and lat.get("status") == "skipped":
+        # bundle-only builds: one line, not an empty table
+        same = lat.get("reason", "") == parity.get("reason", "")
+        tail = "" if same else f"; latency: skipped ({lat.get('reason', '')})"
+        return f"parity and latency: {parity.get('status', 'skipped')} ({parity.get('reason', '')}){tail}"
     header = f"{'backend':<16} {'shape':<6} {'output':<16} {'max_abs':>10} {'p99_abs':>10} {'cosine':>9}  result"
     lines.append(header)
     lines.append("-" * len(header))
@@ -87,7 +93,6 @@ def results_table(report: dict[str, Any]) -> str:
             )
     if not parity.get("candidates"):
         lines.append(f"parity: {parity.get('status', 'skipped')} ({parity.get('reason', '')})")
-    lat = report.get("latency") or {}
     for name, row in (lat.get("backends") or {}).items():
         lines.append(
             f"latency {name}: p50 {row['p50_ms']:.3f} ms, p90 {row['p90_ms']:.3f} ms, "

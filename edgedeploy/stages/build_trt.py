@@ -150,9 +150,7 @@ class BundleFromOnnx(Stage):
         for note in plan.notes:
             if note.startswith("the Q/DQ model was not used"):
                 ctx.warn(note)
-        if ctx.log:
-            for line in notes:
-                ctx.log(f"  {line}")
+        # the notes reach the user once: in the report, and printed at the end of deploy build
         return {
             "artifact": f"{BUNDLE_DIR}/",
             "engine": "not built here (built on the device by complete_bundle.py)",

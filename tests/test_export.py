@@ -194,3 +194,21 @@ def test_external_data_travels_into_the_bundle_without_duplicate_copies(tmp_path
     assert ONNX_DATA in listed
     # the bundle's model files are the same inodes as OUT's: no second copy on disk
     assert (bundle / ONNX_MODEL).stat().st_ino == (result.out / ONNX_MODEL).stat().st_ino
+
+
+def test_one_export_serves_targets_with_the_same_opset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu and a TensorRT target at the same opset share the cached reference, capture and export."""
+    from edgedeploy.stages import pipeline_stages
+    from edgedeploy.targets import get_target
+
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(tmp_path / "shared-cache"))
+    first = make_config(tmp_path / "a", GOOD_MODEL, export={"opset": 20}, build={"cache": True})
+    run_build(first, log=quiet)
+    orin = {"cache": True, "target": "jetson-orin"}
+    second = make_config(tmp_path / "b", GOOD_MODEL, export={"opset": 20}, build=orin)
+    second = dataclasses.replace(second, model=dataclasses.replace(second.model, factory=first.model.factory))
+    second = dataclasses.replace(second, base_dir=first.base_dir)
+    stages = pipeline_stages(get_target("jetson-orin"))
+    result = run_build(second, stages=stages, log=quiet)
+    status = {r.name: r.status for r in result.stages}
+    assert status["reference"] == status["capture"] == status["export"] == "cached"

@@ -193,3 +193,12 @@ def test_tracer_warnings_inside_library_code_are_not_blamed_on_the_user(tmp_path
     assert "torch/nn/modules/rnn.py" in warning
     assert f"called from {module_file}:{LSTM_LINE}" in warning
     assert set(metrics["points"]) >= {"time=1 (min)", "time=12 (max)"}
+
+
+def test_auto_capture_is_skipped_when_nothing_consumes_it(tmp_path: Path) -> None:
+    """A TensorRT target's bundle carries only ONNX and validation runs on the device: no capture needed."""
+    cfg = make_config(tmp_path, GOOD_MODEL, build={"target": "jetson-orin"})
+    result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    assert result.stages[0].status == "skipped" and "nothing here consumes" in result.stages[0].reason
+    explicit = make_config(tmp_path / "e", GOOD_MODEL, build={"target": "jetson-orin"}, export={"capture": "trace"})
+    assert run_build(explicit, stages=[TorchScriptFromModel()], log=quiet).stages[0].status == "ran"

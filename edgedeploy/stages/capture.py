@@ -52,6 +52,12 @@ class TorchScriptFromModel(Stage):
     def __init__(self) -> None:
         self._artifact: str | None = None  # set by run(): auto only knows its route afterwards
 
+    def applies(self, ctx: BuildContext) -> str | None:
+        if ctx.cfg.export.capture == "auto" and not ctx.target.builds_here:
+            # the program's one consumer is validation here; a device bundle carries only ONNX
+            return "nothing here consumes a TorchScript program for this target (export.capture = auto)"
+        return None
+
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         if self._artifact is not None:  # after run(); "" when the capture could not be saved
             return (self._artifact,) if self._artifact else ()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,8 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
-from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
 CaptureMode = Literal["auto", "trace", "script", "export"]
@@ -163,7 +162,7 @@ class DeployConfig:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     validate: ValidateSection = field(default_factory=ValidateSection)
-    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/gate.py)
+    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/validate/gate.py)
     build: BuildSection = field(default_factory=BuildSection)
     source: str = "<dict>"
     base_dir: str = "."
@@ -451,14 +450,14 @@ def _check_consistency(cfg: DeployConfig) -> None:
                 f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",
                 hint=f"use one of {', '.join(DTYPES)}",
             )
-        for d in spec.shape:
-            if isinstance(d, str) and d not in cfg.dims:
+        for size in spec.shape:
+            if isinstance(size, str) and size not in cfg.dims:
                 raise ConfigError(
-                    f"{where}: inputs[{i}] ({spec.name}) uses dim {d!r} that has no [dims.{d}] table",
-                    hint=f"add [dims.{d}] with min, opt and max",
+                    f"{where}: inputs[{i}] ({spec.name}) uses dim {size!r} that has no [dims.{size}] table",
+                    hint=f"add [dims.{size}] with min, opt and max",
                 )
-            if isinstance(d, int) and d < 1:
-                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {d}")
+            if isinstance(size, int) and size < 1:
+                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {size}")
         lo, hi = spec.range
         if lo > hi:
             raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")
@@ -481,55 +480,3 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> De
     path = Path(path)
     raw = read_toml(path, what="config file", hint="pass --config PATH to a deploy.toml")
     return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
-
-
-def import_factory(cfg: DeployConfig) -> Any:
-    """Import the ``module:callable`` model factory named in the config.
-
-    A factory that came from a checkpoint sidecar is checked before anything runs: its module
-    must be a file inside ``model.python_path`` (or the package's own zoo), and the callable must
-    be a function or class defined in that module (not, say, ``os.system`` re-exported there).
-
-    Raises:
-        ConfigError: the module does not import, has no such callable, or a sidecar factory
-            resolves outside the allowed roots.
-    """
-    import importlib
-    import importlib.util
-    import inspect
-
-    module_name, _, attr = cfg.model.factory.partition(":")
-    roots = [cfg.path(p) for p in cfg.model.python_path]
-    for p in reversed(roots):
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
-    origin = getattr(cfg, "factory_origin", "config")  # train configs name their factory themselves
-    where = f"{cfg.source}: key 'model.factory'"
-    if origin == "sidecar":
-        where = f"{cfg.source}: model.factory from the checkpoint sidecar"
-        expected = _module_file_in_roots(module_name, [r for r in roots if r is not None])
-        spec = importlib.util.find_spec(module_name) if "." not in module_name else None
-        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else expected
-        if expected is None or origin != expected:
-            raise ConfigError(
-                f"{where}: module {module_name!r} resolves to {origin}, outside model.python_path",
-                hint="set model.factory in the config if you trust it",
-            )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure is the user's factory
-        raise ConfigError(
-            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
-            hint="check the module name and model.python_path",
-        ) from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: module {module_name!r} has no callable {attr!r}")
-    if origin != "config" and not (
-        (inspect.isfunction(factory) or inspect.isclass(factory)) and factory.__module__ == module.__name__
-    ):
-        raise ConfigError(
-            f"{where}: {cfg.model.factory!r} is not a function or class defined in {module_name!r}",
-            hint="a sidecar may only name the project's own model builders; set model.factory in the config",
-        )
-    return factory

@@ -20,7 +20,7 @@ from conftest import TINY_TOML, write_tiny_project
 from edgedeploy.api import build
 from edgedeploy.cli import main
 from edgedeploy.device import complete_bundle as device
-from edgedeploy.stages.reference import load_goldens
+from edgedeploy.modelio.goldens import load_goldens
 from edgedeploy.trt import adapter
 
 # run the bundled script the way a device would: no torch, no edgedeploy

@@ -10,17 +10,12 @@ import numpy as np
 import pytest
 from test_capture import BAKED_MODEL, GOOD_MODEL, make_config, quiet
 
+from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError, TargetCapabilityError
+from edgedeploy.onnxtools.export import EXPORTER_OPSETS, choose_opset, exporter_order
 from edgedeploy.pipeline.manifest import read_manifest
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy.stages.export import (
-    EXPORTER_OPSETS,
-    ONNX_DATA,
-    ONNX_MODEL,
-    OnnxFromTorch,
-    choose_opset,
-    exporter_order,
-)
+from edgedeploy.stages.export import OnnxFromTorch
 from edgedeploy.targets import get_target
 
 # Python control flow on a tensor value: torch.export cannot capture it, tracing can

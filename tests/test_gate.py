@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY_TOML, write_tiny_project
 
 from edgedeploy.cli import main
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 
 from edgedeploy.config import InputSpec
 from edgedeploy.modelio.generators import generate, prefix_mask
-from edgedeploy.pipeline.parity import compare_output
+from edgedeploy.validate.parity import compare_output
 
 
 def test_ids_cover_both_ends_of_the_inclusive_range() -> None:

@@ -174,7 +174,7 @@ def test_qdq_flavour_per_runtime(tmp_path: Path, runtime: str) -> None:
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.targets import get_target
 
     batches = photo_batches(8, 4)

@@ -16,8 +16,8 @@ from edgedeploy.cli import main
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import check_model, table_for, tensorrt_findings, trt_table_versions
 from edgedeploy.pipeline.runner import run_build
+from edgedeploy.stages.check import PREFLIGHT, PreflightFromOnnx
 from edgedeploy.stages.export import OnnxFromTorch
-from edgedeploy.stages.preflight import PREFLIGHT, PreflightFromOnnx
 from edgedeploy.targets import get_target
 
 NONZERO_MODEL = """

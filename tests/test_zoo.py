@@ -149,18 +149,20 @@ def _tv(name: str, **kwargs: Any) -> ZooModel:
     return ZooModel(f"torchvision.models:{name}", {"num_classes": 10, **kwargs})
 
 
+# The default run keeps one CNN, the ViT, the LSTM and the transformer encoder (one of each capture and
+# exporter path); the rest of the zoo is `slow`, run by CI's separate slow step.
 ZOO: dict[str, Any] = {
     "resnet18": _tv("resnet18"),
-    "mobilenet_v2": _tv("mobilenet_v2", width_mult=0.25),
+    "mobilenet_v2": pytest.param(_tv("mobilenet_v2", width_mult=0.25), marks=pytest.mark.slow),
     "mobilenet_v3_small": _tv("mobilenet_v3_small", width_mult=0.5),
-    "mobilenet_v3_large": _tv("mobilenet_v3_large", width_mult=0.25),
-    "shufflenet_v2_x0_5": _tv("shufflenet_v2_x0_5"),
-    "squeezenet1_1": _tv("squeezenet1_1"),
-    "mnasnet0_5": _tv("mnasnet0_5"),
-    "regnet_x_400mf": _tv("regnet_x_400mf"),
-    "regnet_y_400mf": _tv("regnet_y_400mf"),
-    "efficientnet_b0": _tv("efficientnet_b0"),
-    "googlenet": _tv("googlenet", aux_logits=False, init_weights=False),
+    "mobilenet_v3_large": pytest.param(_tv("mobilenet_v3_large", width_mult=0.25), marks=pytest.mark.slow),
+    "shufflenet_v2_x0_5": pytest.param(_tv("shufflenet_v2_x0_5"), marks=pytest.mark.slow),
+    "squeezenet1_1": pytest.param(_tv("squeezenet1_1"), marks=pytest.mark.slow),
+    "mnasnet0_5": pytest.param(_tv("mnasnet0_5"), marks=pytest.mark.slow),
+    "regnet_x_400mf": pytest.param(_tv("regnet_x_400mf"), marks=pytest.mark.slow),
+    "regnet_y_400mf": pytest.param(_tv("regnet_y_400mf"), marks=pytest.mark.slow),
+    "efficientnet_b0": pytest.param(_tv("efficientnet_b0"), marks=pytest.mark.slow),
+    "googlenet": pytest.param(_tv("googlenet", aux_logits=False, init_weights=False), marks=pytest.mark.slow),
     "vit_tiny": ZooModel(
         "torchvision.models.vision_transformer:VisionTransformer",
         {
@@ -173,13 +175,16 @@ ZOO: dict[str, Any] = {
             "num_classes": 10,
         },
     ),
-    "lraspp_mobilenet_v3_large": ZooModel(
-        "torchvision.models.segmentation:lraspp_mobilenet_v3_large",
-        {"weights": None, "weights_backbone": None, "num_classes": 3},
-        inputs=[{"name": "image", "shape": [1, 3, "height", "width"], "range": [-1.0, 1.0]}],
-        dims={"height": {"min": 32, "opt": 32, "max": 64}, "width": {"min": 32, "opt": 32, "max": 64}},
-        outputs=("out",),
-        classifier=False,
+    "lraspp_mobilenet_v3_large": pytest.param(
+        ZooModel(
+            "torchvision.models.segmentation:lraspp_mobilenet_v3_large",
+            {"weights": None, "weights_backbone": None, "num_classes": 3},
+            inputs=[{"name": "image", "shape": [1, 3, "height", "width"], "range": [-1.0, 1.0]}],
+            dims={"height": {"min": 32, "opt": 32, "max": 64}, "width": {"min": 32, "opt": 32, "max": 64}},
+            outputs=("out",),
+            classifier=False,
+        ),
+        marks=pytest.mark.slow,
     ),
     "lstm": ZooModel(
         "zoo_sequence:lstm",

@@ -39,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         findings, target_name = _check_config(args)
     _print(findings, target_name, args.json)
-    from edgedeploy.onnxtools.opsupport import Finding
-    from edgedeploy.stages.preflight import raise_on_errors
+    from edgedeploy.onnxtools.opsupport import Finding, raise_on_errors
 
     raise_on_errors([Finding(**f) for f in findings], target_name)
     return 0
@@ -66,11 +65,12 @@ def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
 
 
 def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
+    from edgedeploy import stagenames as names
     from edgedeploy.config import load_config
     from edgedeploy.errors import UnsupportedOpsError
     from edgedeploy.pipeline.runner import run_build
+    from edgedeploy.stages.check import PreflightFromOnnx
     from edgedeploy.stages.export import OnnxFromTorch
-    from edgedeploy.stages.preflight import PreflightFromOnnx
 
     overrides: dict[str, object] = {}
     if args.target:
@@ -89,7 +89,7 @@ def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
         result = run_build(cfg, stages=[OnnxFromTorch(), PreflightFromOnnx()], log=_progress)
     except UnsupportedOpsError as exc:
         return list(exc.findings), cfg.build.target
-    return list(result.report["metrics"].get("check", {}).get("findings", [])), cfg.build.target
+    return list(result.report["metrics"].get(names.CHECK, {}).get("findings", [])), cfg.build.target
 
 
 def _progress(line: str) -> None:

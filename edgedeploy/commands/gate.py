@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from edgedeploy.gate import run_gate
+    from edgedeploy.validate.gate import run_gate
 
     result = run_gate(args.report, policy_path=args.policy, baseline_path=args.baseline)
     if args.json:

@@ -39,7 +39,7 @@ PLAN = "plan.json"
 ENGINE_RECORD = "engine.json"
 ENGINE_SCHEMA = "edgedeploy-engine/1"
 VALIDATION = "validation.json"
-SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.pipeline.parity"}
+SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.validate.parity"}
 
 # edgedeploy's exit codes (edgedeploy/errors.py); a test keeps them equal
 EXIT_INPUT = 3

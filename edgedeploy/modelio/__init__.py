@@ -1,2 +1,9 @@
-"""Tools over PyTorch models and their inputs: capture routes, tracer-warning attribution, typed input
-generators and Hugging Face model folders as a model source."""
+"""Tools over PyTorch models and their inputs (layer 1).
+
+Owns: checkpoint reading and model construction (``checkpoint``), seeded inputs (``inputs``) and
+their typed generators (``generators``), goldens I/O (``goldens``), the one loader of user code
+(``usercode``), torch helpers (``torchutil``: quiet_torch, root_cause, flatten), capture routes
+(``capture``) and TracerWarning attribution (``tracing``), and Hugging Face model folders (``hf``).
+May import layer 0 (errors, config, artifacts, targets, hfspec), ``fileio`` and other ``modelio``
+modules; never stages, pipeline or domain packages.
+"""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgedeploy.artifacts import EXPORTED_PROGRAM, TORCHSCRIPT
 from edgedeploy.modelio.tracing import TracerWarnings
 
 AUTO_ORDER = ("trace", "export", "script")
 API = {"trace": "torch.jit.trace", "script": "torch.jit.script", "export": "torch.export.export"}
-ARTIFACTS = {"trace": "model.ts", "script": "model.ts", "export": "model.pt2"}
+ARTIFACTS = {"trace": TORCHSCRIPT, "script": TORCHSCRIPT, "export": EXPORTED_PROGRAM}
 
 
 def route_order(mode: str) -> tuple[str, ...]:
@@ -36,7 +37,7 @@ def capture_route(route: str, model: Any, example: tuple[Any, ...], dynamic_shap
             captured = torch.jit.script(model)
             return captured, captured, tw
         if route == "export":
-            from edgedeploy.stages.export import quiet_torch
+            from edgedeploy.modelio.torchutil import quiet_torch
 
             with quiet_torch():
                 ep = torch.export.export(model, example, dynamic_shapes=dynamic_shapes, strict=False)

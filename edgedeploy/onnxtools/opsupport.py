@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.errors import UnsupportedOpsError
+
 SEVERITIES = ("error", "warning", "info")
 _TABLE_FILE = re.compile(r"^trt-(\d+(?:\.\d+)*)\.json$")
 
@@ -483,11 +485,32 @@ def check_model(
     precision: str = "fp32",
     module_paths: dict[str, str] | None = None,
 ) -> list[Finding]:
-    """All preflight findings for ``model_path`` on ``target`` (dispatch on the target's runtime)."""
+    """All preflight findings for ``model_path`` on ``target`` (the target runtime's registered preflight)."""
+    from edgedeploy import runtimes
+
+    preflight = runtimes.load(runtimes.get(target.runtime).preflight)
+    findings: list[Finding] = preflight(
+        model_path, target, dla_core=dla_core, precision=precision, module_paths=module_paths
+    )
+    return findings
+
+
+def onnxruntime_preflight(model_path: str | Path, target: Any, **_: Any) -> list[Finding]:
+    """The onnxruntime runtime's preflight: a real CPU session, and the target's opset ceiling."""
+    return onnxruntime_findings(model_path, max_opset=target.max_opset)
+
+
+def tensorrt_preflight(
+    model_path: str | Path,
+    target: Any,
+    *,
+    dla_core: int | None = None,
+    precision: str = "fp32",
+    module_paths: dict[str, str] | None = None,
+) -> list[Finding]:
+    """The tensorrt runtime's preflight: every node against the op table of the target's TensorRT version."""
     import onnx
 
-    if target.runtime == "onnxruntime":
-        return onnxruntime_findings(model_path, max_opset=target.max_opset)
     model = onnx.load(str(model_path), load_external_data=False)
     return tensorrt_findings(
         model,
@@ -513,3 +536,21 @@ def findings_table(findings: list[Finding] | list[dict[str, str]]) -> str:
     counts = {s: sum(r["severity"] == s for r in rows) for s in SEVERITIES}
     lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)")
     return "\n".join(lines)
+
+
+def raise_on_errors(findings: list[Finding], target_name: str) -> None:
+    """Raise once for all error findings.
+
+    Raises:
+        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
+    """
+    errors = [f for f in findings if f.severity == "error"]
+    if not errors:
+        return
+    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    raise UnsupportedOpsError(
+        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
+        findings=[f.to_dict() for f in findings],
+        hint=errors[0].fix,
+    )

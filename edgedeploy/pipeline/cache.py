@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 _RECORD = "stage.json"
 
@@ -23,6 +23,8 @@ _RECORD = "stage.json"
 class CacheEntry:
     files: dict[str, str]  # artifact name -> sha256
     metrics: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 class StageCache:
@@ -49,7 +51,12 @@ class StageCache:
         except (OSError, ValueError, KeyError, json.JSONDecodeError):
             shutil.rmtree(d, ignore_errors=True)
             return None
-        return CacheEntry(files=files, metrics=data.get("metrics", {}))
+        return CacheEntry(
+            files=files,
+            metrics=data.get("metrics", {}),
+            warnings=tuple(data.get("warnings", ())),
+            notes=tuple(data.get("notes", ())),
+        )
 
     def restore(self, stage: str, key: str, entry: CacheEntry, dest: Path) -> None:
         """Copy a cached entry's files into ``dest`` (hard links where the filesystem allows)."""
@@ -60,8 +67,18 @@ class StageCache:
             target.unlink(missing_ok=True)
             _link_or_copy(d / name, target)
 
-    def store(self, stage: str, key: str, src: Path, files: list[str], metrics: dict[str, Any]) -> None:
-        """Save a stage's outputs under ``key``; written to a temp folder and renamed into place."""
+    def store(
+        self,
+        stage: str,
+        key: str,
+        src: Path,
+        files: list[str],
+        metrics: dict[str, Any],
+        *,
+        warnings: list[str] | tuple[str, ...] = (),
+        notes: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        """Save a stage's outputs and whole result under ``key``; written to a temp folder and renamed into place."""
         final = self._dir(stage, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=final.parent))
@@ -71,7 +88,11 @@ class StageCache:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 _link_or_copy(src / name, tmp / name)
                 shas[name] = sha256_file(tmp / name)
-            (tmp / _RECORD).write_text(json.dumps({"files": shas, "metrics": metrics}, default=str))
+            (tmp / _RECORD).write_text(
+                json.dumps(
+                    {"files": shas, "metrics": metrics, "warnings": list(warnings), "notes": list(notes)}, default=str
+                )
+            )
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         except BaseException:

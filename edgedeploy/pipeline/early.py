@@ -19,7 +19,7 @@ def refuse_early(cfg: Any, target: Any) -> None:
         InputError: INT8 without calibration data; a data file that is missing or needs a
             Hugging Face tokenizer the model source does not have.
     """
-    from edgedeploy.stages.export import choose_opset
+    from edgedeploy.onnxtools.export import choose_opset
 
     target.require_precision(cfg.precision.mode)
     target.require_dla(cfg.build.dla_core, cfg.precision.mode)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
-from edgedeploy.pipeline.store import atomic_write_json
+from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.targets import TargetProfile
 
-REPORT = "report.json"
 SCHEMA = "edgedeploy-report/1"
 
 
@@ -25,9 +26,9 @@ def build_report(
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the report from stage records and metrics (plain data, JSON-able)."""
-    validate = metrics.get("validate", {})
+    validate = metrics.get(names.VALIDATE, {})
     skipped = next(
-        (s.get("reason") for s in stages if s.get("name") == "validate" and s.get("status") == "skipped"), ""
+        (s.get("reason") for s in stages if s.get("name") == names.VALIDATE and s.get("status") == "skipped"), ""
     )
     not_run = {"status": "skipped", "reason": skipped or "validate stage did not run"}
     report: dict[str, Any] = {
@@ -40,7 +41,7 @@ def build_report(
         "stages": stages,
         "parity": validate.get("parity", not_run),
         "latency": validate.get("latency", not_run),
-        "metrics": {k: v for k, v in metrics.items() if k != "validate"},
+        "metrics": {k: v for k, v in metrics.items() if k != names.VALIDATE},
         "warnings": list(warnings),
         "summary": summarize(validate),
         "notes": [n for m in metrics.values() if isinstance(m, dict) for n in m.get("notes") or []],

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.store import atomic_write_text
+from edgedeploy.fileio.store import atomic_write_text
 
 JUNIT = "report.junit.xml"
 MARKDOWN = "report.md"
@@ -351,7 +351,7 @@ def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
     """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
     if plot_cache is None:
         return _plots(report)
-    from edgedeploy.pipeline.hashing import sha256_json
+    from edgedeploy.fileio.hashing import sha256_json
 
     key = sha256_json(
         {

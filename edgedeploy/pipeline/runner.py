@@ -12,16 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
+from edgedeploy.fileio.hashing import sha256_file, sha256_json
+from edgedeploy.fileio.store import atomic_write_json, publish
+from edgedeploy.modelio import usercode
 from edgedeploy.pipeline.cache import StageCache
-from edgedeploy.pipeline.context import BuildContext, factory_source
-from edgedeploy.pipeline.hashing import sha256_json
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.pipeline.store import atomic_write_json, publish
-from edgedeploy.stages.base import Stage
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
 from edgedeploy.targets import TargetProfile, get_target
 
 FAILED_DIR = ".last-failed"
@@ -62,17 +64,34 @@ class BuildResult:
 
     @property
     def ok(self) -> bool:
-        return self.report.get("status") == "passed"
+        """True when the build passed and its artifacts were validated against PyTorch here.
+
+        False for a passing build that is not validated yet: a TensorRT bundle (complete_bundle.py
+        validates the engine on the device) or a run whose stages did not include validation.
+        A failing build raises instead of returning.
+        """
+        parity = self.report.get("parity") or {}
+        return self.report.get("status") == "passed" and parity.get("status") == "passed"
 
     def artifact(self, name: str) -> Path:
         return self.out / name
 
 
-def default_stages(target: TargetProfile) -> list[Stage]:
-    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime)."""
-    from edgedeploy.stages import pipeline_stages
+def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> list[Stage]:
+    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime), and the
+    release gate last when the build has a policy (``[gate]`` / ``--policy``), before anything is published.
 
-    return pipeline_stages(target)
+    Raises:
+        ConfigError: the policy file is invalid.
+    """
+    from edgedeploy.stages import pipeline_stages
+    from edgedeploy.stages.gate import GateFromReport
+    from edgedeploy.validate.gate import policy_for_build
+
+    stages = pipeline_stages(target)
+    if cfg is not None and policy_for_build(cfg) is not None:
+        stages.append(GateFromReport())
+    return stages
 
 
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
@@ -83,22 +102,23 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
             raise InputError(
                 f"checkpoint not found: {ckpt}", hint="fix model.checkpoint in the config or pass --checkpoint PATH"
             )
-        ext["checkpoint"] = ckpt
-    src = factory_source(cfg)
-    if src is not None:
-        ext["model_code"] = src
-    if cfg.model.hf:  # a Hugging Face folder: its weights and config.json key the cache like a checkpoint
+        ext[CHECKPOINT] = ckpt
+    if cfg.model.hf:  # a Hugging Face folder: its weights key the cache like a checkpoint (config.json: model code)
         from edgedeploy.hfspec import weights_file
 
         folder = Path(cfg.model.kwargs["folder"])
-        ext["checkpoint"] = weights_file(folder) or folder / "config.json"
-        ext["model_code"] = folder / "config.json"
+        ext[CHECKPOINT] = weights_file(folder) or folder / "config.json"
+    data = cfg.path(cfg.validate.data)
+    if data is not None:
+        if not data.is_file():
+            raise InputError(f"validation data not found: {data}", hint="fix validate.data")
+        ext[VALIDATION_DATA] = data
     calib = cfg.path(cfg.precision.calib)
     if calib is not None and cfg.precision.mode == "int8":
         if not calib.exists():
             raise InputError(f"calibration data not found: {calib}", hint="fix precision.calib or --calib")
         if calib.is_file():
-            ext["calibration"] = calib
+            ext[CALIBRATION] = calib
     return ext
 
 
@@ -132,9 +152,17 @@ def run_build(
     out.mkdir(parents=True, exist_ok=True)
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
     staging = out / f".staging-{uuid.uuid4().hex[:8]}"
+    # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
+    external = _external_inputs(cfg)
+    usercode.forget()  # modules an earlier build in this process imported are imported afresh
+    loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
+    stages = stages if stages is not None else default_stages(target, cfg)
     staging.mkdir(parents=True)
-    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
-    stages = stages if stages is not None else default_stages(target)
+    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
+    ctx.factory = loaded.factory
+    ctx.groups[MODEL_CODE] = loaded.files
+    if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
+        ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
@@ -157,10 +185,6 @@ def run_build(
         if noise:
             (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
             produced.append(BUILD_LOG)
-        current = "gate"  # release gate ([gate] / --policy), before anything is published
-        from edgedeploy.gate import gate_build
-
-        gate_build(ctx)
     except DeployError as exc:
         if noise:
             (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
@@ -185,7 +209,7 @@ def run_build(
         config=cfg.to_dict(),
         config_sha=sha256_json(cfg.to_dict()),
         target=target.capabilities(),
-        inputs={k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()},
+        inputs=_manifest_inputs(ctx),
         artifacts=artifacts,
         stages=[r.to_dict() for r in records],
         summary=report.get("summary", {}),
@@ -207,6 +231,32 @@ def run_build(
     )
 
 
+def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
+    """External inputs as the manifest records them; user code lists every file the build loaded."""
+    inputs: dict[str, Any] = {k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()}
+    for name, files in ctx.groups.items():
+        inputs[name] = {
+            "path": str(files[0]) if files else "",
+            "sha256": ctx.sha256(name),
+            "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+        }
+    return inputs
+
+
+def _input_hashes(stage: Stage, ctx: BuildContext) -> dict[str, str]:
+    """sha256 of every external input ``stage`` declares.
+
+    Raises:
+        InputError: a declared input is not configured for this build, or its file is gone.
+    """
+    hashes = {}
+    for name in stage.inputs(ctx):
+        if not ctx.has_input(name):
+            raise InputError(f"stage {stage.name} needs input {name!r}, which this build does not have")
+        hashes[name] = ctx.sha256(name)
+    return hashes
+
+
 def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployConfig) -> StageRecord:
     reason = stage.applies(ctx)
     if reason is not None:
@@ -219,27 +269,45 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
             "version": stage.version,
             "config": stage.config_key(ctx),
             "consumes": {n: ctx.sha256(n) for n in stage.consumes if ctx.path(n).is_file()},
+            "inputs": _input_hashes(stage, ctx),
             "outputs": outputs,
         }
     )
-    entry = cache.lookup(stage.name, key) if cfg.build.cache else None
+    use_cache = cfg.build.cache and stage.cacheable
+    entry = cache.lookup(stage.name, key) if use_cache else None
     if entry is not None:
         cache.restore(stage.name, key, entry, ctx.staging)
-        ctx.metrics[stage.name] = entry.metrics
+        _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
         return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
+    before = len(ctx.warnings)
     try:
-        metrics = stage.run(ctx) or {}
-    except DeployError:
-        ctx.metrics.setdefault(stage.name, {})
+        result = StageResult.of(stage.run(ctx))
+    except DeployError as exc:
+        _record(ctx, stage.name, StageResult.of(exc.partial), emitted=0)
         raise
     outputs = list(stage.outputs(ctx))  # a stage may learn its files while running (capture = "auto")
+    # warnings given to ctx.warn while running are part of the result (and so of the cache entry)
+    emitted = ctx.warnings[before:]
+    result.warnings = emitted + [w for w in result.warnings if w not in emitted]
     missing = [f for f in outputs if not (ctx.staging / f).is_file()]
     if missing:  # a stage that claims outputs it did not write is a bug in that stage
         raise RuntimeError(f"stage {stage.name} did not write {missing}")
-    ctx.metrics[stage.name] = metrics
-    if cfg.build.cache:
-        cache.store(stage.name, key, ctx.staging, outputs, metrics)
+    _record(ctx, stage.name, result, emitted=len(emitted))
+    if use_cache:
+        cache.store(stage.name, key, ctx.staging, outputs, result.metrics, warnings=result.warnings, notes=result.notes)
     return StageRecord(stage.name, "ran", time.perf_counter() - t0, key, files=outputs)
+
+
+def _record(ctx: BuildContext, name: str, result: StageResult, *, emitted: int) -> None:
+    """Put a stage's result into the build: metrics (notes included) and warnings not yet emitted."""
+    metrics = dict(result.metrics)
+    if result.notes:
+        metrics["notes"] = list(metrics.get("notes") or []) + [
+            n for n in result.notes if n not in (metrics.get("notes") or [])
+        ]
+    ctx.metrics[name] = metrics
+    for w in result.warnings[emitted:]:
+        ctx.warn(w)
 
 
 def _fail(

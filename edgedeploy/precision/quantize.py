@@ -61,8 +61,14 @@ CALIB_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percen
 
 
 def flavour_for(runtime: str) -> QdqFlavour:
-    """The QDQ flavour the target's runtime needs."""
-    return QDQ_FLAVOURS[runtime]
+    """The QDQ flavour the target's runtime needs (as its registered backend names it).
+
+    Raises:
+        ConfigError: the runtime is not registered.
+    """
+    from edgedeploy import runtimes
+
+    return QDQ_FLAVOURS[runtimes.get(runtime).qdq_flavour]
 
 
 @dataclass

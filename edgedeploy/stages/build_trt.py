@@ -15,11 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.hashing import sha256_file
-from edgedeploy.pipeline.store import atomic_write_json, atomic_write_text
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import GOLDENS
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.reference import GOLDENS
+from edgedeploy.stages.context import BuildContext
 from edgedeploy.trt.plan import (
     CALIB_CACHE,
     ONNX_FP16,
@@ -42,7 +43,7 @@ _PKG = Path(__file__).resolve().parent.parent
 DEVICE_CODE = {
     "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
-    "parity.py": _PKG / "pipeline" / "parity.py",
+    "parity.py": _PKG / "validate" / "parity.py",
 }
 
 
@@ -75,7 +76,7 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 
 class BundleFromOnnx(Stage):
-    name = "build"
+    name = names.BUILD
     version = "1"
     consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
 

@@ -15,38 +15,22 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import TORCHSCRIPT
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_order, save_artifact
-from edgedeploy.modelio.tracing import user_frame  # noqa: F401  (re-exported for export.root_cause)
+from edgedeploy.modelio.inputs import feeds_with_dims
+from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.inputs import feeds_with_dims
+from edgedeploy.stages.base import Stage, model_inputs
+from edgedeploy.stages.context import BuildContext
 
-TORCHSCRIPT = "model.ts"
-EXPORTED_PROGRAM = "model.pt2"
 CAPTURE_ATOL = 1e-4
 
 
-def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
-    """The model's positional arguments (config input order) as torch tensors."""
-    import torch
-
-    return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
-
-
-def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:
-    """Model outputs (nested tuples / dicts) flattened onto the configured output names."""
-    from edgedeploy.stages.reference import _flatten
-
-    flat = _flatten(result)
-    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
-
-
 class TorchScriptFromModel(Stage):
-    name = "capture"
+    name = names.CAPTURE
     version = "3"
-    consumes = ("checkpoint", "model_code")
     produces = (TORCHSCRIPT,)
 
     def __init__(self) -> None:
@@ -63,12 +47,14 @@ class TorchScriptFromModel(Stage):
             return (self._artifact,) if self._artifact else ()
         return (ARTIFACTS[ctx.cfg.export.capture],) if ctx.cfg.export.capture != "auto" else (TORCHSCRIPT,)
 
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return model_inputs(ctx)
+
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
         return {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
-
         cfg = ctx.cfg
         model = ctx.model()
         mode = cfg.export.capture
@@ -91,8 +77,6 @@ class TorchScriptFromModel(Stage):
             try:
                 save_artifact(route, captured, str(ctx.staging / self._artifact))
             except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
-                from edgedeploy.stages.export import root_cause
-
                 # the capture is proven against eager; only its file for LibTorch users is lost
                 (ctx.staging / self._artifact).unlink(missing_ok=True)
                 why = root_cause(exc, 200)
@@ -141,8 +125,6 @@ class TorchScriptFromModel(Stage):
         try:
             captured, runner, tw = capture_route(route, model, example, export_dynamic_shapes(cfg))
         except Exception as exc:  # capture errors come from the user's model code
-            from edgedeploy.stages.export import root_cause
-
             raise StageError(
                 self.name,
                 f"{API[route]} failed: {root_cause(exc, 400)}",

@@ -18,24 +18,21 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import CALIBRATION, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
-from edgedeploy.pipeline.context import BuildContext
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.export import ONNX_MODEL
-
-PRECISION_MODELS = {"fp32": ONNX_MODEL, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
-PRECISION_JSON = "precision.json"
-
-
-def deploy_model_name(precision: str) -> str:
-    """The ONNX file the build stage turns into the artifact for ``precision``."""
-    return PRECISION_MODELS[precision]
+from edgedeploy.stages.context import BuildContext
 
 
 class PrecisionFromOnnx(Stage):
-    name = "precision"
+    name = names.PRECISION
     version = "3"  # 3: 7-bit weights (reduce_range) in the onnxruntime QDQ flavour
-    consumes = (ONNX_MODEL, "calibration")
+    consumes = (ONNX_MODEL,)
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        # a calibration file is an input; a folder or callable is fingerprinted in config_key
+        return (CALIBRATION,) if CALIBRATION in ctx.external else ()
 
     def applies(self, ctx: BuildContext) -> str | None:
         return "fp32: nothing to convert" if ctx.precision == "fp32" else None

@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import GOLDENS, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.parity import (
+from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
+from edgedeploy.validate.latency import measure
+from edgedeploy.validate.parity import (
     NON_FINITE,
     add_to_histogram,
     batch_consistency,
     compare_output,
     empty_histogram,
 )
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.precision import deploy_model_name
-from edgedeploy.stages.reference import GOLDENS, load_goldens
-from edgedeploy.validate.latency import measure
-from edgedeploy.validate.latency import time_calls as latency  # noqa: F401  (kept for precision.analysis)
 from edgedeploy.validate.runners import (
     ENGINE_FILES,
     ONNX_MODELS,
@@ -72,7 +72,7 @@ def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class ParityFromGoldens(Stage):
-    name = "validate"
+    name = names.VALIDATE
     version = "2"
     consumes = (GOLDENS, TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), *ENGINE_FILES)
 
@@ -91,7 +91,7 @@ class ParityFromGoldens(Stage):
             "tensorrt": tensorrt_available(),
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         cfg = ctx.cfg
         goldens = load_goldens(ctx.path(GOLDENS))
         samples = [(point, s, pair) for point, by_sample in goldens.items() for s, pair in sorted(by_sample.items())]
@@ -120,10 +120,11 @@ class ParityFromGoldens(Stage):
             "candidates": candidates,
         }
         metrics = {"parity": parity, "latency": timings}
-        ctx.metrics[self.name] = metrics
         if failed:
-            raise self._error(failed)
-        return metrics
+            error = self._error(failed)
+            error.partial = StageResult(metrics)
+            raise error
+        return StageResult(metrics)
 
     def _validate_backend(
         self, ctx: BuildContext, backend: Backend, samples: list[tuple[str, int, Any]], opt_feeds: dict[str, Any]

@@ -18,7 +18,7 @@ from typing import Literal
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 from edgedeploy.schema import read_toml
 
-Runtime = Literal["onnxruntime", "tensorrt"]
+Runtime = str  # a registered runtime (edgedeploy.runtimes): onnxruntime, tensorrt, or one a plugin adds
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,9 @@ class TargetProfile:
     @property
     def builds_here(self) -> bool:
         """True when the artifact is built on this host (no TensorRT needed)."""
-        return self.runtime == "onnxruntime"
+        from edgedeploy import runtimes
+
+        return runtimes.get(self.runtime).builds_here
 
     def supports_precision(self, precision: str) -> bool:
         return precision in self.precisions
@@ -123,9 +125,11 @@ class TargetProfile:
         bad = [p for p in self.precisions if p not in ("fp32", "fp16", "int8")]
         if bad or not self.precisions:
             out.append(f"precisions {list(self.precisions)} must be a non-empty subset of fp32, fp16, int8")
-        if self.runtime not in ("onnxruntime", "tensorrt"):
-            out.append(f"runtime {self.runtime!r} must be onnxruntime or tensorrt")
-        if self.runtime == "tensorrt" and self.trt_major == 0:
+        from edgedeploy import runtimes
+
+        if self.runtime not in runtimes.names():
+            out.append(f"runtime {self.runtime!r} must be one of {', '.join(runtimes.names())}")
+        elif runtimes.get(self.runtime).needs_version and self.trt_major == 0:
             out.append(f"trt_version {self.trt_version!r} must be a TensorRT version like '10.3'")
         if self.dla_cores < 0 or self.workspace_mib <= 0 or self.memory_mib < 0:
             out.append("dla_cores and memory_mib must be >= 0 and workspace_mib > 0")

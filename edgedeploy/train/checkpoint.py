@@ -22,12 +22,12 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from edgedeploy import __version__
+from edgedeploy._version import __version__
 from edgedeploy.config import SIDECAR_FORMAT, checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError
-from edgedeploy.pipeline.hashing import sha256_file
-from edgedeploy.pipeline.store import atomic_write_bytes, atomic_write_json
-from edgedeploy.stages.checkpoint import read_state_dict
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.store import atomic_write_bytes, atomic_write_json
+from edgedeploy.modelio.checkpoint import read_state_dict
 
 FORMAT = SIDECAR_FORMAT
 RESUME_FORMAT = "edgedeploy-train-state/1"

@@ -55,7 +55,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
     Raises:
         ConfigError: the factory does not import, raises, or returns something other than a module.
     """
-    from edgedeploy.stages.checkpoint import build_model as build_from_factory
+    from edgedeploy.modelio.checkpoint import build_model as build_from_factory
 
     model = build_from_factory(cfg)  # type: ignore[arg-type]  # duck-typed: model.factory/kwargs/python_path, path()
     return init_weights(model) if cfg.model.init == "policy" else model
@@ -97,7 +97,7 @@ def _loss(cfg: TrainConfig, splits: Splits, device: torch.device) -> nn.Module:
 
 
 def _metadata(cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    from edgedeploy.pipeline.context import factory_source
+    from edgedeploy.modelio.usercode import factory_source
 
     bmin, bopt, bmax = cfg.deploy.batch
     src = factory_source(cfg)  # type: ignore[arg-type]  # duck-typed like build_model

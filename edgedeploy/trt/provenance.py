@@ -12,7 +12,7 @@ from typing import Any
 
 from edgedeploy.device import complete_bundle as device
 from edgedeploy.errors import ArtifactIntegrityError, EngineCompatibilityError, InputError
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 ENGINE_RECORD = device.ENGINE_RECORD
 engine_record = device.engine_record

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
     ArtifactIntegrityError,
     DeployError,
@@ -25,11 +26,11 @@ from edgedeploy.errors import (
     PerformanceRegressionError,
     StageError,
 )
-from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.parity import NON_FINITE
-from edgedeploy.pipeline.report import REPORT
+from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
-from edgedeploy.validate.policy import GatePolicy
+from edgedeploy.stagenames import GATE, VALIDATE
+from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
@@ -89,7 +90,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError("gate", message, hint="fix the build failure first; see its report")
+            return StageError(GATE, message, hint="fix the build failure first; see its report")
         err = _ERRORS[code](message, hint="see the failing checks listed above")
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -316,31 +317,14 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-def gate_build(ctx: Any) -> None:
-    """The gate at the end of ``deploy build`` (before publishing), when the build has a policy.
-
-    Integrity is not checked here: the runner writes the manifest right after. The verdict goes into
-    ``ctx.metrics["gate"]`` (and so into report.json) whether it passes or not.
-
-    Raises:
-        ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log).
-        InputError: the policy's baseline report is missing or unreadable.
-    """
-    policy = policy_for_build(ctx.cfg)
-    if policy is None:
-        return
-    validate = ctx.metrics.get("validate") or {}
-    report = {
+def judged_view(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a passing build's report the gate judges, from the stages' metrics so far
+    (the same ``parity`` / ``latency`` entries report.json gets)."""
+    validate = metrics.get(VALIDATE) or {}
+    not_run = {"status": "skipped", "reason": "validate stage did not run"}
+    return {
         "schema": "edgedeploy-report/1",
         "status": "passed",
-        "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
-        "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
+        "parity": validate.get("parity", not_run),
+        "latency": validate.get("latency", not_run),
     }
-    baseline = load_report(policy.baseline)[0] if policy.baseline else None
-    result = evaluate(report, policy, baseline=baseline)
-    ctx.metrics["gate"] = result.to_dict()
-    if ctx.log:
-        for check in result.failures:
-            ctx.log(f"  gate {check.line()}")
-    if not result.passed:
-        raise result.error()

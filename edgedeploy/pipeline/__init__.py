@@ -1,0 +1,4 @@
+"""Running a build (layer 4): the runner, the stage cache, manifest.json and the reports.
+
+May import ``stages`` and everything below; only ``api`` and ``commands`` import this package.
+"""

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from edgedeploy.artifacts import EXPORTED_PROGRAM, TORCHSCRIPT
 from edgedeploy.config import DeployConfig, config_from_dict
 from edgedeploy.errors import StageError
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy.stages.capture import EXPORTED_PROGRAM, TORCHSCRIPT, TorchScriptFromModel
+from edgedeploy.stages.capture import TorchScriptFromModel
 
 GOOD_MODEL = """
 import torch

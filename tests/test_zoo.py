@@ -149,8 +149,9 @@ def _tv(name: str, **kwargs: Any) -> ZooModel:
     return ZooModel(f"torchvision.models:{name}", {"num_classes": 10, **kwargs})
 
 
-# The default run keeps one CNN, the ViT, the LSTM and the transformer encoder (one of each capture and
-# exporter path); the rest of the zoo is `slow`, run by CI's separate slow step.
+# The default run keeps one CNN, the ViT, the LSTM, the OCR recognizer (conv + BiLSTM, dynamic width), the
+# detection head and the transformer encoder, all with default settings; the rest of the zoo is `slow`, run by
+# CI's separate slow step.
 ZOO: dict[str, Any] = {
     "resnet18": _tv("resnet18"),
     "mobilenet_v2": pytest.param(_tv("mobilenet_v2", width_mult=0.25), marks=pytest.mark.slow),
@@ -193,12 +194,15 @@ ZOO: dict[str, Any] = {
         outputs=("tags",),
         classifier=False,
     ),
-    "gru": ZooModel(
-        "zoo_sequence:gru",
-        inputs=[{"name": "x", "shape": ["batch", "time", 8], "range": [-1.0, 1.0]}],
-        dims={"batch": {"min": 1, "opt": 2, "max": 3}, "time": {"min": 1, "opt": 6, "max": 12}},
-        outputs=("tags",),
-        classifier=False,
+    "gru": pytest.param(
+        ZooModel(
+            "zoo_sequence:gru",
+            inputs=[{"name": "x", "shape": ["batch", "time", 8], "range": [-1.0, 1.0]}],
+            dims={"batch": {"min": 1, "opt": 2, "max": 3}, "time": {"min": 1, "opt": 6, "max": 12}},
+            outputs=("tags",),
+            classifier=False,
+        ),
+        marks=pytest.mark.slow,
     ),
     "ocr_recognizer": ZooModel(
         "zoo_sequence:recognizer",

@@ -60,6 +60,8 @@ def wrap(model: Any, task: str, inputs: list[str]) -> Any:
             pooled = getattr(out, "pooler_output", None)
             if pooled is not None:
                 return (pooled.flatten(1),)
+            if hidden is None:
+                raise ConfigError(f"model.hf: {type(self.model).__name__} returns no hidden state to pool")
             return (hidden.flatten(2).mean(-1) if hidden.dim() == 4 else hidden.mean(1),)
 
     params = ", ".join(inputs)

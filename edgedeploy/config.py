@@ -20,11 +20,13 @@ from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 
 Precision = Literal["fp32", "fp16", "int8"]
-CaptureMode = Literal["trace", "script", "export"]
+CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
 CalibMethod = Literal["minmax", "entropy", "percentile"]
 Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
+# generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
+INPUT_KINDS = ("", "float", "image", "ids", "mask")
 
 
 def _flag(name: str, help: str, *, path: bool = False) -> dict[str, Any]:
@@ -43,17 +45,25 @@ class DimSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: name, shape (ints and named dims), dtype and value range."""
+    """One model input: name, shape (ints and named dims), dtype, value range (inclusive) and kind.
+
+    ``kind`` chooses the generator for seeded inputs: ``float`` / ``image`` uniform in ``range``,
+    ``ids`` integers in ``range`` (both ends included: ``[0, vocab_size - 1]``), ``mask`` prefix
+    attention masks (ones then zeros per row, never all zeros). Empty: by dtype.
+    """
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str = "float32"
     range: tuple[float, float] = (0.0, 1.0)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class ModelSection:
     factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
+    hf: str | None = field(default=None, metadata=_flag("--hf", "Hugging Face model folder", path=True))
+    task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
         default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
@@ -72,7 +82,9 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ExportSection:
-    capture: CaptureMode = field(default="trace", metadata=_flag("--capture", "torch capture: trace, script or export"))
+    capture: CaptureMode = field(
+        default="auto", metadata=_flag("--capture", "torch capture: auto, trace, script or export")
+    )
     exporter: ExporterName = field(
         default="auto", metadata=_flag("--exporter", "ONNX exporter: auto, dynamo or torchscript")
     )
@@ -402,6 +414,10 @@ def config_from_dict(
     raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    if (raw.get("model") or {}).get("hf"):
+        from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
+
+        fill_from_folder(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
     cfg: DeployConfig = dataclass_from_dict(
         DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
@@ -433,6 +449,11 @@ def _check_consistency(cfg: DeployConfig) -> None:
         if spec.name in seen:
             raise ConfigError(f"{where}: duplicate input name {spec.name!r} in inputs[{i}]")
         seen.add(spec.name)
+        if spec.kind not in INPUT_KINDS:
+            raise ConfigError(
+                f"{where}: key 'inputs[{i}].kind' = {spec.kind!r} is not allowed",
+                hint=f"use one of {', '.join(k for k in INPUT_KINDS if k)}",
+            )
         if spec.dtype not in DTYPES:
             raise ConfigError(
                 f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",

@@ -20,10 +20,13 @@ from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 
 Precision = Literal["fp32", "fp16", "int8"]
-CaptureMode = Literal["trace", "script", "export"]
+CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
 CalibMethod = Literal["minmax", "entropy", "percentile"]
+Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
+# generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
+INPUT_KINDS = ("", "float", "image", "ids", "mask")
 
 
 def _flag(name: str, help: str, *, path: bool = False) -> dict[str, Any]:
@@ -42,17 +45,25 @@ class DimSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: name, shape (ints and named dims), dtype and value range."""
+    """One model input: name, shape (ints and named dims), dtype, value range (inclusive) and kind.
+
+    ``kind`` chooses the generator for seeded inputs: ``float`` / ``image`` uniform in ``range``,
+    ``ids`` integers in ``range`` (both ends included: ``[0, vocab_size - 1]``), ``mask`` prefix
+    attention masks (ones then zeros per row, never all zeros). Empty: by dtype.
+    """
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str = "float32"
     range: tuple[float, float] = (0.0, 1.0)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class ModelSection:
     factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
+    hf: str | None = field(default=None, metadata=_flag("--hf", "Hugging Face model folder", path=True))
+    task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
         default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
@@ -71,7 +82,9 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ExportSection:
-    capture: CaptureMode = field(default="trace", metadata=_flag("--capture", "torch capture: trace, script or export"))
+    capture: CaptureMode = field(
+        default="auto", metadata=_flag("--capture", "torch capture: auto, trace, script or export")
+    )
     exporter: ExporterName = field(
         default="auto", metadata=_flag("--exporter", "ONNX exporter: auto, dynamo or torchscript")
     )
@@ -95,6 +108,13 @@ class PrecisionSection:
     accuracy_target: float = 0.99
     max_fallback_tries: int = 4
     keep_fp32: tuple[str, ...] = ()
+    # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
+    int8_recipe: Int8Recipe = field(
+        default="auto", metadata=_flag("--int8-recipe", "INT8 recipe: auto (detect), cnn or transformer")
+    )
+    smoothquant_alpha: float = field(
+        default=0.0, metadata=_flag("--smoothquant-alpha", "transformer INT8 smoothing strength 0..1 (0: off)")
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,7 @@ class ValidateSection:
 @dataclass(frozen=True)
 class BuildSection:
     target: str = field(default="cpu", metadata=_flag("--target", "target profile (see deploy targets)"))
+    jetson: str = "jetson-orin"  # what --target jetson means off a Jetson (on one: detected)
     out: str = field(default="build", metadata=_flag("--out", "output directory", path=True))
     cache: bool = field(default=True, metadata=_flag("--cache", "reuse content-keyed cached stages"))
     dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))
@@ -393,6 +414,10 @@ def config_from_dict(
     raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    if (raw.get("model") or {}).get("hf"):
+        from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
+
+        fill_from_folder(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
     cfg: DeployConfig = dataclass_from_dict(
         DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
@@ -424,6 +449,11 @@ def _check_consistency(cfg: DeployConfig) -> None:
         if spec.name in seen:
             raise ConfigError(f"{where}: duplicate input name {spec.name!r} in inputs[{i}]")
         seen.add(spec.name)
+        if spec.kind not in INPUT_KINDS:
+            raise ConfigError(
+                f"{where}: key 'inputs[{i}].kind' = {spec.kind!r} is not allowed",
+                hint=f"use one of {', '.join(k for k in INPUT_KINDS if k)}",
+            )
         if spec.dtype not in DTYPES:
             raise ConfigError(
                 f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",
@@ -448,6 +478,11 @@ def _check_consistency(cfg: DeployConfig) -> None:
     for name in cfg.validate.classifier_outputs:
         if name not in cfg.outputs:
             raise ConfigError(f"{where}: key 'validate.classifier_outputs' names unknown output {name!r}")
+    if not 0.0 <= cfg.precision.smoothquant_alpha <= 1.0:
+        raise ConfigError(
+            f"{where}: key 'precision.smoothquant_alpha' = {cfg.precision.smoothquant_alpha} must be in [0, 1]",
+            hint="0 turns smoothing off; 0.5 is SmoothQuant's usual strength",
+        )
     if len(set(cfg.outputs)) != len(cfg.outputs):
         dupes = sorted({n for n in cfg.outputs if cfg.outputs.count(n) > 1})
         raise ConfigError(f"{where}: key 'outputs' names {dupes} more than once", hint="each output once")

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "stagenames": 0,
     "config": 0,
     "config_ranges": 0,
+    "hfspec": 0,
     "targets": 0,
     "device": 0,
     # 1: tools over files, models and ONNX graphs

@@ -52,14 +52,16 @@ def run(args: argparse.Namespace) -> int:
 def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     from edgedeploy.errors import InputError
     from edgedeploy.onnxtools.opsupport import check_model
-    from edgedeploy.targets import get_target
 
     path = Path(args.onnx)
     if not path.is_file():
         raise InputError(f"ONNX file not found: {path}", hint="pass --onnx PATH to an existing .onnx file")
     if path.stat().st_size == 0:  # protobuf parses zero bytes as an empty model with nothing to object to
         raise InputError(f"{path} is empty (0 bytes), not an ONNX model", hint="export the model again")
-    target = get_target(args.target or "cpu", args.targets_file)
+    from edgedeploy.targets.resolve import resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, _ = resolve_target(args.target or "cpu", targets_file=args.targets_file, local_tensorrt=running_tensorrt)
     target.require_dla(args.dla_core)
     try:
         import onnx

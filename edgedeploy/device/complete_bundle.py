@@ -46,7 +46,11 @@ PLAN = "plan.json"
 ENGINE_RECORD = "engine.json"
 ENGINE_SCHEMA = "edgedeploy-engine/1"
 VALIDATION = "validation.json"
-SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.validate.parity"}
+SIBLINGS = {
+    "trt_adapter": "edgedeploy.trt.adapter",
+    "parity": "edgedeploy.validate.parity",
+    "trt_runner": "edgedeploy.device.trt_runner",
+}
 
 if __name__ == "__main__":  # also any other entry naming this folder (PYTHONPATH=.), now that os is safe to import
     _HERE = os.path.dirname(os.path.realpath(__file__))
@@ -465,16 +469,35 @@ class OrtRunner:
 
 
 class TrtRunner:
-    """The engine, deserialized and run through the adapter (polygraphy manages device buffers)."""
+    """The engine, deserialized and run.
+
+    TensorRT >= 8.5: polygraphy's runner when polygraphy imports, else the bundled ``trt_runner``
+    (named-tensor API). TensorRT < 8.5 (Jetson Nano, 8.2): always ``trt_runner``'s bindings API,
+    since no polygraphy release runs there (0.48 dropped TensorRT < 8.5; the one pip picks on
+    Python 3.6 raises SyntaxError on import). ``trt_runner`` moves memory with ``libcuda.so.1``.
+    """
 
     label = "tensorrt"
 
-    def __init__(self, engine_bytes: bytes) -> None:
+    def __init__(self, engine_bytes: bytes, trt_version: str = "", log: Callable[[str], None] = print) -> None:
         adapter = sibling("trt_adapter")
-        try:
-            self.session = adapter.EngineSession(engine_bytes)
-        except (adapter.EngineBuildError, adapter.TensorRTUnavailable) as exc:
-            raise BuildFailed(str(exc)) from None
+        version = trt_version or adapter.tensorrt_version() or ""
+        self.session = None  # type: Any
+        if adapter.version_tuple(version)[:2] >= (8, 5):
+            try:
+                self.session = adapter.EngineSession(engine_bytes)
+                self.label = "tensorrt (polygraphy)"
+            except (adapter.TensorRTUnavailable, adapter.EngineBuildError) as exc:
+                # polygraphy missing, not importable on this Python, or unable to run here (it loads
+                # libcudart itself): the bundled runner needs only TensorRT and libcuda.so.1
+                log(f"note: {exc}; running the engine with the bundled trt_runner.py instead")
+        if self.session is None:
+            runner = sibling("trt_runner")
+            try:
+                self.session = runner.open_session(engine_bytes)
+            except (runner.CudaError, RuntimeError) as exc:
+                raise BuildFailed(f"cannot run the engine: {exc}") from None
+            self.label = f"tensorrt ({self.session.api})"
         self.dtypes = self.session.input_dtypes()
 
     def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
@@ -557,6 +580,7 @@ def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, l
             dla_core=plan.get("dla_core"),
             gpu_fallback=bool(plan.get("gpu_fallback", True)),
             log=log if args.verbose else None,
+            warn=log,
         )
 
     log(f"building {plan['engine']} from {plan['onnx']} ({plan['precision']}, {plan['strategy']})")
@@ -650,7 +674,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         record = read_json(os.path.join(os.path.dirname(engine_path), ENGINE_RECORD), "engine record")
         check_engine(engine_path, record, trt_version=trt_version, device=device)
         with open(engine_path, "rb") as fh:
-            runner = TrtRunner(fh.read())
+            runner = TrtRunner(fh.read(), trt_version, log)
         log(f"runner: TensorRT {trt_version} on {device.get('name') if device else '?'}")
     try:
         rows = validate(runner, goldens, spec)

@@ -4,12 +4,12 @@ flattening, the user's frame in a traceback, quiet exporters, an exporter error'
 from __future__ import annotations
 
 import logging
-import os
 import traceback
-import warnings
 from typing import Any
 
 import numpy as np
+
+from edgedeploy.modelio.tracing import user_frame  # the user's frame: outside installed packages
 
 
 def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
@@ -17,24 +17,6 @@ def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
     import torch
 
     return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
-
-
-def _library_dirs() -> tuple[str, ...]:
-    import torch
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    stdlib = os.path.dirname(os.path.abspath(warnings.__file__))
-    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(here) + os.sep, stdlib + os.sep)
-
-
-def user_frame(stack: list[traceback.FrameSummary]) -> str | None:
-    """``file:line`` of the innermost frame outside torch and edgedeploy (the user's code), if any."""
-    skip = _library_dirs()
-    for frame in reversed(stack):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(skip) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno}"
-    return None
 
 
 def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:

@@ -198,7 +198,11 @@ def markdown(report: dict[str, Any]) -> str:
                 note = f"{cand.get('status')}: {cand.get('reason', '')}"
                 lines.append(f"| {cand['name']} | - | - | - | - | - | - | - | - | - | {note} |")
             for row in _worst_rows(cand):
-                result = "ok" if row.get("passed") else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
+                result = (
+                    ("vacuous" if row.get("vacuous") else "ok")
+                    if row.get("passed")
+                    else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
+                )
                 lines.append(
                     f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {row.get('shape')}"
                     f"#{row.get('sample')} | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "

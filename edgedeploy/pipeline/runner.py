@@ -22,10 +22,11 @@ from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.modelio import usercode
 from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
+from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
-from edgedeploy.targets import TargetProfile, get_target
+from edgedeploy.targets import TargetProfile
 
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
@@ -103,6 +104,11 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
                 f"checkpoint not found: {ckpt}", hint="fix model.checkpoint in the config or pass --checkpoint PATH"
             )
         ext[CHECKPOINT] = ckpt
+    if cfg.model.hf:  # a Hugging Face folder: its weights key the cache like a checkpoint (config.json: model code)
+        from edgedeploy.hfspec import weights_file
+
+        folder = Path(cfg.model.kwargs["folder"])
+        ext[CHECKPOINT] = weights_file(folder) or folder / "config.json"
     data = cfg.path(cfg.validate.data)
     if data is not None:
         if not data.is_file():
@@ -118,7 +124,11 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
 
 
 def run_build(
-    cfg: DeployConfig, *, stages: list[Stage] | None = None, log: Callable[[str], None] | None = None
+    cfg: DeployConfig,
+    *,
+    stages: list[Stage] | None = None,
+    log: Callable[[str], None] | None = None,
+    verbose: bool = False,
 ) -> BuildResult:
     """Run a whole build into ``cfg.build.out``.
 
@@ -128,14 +138,18 @@ def run_build(
 
     Raises:
         DeployError: any stage's error, after the failure report was written.
+
+    Library output during a stage (warnings, logging, prints) goes to ``<out>/build.log`` with a
+    count on the stage's line; ``verbose`` shows it as it happens instead.
     """
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    console = sys.stderr  # bound now: stages run with sys.stderr redirected into build.log
+    log = log or (lambda line: print(line, file=console, flush=True))
     out = Path(cfg.path(cfg.build.out) or "build")
     inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
     with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
         check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
         try:
-            return _run_build(cfg, folder, stages, log)
+            return _run_build(cfg, folder, stages, log, verbose)
         except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
             err = disk_full(exc, folder.out)
             if err is None:
@@ -144,12 +158,26 @@ def run_build(
 
 
 def _run_build(
-    cfg: DeployConfig, folder: OutputFolder, stages: list[Stage] | None, log: Callable[[str], None]
+    cfg: DeployConfig,
+    folder: OutputFolder,
+    stages: list[Stage] | None,
+    log: Callable[[str], None],
+    verbose: bool,
 ) -> BuildResult:
     t_start = time.perf_counter()
-    target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
-    target.require_precision(cfg.precision.mode)
-    target.require_dla(cfg.build.dla_core)
+    from edgedeploy.targets.resolve import check_capabilities, resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, resolved = resolve_target(
+        cfg.build.target,
+        targets_file=cfg.path(cfg.build.targets_file),
+        jetson_default=cfg.build.jetson,
+        local_tensorrt=running_tensorrt,
+    )
+    check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
+    from edgedeploy.pipeline.early import refuse_early
+
+    refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
     out = folder.out
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
@@ -166,19 +194,33 @@ def _run_build(
         )
     ctx.factory = loaded.factory
     ctx.groups[MODEL_CODE] = loaded.files
+    if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
+        ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     records: list[StageRecord] = []
     produced: list[str] = []
-    log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
+    log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
     current = ""
+    noise: list[str] = []
     try:
         for i, stage in enumerate(stages, 1):
             current = stage.name
-            rec = _run_stage(stage, ctx, cache, cfg)
+            heard = StageNoise(stage.name, verbose)
+            try:
+                with heard:
+                    rec = _run_stage(stage, ctx, cache, cfg)
+            finally:
+                noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
             records.append(rec)
             produced.extend(f for f in rec.files if f not in produced)
-            detail = f" ({rec.reason})" if rec.reason else ""
+            detail = "; ".join(x for x in (rec.reason, heard.summary()) if x)
+            detail = f" ({detail})" if detail else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
+            produced.append(BUILD_LOG)
     except DeployError as exc:
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
         _fail(ctx, cfg, target, records, current, exc, t_start, folder)
         raise
     except BaseException:
@@ -272,13 +314,14 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
     if entry is not None:
         cache.restore(stage.name, key, entry, ctx.staging)
         _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
-        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=outputs)
+        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
     before = len(ctx.warnings)
     try:
         result = StageResult.of(stage.run(ctx))
     except DeployError as exc:
         _record(ctx, stage.name, StageResult.of(exc.partial), emitted=0)
         raise
+    outputs = list(stage.outputs(ctx))  # a stage may learn its files while running (capture = "auto")
     # warnings given to ctx.warn while running are part of the result (and so of the cache entry)
     emitted = ctx.warnings[before:]
     result.warnings = emitted + [w for w in result.warnings if w not in emitted]

@@ -149,10 +149,14 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
         arrays = _from_npy(cfg, Path(location))
     elif kind == "npz":
         arrays = _from_npz(cfg, Path(location))
+    elif kind == "txt":  # one sentence a line, tokenized by the model.hf folder's tokenizer
+        from edgedeploy.modelio.hf import text_arrays
+
+        arrays = text_arrays(cfg, Path(location), limit=max(1, cfg.precision.calib_samples))
     else:
         raise InputError(
             f"calibration data {location}: unsupported file type '.{kind}'",
-            hint="use an image folder, a .npy (one input) or a .npz (one array per input name)",
+            hint="use an image folder, a .npy (one input), a .npz (one array per input name) or .txt (model.hf)",
         )
     available = _count(arrays, location)
     limit = max(1, cfg.precision.calib_samples)

@@ -43,13 +43,17 @@ _PKG = Path(__file__).resolve().parent.parent
 DEVICE_CODE = {
     "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
+    "trt_runner.py": _PKG / "device" / "trt_runner.py",
     "parity.py": _PKG / "validate" / "parity.py",
 }
 
 
-def bundle_files(plan: BuildPlan, *, precision_info: bool) -> list[str]:
-    """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last."""
-    names = [ONNX_FP32]
+def bundle_files(plan: BuildPlan, *, precision_info: bool, external_data: tuple[str, ...] = ()) -> list[str]:
+    """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last.
+
+    ``external_data``: ONNX external-data companions (``model.onnx.data``) that travel with their model.
+    """
+    names = [ONNX_FP32, *external_data]
     if plan.onnx != ONNX_FP32:
         names.append(plan.onnx)
     if plan.calib_cache:
@@ -94,7 +98,9 @@ class BundleFromOnnx(Stage):
         return self._plans[key]
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        names = bundle_files(self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file())
+        names = bundle_files(
+            self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file(), external_data=_companions(ctx)
+        )
         return tuple(f"{BUNDLE_DIR}/{n}" for n in names)
 
     def config_key(self, ctx: BuildContext) -> Any:
@@ -111,16 +117,20 @@ class BundleFromOnnx(Stage):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         has_info = ctx.path(PRECISION_INFO).is_file()
-        copies = [ONNX_FP32, plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None, GOLDENS]
-        for name in dict.fromkeys(c for c in copies if c):
-            shutil.copyfile(ctx.path(name), folder / name)
+        copies = [ONNX_FP32, *_companions(ctx), plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None]
+        for name in dict.fromkeys(c for c in [*copies, GOLDENS] if c):
+            _link_or_copy(ctx.path(name), folder / name)  # hard links: no second copy of the model in OUT
         for name, src in DEVICE_CODE.items():
             shutil.copyfile(src, folder / name)
         write_plan(plan, folder)
         atomic_write_text(folder / TRTEXEC_SCRIPT, trtexec_script(plan))
         (folder / TRTEXEC_SCRIPT).chmod(0o755)
         atomic_write_text(folder / BUNDLE_README, _readme(plan, ctx.target.device_python or "3.6"))
-        listed = [n for n in bundle_files(plan, precision_info=has_info) if n != BUNDLE_MANIFEST]
+        listed = [
+            n
+            for n in bundle_files(plan, precision_info=has_info, external_data=_companions(ctx))
+            if n != BUNDLE_MANIFEST
+        ]
         manifest = {
             "schema": BUNDLE_SCHEMA,
             "target": ctx.target.capabilities(),
@@ -142,9 +152,7 @@ class BundleFromOnnx(Stage):
         for note in plan.notes:
             if note.startswith("the Q/DQ model was not used"):
                 ctx.warn(note)
-        if ctx.log:
-            for line in notes:
-                ctx.log(f"  {line}")
+        # the notes reach the user once: in the report, and printed at the end of deploy build
         return {
             "artifact": f"{BUNDLE_DIR}/",
             "engine": "not built here (built on the device by complete_bundle.py)",
@@ -184,3 +192,18 @@ def _validation_spec(ctx: BuildContext) -> dict[str, Any]:
         "classifier_outputs": list(cfg.validate.classifier_outputs),
         "topk": cfg.validate.topk,
     }
+
+
+def _companions(ctx: BuildContext) -> tuple[str, ...]:
+    """External-data files of the FP32 model (``model.onnx.data``) present in staging."""
+    name = ONNX_FP32 + ".data"
+    return (name,) if ctx.path(name).is_file() else ()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    import os
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

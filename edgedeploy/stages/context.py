@@ -86,7 +86,9 @@ class BuildContext:
             from edgedeploy.modelio.admission import dry_forward
             from edgedeploy.modelio.checkpoint import load_model
 
-            model = load_model(self.cfg, self.external.get("checkpoint"), self.factory)
+            # a Hugging Face folder's weights are loaded by its factory (from_pretrained), not as a state dict
+            checkpoint = None if self.cfg.model.hf else self.external.get("checkpoint")
+            model = load_model(self.cfg, checkpoint, self.factory)
             dry_forward(model, self.cfg)  # the input spec fits forward(), before any stage traces or runs it
             self._model = model
         return self._model

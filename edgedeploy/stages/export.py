@@ -13,6 +13,7 @@ at min / opt / max / random of every dynamic dim (baked shapes fail here, naming
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ from edgedeploy.onnxtools.export import (
     exporter_order,
 )
 from edgedeploy.onnxtools.ort import ort_session
+from edgedeploy.onnxtools.outputs import (
+    declared_shape_problems,
+    fix_declared_shapes,
+    placeholder_names,
+    rename_outputs,
+)
 from edgedeploy.onnxtools.shapes import (
     compare_shapes,
     example_dims,
@@ -91,34 +98,28 @@ class OnnxFromTorch(Stage):
         args = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), np.random.default_rng(cfg.validate.seed + 2)))
         probe = _Probe(cfg, model)
         errors: list[str] = []
-        used = ""
-        opset = 0
+        # exporters see placeholder output names: a user name such as 'embedding' may be an internal value's
+        temp = dataclasses.replace(cfg, outputs=tuple(placeholder_names(len(cfg.outputs))))
+        axes = output_axes(probe.points, probe.references)
+        temp_axes = {t: axes[n] for t, n in zip(temp.outputs, cfg.outputs) if n in axes}
         for exporter in order:
             opset = choose_opset(cfg, ctx.target, exporter)
             try:
-                proto = export_proto(exporter, model, args, cfg, opset, output_axes(probe.points, probe.references))
-            except ExportFailed as exc:
-                errors.append(f"{exporter}: {exc}")
+                proto = export_proto(exporter, model, args, temp, opset, temp_axes)
+                metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset)
+            except (ExportFailed, StageError) as exc:
+                # every post-export check (checker, shapes, probes) counts as this exporter failing
+                why = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
+                errors.append(f"{exporter}: {why}")
                 continue
-            used = exporter
-            break
-        if not used:
-            raise StageError(
-                self.name,
-                "torch.onnx.export failed with " + " | ".join(errors),
-                hint="see the op or dim named above; try another export.exporter or export.opset",
-            )
-        if errors:
-            ctx.warn(f"export: the {order[0]} exporter failed, used {used} instead ({errors[0][:300]})")
-        try:
-            return self._finish(ctx, probe, proto, used, order, errors, opset)
-        except StageError as exc:
-            if not errors:
-                raise
-            # the fallback's model failed a check: the first exporter's error is the better lead
-            raise StageError(
-                self.name, f"{exc.message.removeprefix(f'[{self.name}] ')} (after the {errors[0][:400]})", hint=exc.hint
-            ) from None
+            if errors:
+                ctx.warn(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
+            return metrics
+        raise StageError(
+            self.name,
+            ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
+            hint="see the op or dim named above; try another export.exporter or export.opset",
+        )
 
     def _finish(
         self, ctx: BuildContext, probe: _Probe, proto: Any, used: str, order: list[str], errors: list[str], opset: int
@@ -127,6 +128,7 @@ class OnnxFromTorch(Stage):
         import onnx
 
         cfg = ctx.cfg
+        moved = rename_outputs(proto, list(cfg.outputs))
         tmp = ctx.staging / (ONNX_MODEL + ".tmp")
         onnx.save(proto, str(tmp), save_as_external_data=True, location=tmp.name + ".data", size_threshold=1024)
         try:
@@ -148,6 +150,14 @@ class OnnxFromTorch(Stage):
                 proto, simplify = simplify_checked(proto, probe.feeds)
                 if simplify["status"] == "discarded":
                     ctx.warn(f"export: onnxslim result discarded: {simplify['reason']}")
+        shape_fix = fix_declared_shapes(proto, probe.points, probe.references)
+        lies = declared_shape_problems(proto, probe.points, probe.references)
+        if lies:
+            raise StageError(
+                self.name,
+                "declared output shapes contradict the actual outputs: " + "; ".join(lies[:4]),
+                hint="an output size the exporter fixed from the example; make it follow the input dims",
+            )
         _set_metadata(proto, ctx, exporter=used)
         out = ctx.staging / ONNX_MODEL
         if external:
@@ -166,6 +176,8 @@ class OnnxFromTorch(Stage):
             "shape_probes": probes,
             "nodes": len(proto.graph.node),
             "ops": sorted({n.op_type for n in proto.graph.node}),
+            "renamed_internal": moved,
+            "declared_shapes": shape_fix,
         }
 
     def _probe(self, ctx: BuildContext, probe: _Probe) -> dict[str, Any]:

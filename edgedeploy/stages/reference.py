@@ -6,6 +6,7 @@ files, so validation needs no torch once the goldens exist.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ class GoldensFromTorch(Stage):
             "dims": c.to_dict()["dims"],
             "outputs": list(c.outputs),
             "validate": [c.validate.samples, c.validate.seed, c.validate.data],
+            "calibration": _calibration_key(c),
         }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
@@ -62,10 +64,18 @@ class GoldensFromTorch(Stage):
 
 
 def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
-    """Batches from ``validate.data`` (.npz with one array per input name), checked against the spec."""
+    """Batches from ``validate.data`` (.npz with one array per input name, or .txt sentences with model.hf),
+    else one calibration batch; checked against the spec."""
     if VALIDATION_DATA not in ctx.external:
-        return []
+        return _calibration_samples(ctx.cfg)
     path = ctx.path(VALIDATION_DATA)
+    if path.suffix.lower() == ".txt":  # sentences for a model.hf folder, tokenized by its tokenizer
+        from edgedeploy.modelio.hf import text_batches
+
+        batches = text_batches(ctx.cfg, path, limit=64)
+        for b in batches:
+            check_feeds(ctx.cfg, b, str(path))
+        return batches
     try:
         with np.load(path, allow_pickle=False) as data:
             feeds = {k: data[k] for k in data.files}
@@ -73,3 +83,28 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
         raise InputError(f"validation data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
     check_feeds(ctx.cfg, feeds, str(path))
     return [feeds]
+
+
+def _calibration_file(cfg: Any) -> Path | None:
+    """The calibration data file (.npz / .npy / .txt) when there is one and no validate.data."""
+    path = cfg.path(cfg.precision.calib)
+    if cfg.validate.data or path is None or not path.is_file():
+        return None
+    return path if path.suffix.lower() in (".npz", ".npy", ".txt") else None
+
+
+def _calibration_key(cfg: Any) -> str:
+    from edgedeploy.fileio.hashing import sha256_file
+
+    path = _calibration_file(cfg)
+    return sha256_file(path) if path is not None else ""
+
+
+def _calibration_samples(cfg: Any) -> list[dict[str, np.ndarray]]:
+    """One batch of the calibration data: real samples in the goldens when no validate.data is given."""
+    if _calibration_file(cfg) is None:
+        return []
+    from edgedeploy.precision.data import load_calibration
+
+    calib = load_calibration(cfg)
+    return list(calib.batches[:1])

@@ -1,8 +1,9 @@
 """Numeric config values checked at the door: finite, in range, and shapes that fit in memory.
 
 A tolerance of ``atol = -1`` or ``nan`` or a gate minimum cosine of 2.0 is a typo, not a parity
-failure; ``samples = 0`` or ``topk = 0`` would silently check nothing; a ``dims.batch.max`` of 10^9
-would try to allocate terabytes. Every problem is collected, then one ConfigError names them all.
+failure; ``samples = 0`` without ``validate.data`` or ``topk = 0`` would silently check nothing;
+a ``dims.batch.max`` of 10^9 would try to allocate terabytes. Every problem is collected, then one
+ConfigError names them all.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def config_problems(cfg: Any) -> list[str]:
         _check(problems, f"tolerance.{name}.min_cosine", tol.min_cosine, -1, 1, "in [-1, 1]")
         _check(problems, f"tolerance.{name}.min_topk_agreement", tol.min_topk_agreement, 0, 1, "in [0, 1]")
     v = cfg.validate
-    _check(problems, "validate.samples", v.samples, 1, None, ">= 1")
+    if v.data:  # the user's data is checked, so random batches may be left out (random token ids are not text)
+        _check(problems, "validate.samples", v.samples, 0, None, ">= 0")
+    else:
+        _check(problems, "validate.samples", v.samples, 1, None, ">= 1 (or set validate.data)")
     _check(problems, "validate.topk", v.topk, 1, None, ">= 1")
     _check(problems, "validate.latency_iters", v.latency_iters, 0, None, ">= 0")
     _check(problems, "validate.latency_warmup", v.latency_warmup, 0, None, ">= 0")

@@ -242,3 +242,29 @@ def test_a_model_that_does_not_fit_the_data_fails_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"returns shape \(2, 2\) for 3 classes"):
         run_training(_cfg(tmp_path, {"dataset": "npz", "path": "d.npz"}, too_few), tmp_path / "b", log=QUIET)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_folder_example_trains_and_builds_int8_judged_on_held_out_images(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import edgedeploy
+    from edgedeploy.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "folder"
+    subprocess.run([sys.executable, str(example / "prepare.py"), str(tmp_path / "images")], check=True)
+    (tmp_path / "train.toml").write_text((example / "train.toml").read_text())
+    out = tmp_path / "checkpoint"
+    assert main(["train", "--config", str(tmp_path / "train.toml"), "--out", str(out)]) == 0
+    assert json.loads((out / "model.meta.json").read_text())["metrics"]["test_accuracy"] >= 0.93
+    result = edgedeploy.build(
+        example / "deploy.toml",
+        model__checkpoint=str(out / "model.safetensors"),
+        precision__calib=str(out / "model.calib.npz"),
+        validate__data=str(out / "model.validate.npz"),
+        build__out=str(tmp_path / "cpu"),
+        log=QUIET,
+    )
+    assert result.ok and result.report["status"] == "passed" and result.report["precision"] == "int8"

@@ -23,6 +23,7 @@ Precision = Literal["fp32", "fp16", "int8"]
 CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
 CalibMethod = Literal["minmax", "entropy", "percentile"]
+Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 # generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
 INPUT_KINDS = ("", "float", "image", "ids", "mask")
@@ -107,6 +108,13 @@ class PrecisionSection:
     accuracy_target: float = 0.99
     max_fallback_tries: int = 4
     keep_fp32: tuple[str, ...] = ()
+    # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
+    int8_recipe: Int8Recipe = field(
+        default="auto", metadata=_flag("--int8-recipe", "INT8 recipe: auto (detect), cnn or transformer")
+    )
+    smoothquant_alpha: float = field(
+        default=0.0, metadata=_flag("--smoothquant-alpha", "transformer INT8 smoothing strength 0..1 (0: off)")
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,7 @@ class ValidateSection:
 @dataclass(frozen=True)
 class BuildSection:
     target: str = field(default="cpu", metadata=_flag("--target", "target profile (see deploy targets)"))
+    jetson: str = "jetson-orin"  # what --target jetson means off a Jetson (on one: detected)
     out: str = field(default="build", metadata=_flag("--out", "output directory", path=True))
     cache: bool = field(default=True, metadata=_flag("--cache", "reuse content-keyed cached stages"))
     dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))
@@ -469,6 +478,17 @@ def _check_consistency(cfg: DeployConfig) -> None:
     for name in cfg.validate.classifier_outputs:
         if name not in cfg.outputs:
             raise ConfigError(f"{where}: key 'validate.classifier_outputs' names unknown output {name!r}")
+    if not 0.0 <= cfg.precision.smoothquant_alpha <= 1.0:
+        raise ConfigError(
+            f"{where}: key 'precision.smoothquant_alpha' = {cfg.precision.smoothquant_alpha} must be in [0, 1]",
+            hint="0 turns smoothing off; 0.5 is SmoothQuant's usual strength",
+        )
+    if len(set(cfg.outputs)) != len(cfg.outputs):
+        dupes = sorted({n for n in cfg.outputs if cfg.outputs.count(n) > 1})
+        raise ConfigError(f"{where}: key 'outputs' names {dupes} more than once", hint="each output once")
+    from edgedeploy.config_ranges import config_problems, raise_if_problems
+
+    raise_if_problems(config_problems(cfg), where)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:

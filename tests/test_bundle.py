@@ -59,7 +59,15 @@ def test_build_writes_a_complete_bundle_and_builds_no_engine(orin_build):
     _, result, lines = orin_build
     folder = result.out / "bundle"
     names = {p.name for p in folder.iterdir()}
-    expected = {"model.onnx", "goldens.npz", "plan.json", "trtexec.sh", "complete_bundle.py", "trt_adapter.py"}
+    expected = {
+        "model.onnx",
+        "goldens.npz",
+        "plan.json",
+        "trtexec.sh",
+        "complete_bundle.py",
+        "trt_adapter.py",
+        "trt_runner.py",
+    }
     assert expected | {"parity.py", "README.txt", "bundle.json"} == names
     manifest = json.loads((folder / "bundle.json").read_text())
     assert set(manifest["files"]) == names - {"bundle.json"}

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "runtimes": 0,
     "stagenames": 0,
     "config": 0,
+    "config_ranges": 0,
     "hfspec": 0,
     "targets": 0,
     "device": 0,

@@ -12,15 +12,17 @@ from typing import Any
 from edgedeploy.artifacts import MANIFEST
 from edgedeploy.errors import ArtifactIntegrityError
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.outdir import confined
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The manifest in ``folder``, or None when there is none (or it is unreadable)."""
     p = Path(folder) / MANIFEST
     try:
-        return json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return data if isinstance(data, dict) else None  # a JSON list or string is no manifest
 
 
 def verify_artifacts(folder: str | Path, manifest: dict[str, Any] | None = None) -> dict[str, str]:
@@ -39,8 +41,15 @@ def verify_artifacts(folder: str | Path, manifest: dict[str, Any] | None = None)
             f"{folder}: no readable {MANIFEST}", hint="point at a folder written by 'deploy build'"
         )
     problems = []
-    for name, sha in manifest.get("artifacts", {}).items():
-        p = folder / name
+    artifacts = manifest.get("artifacts")
+    if not isinstance(artifacts, dict):
+        raise ArtifactIntegrityError(f"{folder}: {MANIFEST} has no 'artifacts' map", hint="rebuild with 'deploy build'")
+    for name, sha in artifacts.items():
+        try:
+            p = confined(folder, name)  # a manifest is data: its names never reach outside the folder
+        except ArtifactIntegrityError as exc:
+            problems.append(exc.message)
+            continue
         if not p.is_file():
             problems.append(f"{name} missing")
         elif sha256_file(p) != sha:
@@ -49,4 +58,4 @@ def verify_artifacts(folder: str | Path, manifest: dict[str, Any] | None = None)
         raise ArtifactIntegrityError(
             f"{folder}: " + "; ".join(problems), hint="rebuild with 'deploy build' or restore the original files"
         )
-    return dict(manifest.get("artifacts", {}))
+    return dict(artifacts)

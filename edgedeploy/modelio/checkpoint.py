@@ -164,5 +164,8 @@ def load_model(cfg: DeployConfig, checkpoint: Path | None, factory: Any = None) 
                 f"checkpoint {checkpoint} does not fit model {cfg.model.factory}: " + ", ".join(parts),
                 hint="check model.kwargs and that the checkpoint is for this model",
             )
+        from edgedeploy.modelio.admission import check_checkpoint_dtypes
+
+        check_checkpoint_dtypes(state, model, checkpoint)  # load_state_dict would cast int8/bool silently
         model.load_state_dict(state, strict=True)
     return model.eval()

@@ -19,7 +19,8 @@ EXPORTER_OPSETS = {"torchscript": (7, 20), "dynamo": (18, 23)}
 def choose_opset(cfg: Any, target: Any, exporter: str | None = None) -> int:
     """The opset to export.
 
-    Default: the target's ceiling (``target.max_opset``) capped by the exporter's highest.
+    Default: the target's export opset (``target.export_opset``: its ceiling, or lower where the
+    parser lacks an op that a lower opset decomposes) capped by the exporter's highest.
     ``export.opset`` overrides it, but never above the target's ceiling.
 
     Raises:
@@ -34,7 +35,7 @@ def choose_opset(cfg: Any, target: Any, exporter: str | None = None) -> int:
             )
         return cfg.export.opset
     cap = EXPORTER_OPSETS[exporter][1] if exporter else max(hi for _, hi in EXPORTER_OPSETS.values())
-    return min(target.max_opset, cap)
+    return min(target.export_opset, cap)
 
 
 def exporter_order(cfg: Any, target: Any) -> list[str]:

@@ -21,9 +21,7 @@ def refuse_early(cfg: Any, target: Any) -> None:
     """
     from edgedeploy.onnxtools.export import choose_opset
 
-    target.require_precision(cfg.precision.mode)
-    target.require_dla(cfg.build.dla_core, cfg.precision.mode)
-    choose_opset(cfg, target)
+    choose_opset(cfg, target)  # precision and DLA: targets.resolve.check_capabilities, just before this
     p = cfg.precision
     calib = cfg.path(p.calib)
     if p.mode == "int8" and calib is None and not p.calib_callable:

@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,17 +15,19 @@ from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
-from edgedeploy.fileio.store import atomic_write_json, publish
+from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
+from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
+from edgedeploy.fileio.signing import release_model
+from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.modelio import usercode
-from edgedeploy.pipeline.cache import StageCache
-from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
+from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
+from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
-from edgedeploy.targets import TargetProfile, get_target
+from edgedeploy.targets import TargetProfile
 
-FAILED_DIR = ".last-failed"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
 
@@ -143,29 +144,61 @@ def run_build(
     """
     console = sys.stderr  # bound now: stages run with sys.stderr redirected into build.log
     log = log or (lambda line: print(line, file=console, flush=True))
+    out = Path(cfg.path(cfg.build.out) or "build")
+    inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
+    with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+        check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
+        try:
+            return _run_build(cfg, folder, stages, log, verbose)
+        except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
+            err = disk_full(exc, folder.out)
+            if err is None:
+                raise
+            raise err from None
+
+
+def _run_build(
+    cfg: DeployConfig,
+    folder: OutputFolder,
+    stages: list[Stage] | None,
+    log: Callable[[str], None],
+    verbose: bool,
+) -> BuildResult:
     t_start = time.perf_counter()
-    target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
+    from edgedeploy.targets.resolve import check_capabilities, resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, resolved = resolve_target(
+        cfg.build.target,
+        targets_file=cfg.path(cfg.build.targets_file),
+        jetson_default=cfg.build.jetson,
+        local_tensorrt=running_tensorrt,
+    )
+    check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
     from edgedeploy.pipeline.early import refuse_early
 
     refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
-    out = Path(cfg.path(cfg.build.out) or "build")
-    out.mkdir(parents=True, exist_ok=True)
+    out = folder.out
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
     loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
     stages = stages if stages is not None else default_stages(target, cfg)
-    staging.mkdir(parents=True)
+    staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
+    if CHECKPOINT not in ctx.external:
+        ctx.warn(
+            "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
+            "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
+        )
     ctx.factory = loaded.factory
     ctx.groups[MODEL_CODE] = loaded.files
     if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
         ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     records: list[StageRecord] = []
     produced: list[str] = []
-    log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
+    log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
     current = ""
     noise: list[str] = []
     try:
@@ -188,7 +221,7 @@ def run_build(
     except DeployError as exc:
         if noise:
             (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
-        _fail(ctx, cfg, target, records, current, exc, t_start)
+        _fail(ctx, cfg, target, records, current, exc, t_start, folder)
         raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -203,6 +236,7 @@ def run_build(
         status="passed",
         seconds=seconds,
     )
+    report["model"] = release_model(ctx.metrics, ctx.sha256)  # what was validated, bound by the gate
     report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(
@@ -215,11 +249,13 @@ def run_build(
         summary=report.get("summary", {}),
     )
     atomic_write_json(staging / MANIFEST, manifest)
-    previous = read_manifest(out) or {}
-    stale = [n for n in previous.get("artifacts", {}) if n not in artifacts]
-    publish(staging, out, list(artifacts) + [MANIFEST], stale=stale)
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(out / FAILED_DIR, ignore_errors=True)
+    try:
+        folder.publish(staging)  # the whole folder at once; the previous one is retired as a unit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if cfg.build.cache:
+        cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
         target=target.name,
@@ -318,6 +354,7 @@ def _fail(
     stage: str,
     exc: DeployError,
     t_start: float,
+    folder: OutputFolder,
 ) -> None:
     """Keep the failed run's files and a failure report in ``<out>/.last-failed``; touch nothing else."""
     records = records + [StageRecord(stage or "setup", "failed", reason=exc.one_line())]
@@ -335,11 +372,6 @@ def _fail(
         write_report_files(report, ctx.staging)
     except Exception:  # the failure report is best effort; the original error matters more
         pass
-    failed = ctx.out / FAILED_DIR
-    shutil.rmtree(failed, ignore_errors=True)
-    try:
-        os.replace(ctx.staging, failed)
-    except OSError:
-        shutil.rmtree(ctx.staging, ignore_errors=True)
+    failed = folder.fail(ctx.staging)
     if ctx.log:
         ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")

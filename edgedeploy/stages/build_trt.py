@@ -5,7 +5,7 @@ cannot be built on an x86 host, so this stage never builds an engine. It writes 
 the ONNX model the plan builds from (and ``model.onnx``), the calibration cache, the goldens from
 the PyTorch reference, ``plan.json``, the equivalent ``trtexec.sh``, the device script
 ``complete_bundle.py`` with its helpers, and ``bundle.json`` listing every file's sha256.
-On the device, ``python3 complete_bundle.py .`` verifies, builds and validates the engine.
+On the device, ``python3 -I complete_bundle.py .`` verifies, builds and validates the engine.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ _PKG = Path(__file__).resolve().parent.parent
 DEVICE_CODE = {
     "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
+    "trt_runner.py": _PKG / "device" / "trt_runner.py",
     "parity.py": _PKG / "validate" / "parity.py",
 }
 
@@ -67,11 +68,11 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
     return (
         f"edgedeploy device bundle: target {plan.target} (TensorRT {plan.trt_version}), {plan.precision}.\n"
         "The engine is built on the device, where TensorRT runs. Copy this folder there, then:\n\n"
-        f"    python3 complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
-        f"    sh {TRTEXEC_SCRIPT}                  # or build with trtexec only (no validation)\n\n"
+        f"    python3 -I complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
+        f"    python3 -I complete_bundle.py . --verify-only && sh {TRTEXEC_SCRIPT}   # or trtexec (no validation)\n\n"
         f"Needs TensorRT's Python bindings (JetPack ships them), numpy and polygraphy; Python {device_python}"
         " or newer (3.6+).\n"
-        "Dry run anywhere without TensorRT: python3 complete_bundle.py . --runner onnxruntime\n"
+        "Dry run anywhere without TensorRT: python3 -I complete_bundle.py . --runner onnxruntime\n"
     )
 
 
@@ -145,7 +146,7 @@ class BundleFromOnnx(Stage):
         where = ctx.out / BUNDLE_DIR
         notes = [
             f"engine not built here: TensorRT engines are built on the device ({ctx.target.name}, "
-            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 complete_bundle.py . "
+            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 -I complete_bundle.py . "
             f"--bundle-sha256 {bundle_sha}",
         ]
         for note in plan.notes:

@@ -83,9 +83,12 @@ class BuildContext:
             CheckpointError: the checkpoint is unreadable or does not fit the model.
         """
         if self._model is None:
+            from edgedeploy.modelio.admission import dry_forward
             from edgedeploy.modelio.checkpoint import load_model
 
             # a Hugging Face folder's weights are loaded by its factory (from_pretrained), not as a state dict
             checkpoint = None if self.cfg.model.hf else self.external.get("checkpoint")
-            self._model = load_model(self.cfg, checkpoint, self.factory)
+            model = load_model(self.cfg, checkpoint, self.factory)
+            dry_forward(model, self.cfg)  # the input spec fits forward(), before any stage traces or runs it
+            self._model = model
         return self._model

@@ -5,7 +5,7 @@ from __future__ import annotations
 from edgedeploy import stagenames as names
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.stages.context import BuildContext
-from edgedeploy.validate.gate import evaluate, judged_view, load_report, policy_for_build
+from edgedeploy.validate.gate import evaluate, judged_view, load_baseline, policy_for_build
 
 
 class GateFromReport(Stage):
@@ -31,7 +31,7 @@ class GateFromReport(Stage):
         if policy is None:
             return StageResult({"status": "skipped", "reason": "no policy"})
         report = judged_view(ctx.metrics)
-        baseline = load_report(policy.baseline)[0] if policy.baseline else None
+        baseline = load_baseline(policy.baseline, policy) if policy.baseline else None
         result = evaluate(report, policy, baseline=baseline)
         if ctx.log:
             for check in result.failures:

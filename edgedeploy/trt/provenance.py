@@ -70,7 +70,7 @@ def check_compatibility(record: dict[str, Any], trt_version: str | None, gpu: di
     problems = device.compat_problems(record, trt_version, gpu)
     if problems:
         raise EngineCompatibilityError(
-            "; ".join(problems), hint="rebuild the engine where it runs: python3 complete_bundle.py <bundle>"
+            "; ".join(problems), hint="rebuild the engine where it runs: python3 -I complete_bundle.py <bundle>"
         )
 
 

@@ -13,7 +13,7 @@ from test_calib_cache import export_onnx
 from test_calib_data import make_cfg, photo_folder
 
 from edgedeploy.precision import analysis
-from edgedeploy.precision.fp16 import convert_fp16
+from edgedeploy.precision.fp16 import mixed_fp16
 from edgedeploy.precision.quantize import QDQ_FLAVOURS, Quantizer, flavour_for, preprocess, quantize_with_fallback
 
 
@@ -93,7 +93,14 @@ def test_fp16_overflow_is_flagged_and_pinned(tmp_path: Path) -> None:
     pins = analysis.fp16_pins(findings)
     assert set(pins) == {"/c1/Conv", "/Mul"} and "FP16 overflow" in pins["/c1/Conv"]
 
-    fp16 = onnx.load(str(convert_fp16(path, tmp_path / "fp16.onnx", keep_fp32=list(pins))))
+    # simulated FP16 (weights and layer outputs rounded to FP16): without the pins the output is Inf
+    unpinned = mixed_fp16(path, tmp_path / "unpinned.onnx", simulate=True)
+    assert unpinned["fp32_nodes"] == []
+    assert not np.isfinite(analysis.run_model(tmp_path / "unpinned.onnx", batches)[0]["logits"]).all()
+    info = mixed_fp16(path, tmp_path / "fp16.onnx", keep_fp32=list(pins))
+    assert set(info["fp32_nodes"]) == {"/c1/Conv", "/Mul"} and info["casts"] >= 2
+    fp16 = onnx.load(str(tmp_path / "fp16.onnx"))
+    onnx.checker.check_model(fp16, full_check=True)
     inits = {i.name: i.data_type for i in fp16.graph.initializer}
     nodes = {n.name: n for n in fp16.graph.node}
     assert inits[nodes["/c1/Conv"].input[1]] == onnx.TensorProto.FLOAT  # pinned: FP32 weights
@@ -191,20 +198,20 @@ def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | 
 
 
 def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
-    import onnx
 
     from edgedeploy.stages.precision import PrecisionFromOnnx
 
     ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", overflow_net())
     stage = PrecisionFromOnnx()
-    assert set(stage.outputs(ctx)) == {"model.fp16.onnx", "precision.json"}
+    assert set(stage.outputs(ctx)) == {"precision.json"}  # no second ONNX graph: FP32 graph + flag + pins
     metrics = stage.run(ctx)
     plan = json.loads((ctx.staging / "precision.json").read_text())
-    assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32"
+    assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32" and plan["onnx"] == "model.onnx"
     assert {p["node"] for p in plan["fp32_layers"]} == {"/c1/Conv", "/Mul"}
+    assert all(p["pin_output_type"] for p in plan["fp32_layers"])
+    assert not (ctx.staging / "model.fp16.onnx").exists()
+    assert plan["host_check"]["score"] > 0.999 and plan["library_warnings"] == []
     assert metrics["calibration"]["kind"] == "images" and len(metrics["calibration"]["source_sha256"]) == 64
-    fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
-    assert all(i.data_type == onnx.TensorProto.FLOAT for i in fp16.graph.initializer)  # FP32 graph + flag
     assert any("pinned to FP32" in w for w in ctx.warnings)
     assert not [p for p in ctx.staging.iterdir() if p.name.startswith("precision-")]  # temp folder cleaned
 
@@ -219,9 +226,38 @@ def test_stage_fp16_typed_onnx_for_trt11(tmp_path: Path) -> None:
     plan = json.loads((ctx.staging / "precision.json").read_text())
     assert plan["strategy"] == "typed-onnx" and plan["onnx_dtype"] == "float16"
     fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
+    onnx.checker.check_model(fp16, full_check=True)
     types = {i.data_type for i in fp16.graph.initializer}
     assert onnx.TensorProto.FLOAT16 in types and onnx.TensorProto.FLOAT in types  # pinned nodes stay FP32
     assert plan["host_check"]["score"] > 0.999
+    got = analysis.run_model(ctx.staging / "model.fp16.onnx", photo_batches(8, 4))  # loads and runs in ORT
+    assert np.isfinite(got[0]["logits"]).all()
+
+
+def test_stage_fp16_names_the_layer_to_pin_when_fp16_still_overflows(tmp_path: Path) -> None:
+    """FP16 trouble the FP32 range analysis cannot see: a tiny divisor flushes to 0 in FP16, so the pinned
+    division gives Inf. The simulated host check catches it and the hint names the layer that makes the divisor."""
+    import torch
+    from torch import nn
+
+    from edgedeploy.errors import StageError
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    class TinyDivisor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, image):
+            small = torch.sigmoid(self.conv(image)) * 1e-9  # ~1e-9: FP16 flushes it to 0
+            return (image.mean((1, 2, 3)).unsqueeze(1) / small.mean((2, 3))) * 1e-9
+
+    torch.manual_seed(0)
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", TinyDivisor())
+    with pytest.raises(StageError) as err:
+        PrecisionFromOnnx().run(ctx)
+    assert "NaN/Inf" in str(err.value)
+    assert "/ReduceMean_1" in (err.value.hint or "") and "precision.keep_fp32" in err.value.hint  # the divisor
 
 
 def test_stage_int8_trt_writes_calibration_cache(tmp_path: Path) -> None:

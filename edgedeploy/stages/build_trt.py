@@ -48,9 +48,7 @@ DEVICE_CODE = {
 
 def bundle_files(plan: BuildPlan, *, precision_info: bool) -> list[str]:
     """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last."""
-    names = [ONNX_FP32]
-    if plan.onnx != ONNX_FP32:
-        names.append(plan.onnx)
+    names = [plan.onnx]  # one ONNX graph: the one the plan builds from
     if plan.calib_cache:
         names.append(plan.calib_cache)
     if precision_info:
@@ -110,7 +108,7 @@ class BundleFromOnnx(Stage):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         has_info = ctx.path(PRECISION_INFO).is_file()
-        copies = [ONNX_FP32, plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None, GOLDENS]
+        copies = [plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None, GOLDENS]
         for name in dict.fromkeys(c for c in copies if c):
             shutil.copyfile(ctx.path(name), folder / name)
         for name, src in DEVICE_CODE.items():

@@ -11,7 +11,6 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ def deploy_model_name(precision: str) -> str:
 
 class PrecisionFromOnnx(Stage):
     name = "precision"
-    version = "3"  # 3: 7-bit weights (reduce_range) in the onnxruntime QDQ flavour
+    version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
     consumes = (ONNX_MODEL, "calibration")
 
     def applies(self, ctx: BuildContext) -> str | None:
@@ -42,8 +41,11 @@ class PrecisionFromOnnx(Stage):
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         from edgedeploy.precision.calib_cache import CALIB_CACHE
+        from edgedeploy.precision.fp16 import fp16_strategy
 
         files = [deploy_model_name(ctx.precision), PRECISION_JSON]
+        if ctx.precision == "fp16" and fp16_strategy(ctx.target.strongly_typed_only) == "builder-flag":
+            files = [PRECISION_JSON]  # TensorRT <= 10: the FP32 graph + builder flag + pins; no second ONNX file
         if ctx.precision == "int8" and ctx.target.implicit_int8:
             files.append(CALIB_CACHE)
         return tuple(files)
@@ -164,50 +166,91 @@ def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
-    from edgedeploy.precision.fp16 import convert_fp16, fp16_strategy
+    from edgedeploy.precision.fp16 import captured_warnings, fp16_strategy, mixed_fp16, single_float_output_nodes
 
     cfg, target = ctx.cfg, ctx.target
     model_path = ctx.path(ONNX_MODEL)
     proto = onnx.load(str(model_path))
     _check_node_names(cfg.precision.keep_fp32, proto, "precision.keep_fp32")
-    findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
-    pins = {n: "listed in precision.keep_fp32" for n in cfg.precision.keep_fp32}
-    pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
+    strategy = fp16_strategy(target.strongly_typed_only)
+    with captured_warnings() as library_warnings:
+        findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
+        pins = {n: "listed in precision.keep_fp32" for n in cfg.precision.keep_fp32}
+        pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
+        # Host check: FP32 graph rounding every FP16 layer's weights and outputs to FP16 (what the GPU stores),
+        # pinned layers exact. Used for both routes; TensorRT <= 10 never gets an FP16 ONNX file.
+        sim = tmp / "fp16.simulated.onnx"
+        conversion = mixed_fp16(model_path, sim, keep_fp32=list(pins), simulate=True)
+        reference = analysis.run_model(model_path, batches)
+        outputs = analysis.run_model(sim, batches)
+        if strategy == "typed-onnx":
+            typed = ctx.staging / deploy_model_name("fp16")
+            mixed_fp16(model_path, typed, keep_fp32=list(pins))
+            typed_out = analysis.run_model(typed, batches[:1])  # it must load and run in ONNX Runtime
+            if not all(np.isfinite(v).all() for o in typed_out for v in o.values() if v.dtype.kind == "f"):
+                outputs = typed_out  # reported below as non-finite
     for f in findings:
         if f["issue"] == "underflow":
             ctx.warn(f"FP16 underflow in {f['tensor']} ({f['producer']}): {f['why']}")
     if pins:
         ctx.warn(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
-    fp16_model = convert_fp16(model_path, tmp / "fp16.onnx", keep_fp32=list(pins))
-    # Host check of the pinned FP16 graph in ONNX Runtime: NaN/Inf left after pinning is a hard failure.
-    reference = analysis.run_model(model_path, batches)
-    outputs = analysis.run_model(fp16_model, batches)
     nonfinite = sorted({n for o in outputs for n, v in o.items() if v.dtype.kind == "f" and not np.isfinite(v).all()})
     if nonfinite:
+        culprits = _first_nonfinite_layers(sim, batches[:1], tmp)
         raise StageError(
             "precision",
-            f"FP16 model still gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32",
-            hint="list the offending layers in precision.keep_fp32",
+            f"FP16 gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32"
+            + (f"; first non-finite layer(s): {', '.join(culprits)}" if culprits else ""),
+            hint=(f"add {', '.join(repr(c) for c in culprits)} to precision.keep_fp32" if culprits else None)
+            or "build in FP32 (--precision fp32): no layer was found to pin",
         )
     check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
     if check["score"] < cfg.precision.accuracy_target:
         ctx.warn(
             f"FP16 host check: {check['metric']} {check['score']:.4f} < precision.accuracy_target "
-            f"{cfg.precision.accuracy_target} (ONNX Runtime CPU FP16; the device's numerics differ)"
+            f"{cfg.precision.accuracy_target} (FP16 rounding simulated in ONNX Runtime; the device's kernels differ)"
         )
-    strategy = fp16_strategy(target.strongly_typed_only)
-    out = ctx.staging / deploy_model_name("fp16")
-    if strategy == "typed-onnx":
-        shutil.copyfile(fp16_model, out)
-    else:  # TensorRT <= 10: the FP32 graph; the builder sets the FP16 flag and pins these layers to FP32
-        shutil.copyfile(model_path, out)
+    if library_warnings:
+        ctx.warn(f"FP16: {len(library_warnings)} library warning(s) captured in precision.json (library_warnings)")
+    typed_outputs = single_float_output_nodes(proto, list(pins))
     return {
         "strategy": strategy,
         "onnx_dtype": "float16" if strategy == "typed-onnx" else "float32",
-        "fp32_layers": [{"node": n, "why": why} for n, why in pins.items()],
+        "onnx": deploy_model_name("fp16") if strategy == "typed-onnx" else ONNX_MODEL,
+        "fp32_layers": [{"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in pins.items()],
         "fp16_findings": findings,
-        "host_check": check,
+        "host_check": {**check, "how": "FP16 rounding of weights and layer outputs simulated in ONNX Runtime CPU"},
+        "conversion": {k: v for k, v in conversion.items() if k != "fp32_nodes"},
+        "library_warnings": library_warnings,
     }
+
+
+def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
+    """Layers to pin when the simulated FP16 model gives NaN/Inf: the first layer (graph order) whose output
+    is non-finite, if it runs in FP16, and the FP16 layers feeding it (an input flushed to 0 or rounded to Inf)."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+
+    stats = analysis.tensor_ranges(sim, batches, tmp)
+    model = onnx.load(str(sim))
+    ours = ("__round_Cast", "__back_Cast")
+    producers = {o: n for n in model.graph.node for o in n.output}
+
+    def origin(tensor: str) -> str | None:  # the FP16 layer behind a rounded tensor
+        back = producers.get(tensor)
+        if back is None or not back.name.endswith("__back_Cast"):
+            return None
+        return producers[producers[back.input[0]].input[0]].name
+
+    for node in model.graph.node:
+        if node.name.endswith(ours):
+            continue
+        if any(stats.get(o) is not None and stats[o].nonfinite for o in node.output):
+            rounded_out = any(o.endswith("__exact") for o in node.output)
+            feeders = [f for f in (origin(i) for i in node.input) if f]
+            return list(dict.fromkeys(([node.name] if rounded_out else []) + feeders))
+    return []
 
 
 def _check_node_names(names: Any, model: Any, key: str) -> None:

@@ -177,7 +177,52 @@ def test_qdq_flavour_per_runtime(tmp_path: Path, runtime: str) -> None:
     else:
         assert flavour.name == "U8S8" and all(z.dtype == np.uint8 for z in act_zps)
         assert np.int32 in dq_inputs  # int32 biases for ONNX Runtime's integer kernels
-        assert max(int(np.abs(w).max()) for w in weights) <= 64  # 7-bit weights: no vpmaddubsw saturation
+        assert max(int(np.abs(w).max()) for w in weights) == 127  # 8-bit weights unless reduce_range says 7
+        q7 = Quantizer(path, tmp_path, flavour, reduce_range=True).quantize(tmp_path / "q7.onnx", batches)
+        inits7 = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(q7)).graph.initializer}
+        assert max(int(np.abs(w).max()) for w in inits7.values() if w.dtype == np.int8) <= 64  # 7-bit weights
+
+
+def test_reduce_range_follows_the_cpu_and_the_config() -> None:
+    from edgedeploy.precision.quantize import cpu_int8_flags, reduce_range_choices
+
+    vnni = "processor: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_int8 amx_tile\n"
+    assert cpu_int8_flags(vnni) == ("avx512_vnni", "amx_int8")
+    assert cpu_int8_flags("flags : fpu sse2 avx2 fma\n") == ()
+    assert reduce_range_choices("auto", "onnxruntime", ("avx512_vnni",))[0] == [False]  # 8-bit on VNNI
+    choices, why = reduce_range_choices("auto", "onnxruntime", ())
+    assert choices == [False, True] and "measured" in why  # no VNNI: both measured, the better kept
+    assert reduce_range_choices("auto", "tensorrt", ())[0] == [False]
+    assert reduce_range_choices(True, "onnxruntime", ("avx512_vnni",))[0] == [True]  # explicit wins
+
+
+def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
+    """minmax, percentile and entropy pick different ranges for a heavy-tailed activation, and different
+    QDQ models (onnxruntime's own Entropy calibrator returns the min/max model byte for byte here)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgedeploy.precision import histogram
+
+    batches = photo_batches(32, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "m.onnx")
+    hists = histogram.collect(path, batches, tmp_path)
+    assert "image" in hists  # the graph input is calibrated too
+    ranges = {m: histogram.choose_ranges(hists, m) for m in ("minmax", "percentile", "entropy")}
+    tensor = "/Mul_output_0"  # one channel 1000x the others: a long tail
+    lo, hi = ranges["minmax"][tensor]
+    assert (lo, hi) == (min(hists[tensor].lo, 0.0), hists[tensor].hi)
+    assert ranges["percentile"][tensor][1] < hi and ranges["entropy"][tensor][1] < hi
+    assert ranges["percentile"][tensor] != ranges["entropy"][tensor]
+    scales = {}
+    for m in ranges:
+        work = tmp_path / m
+        work.mkdir()
+        q = Quantizer(path, work, flavour_for("onnxruntime"), method=m).quantize(work / "q.onnx", batches)
+        model = onnx.load(str(q))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        scales[m] = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert len({scales[m][tensor] for m in scales}) == 3
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):

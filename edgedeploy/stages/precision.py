@@ -34,7 +34,7 @@ def deploy_model_name(precision: str) -> str:
 class PrecisionFromOnnx(Stage):
     name = "precision"
     version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
-    consumes = (ONNX_MODEL, "calibration")
+    consumes = (ONNX_MODEL, "calibration", "goldens.npz")  # goldens: INT8 candidates must pass the device check
 
     def applies(self, ctx: BuildContext) -> str | None:
         return "fp32: nothing to convert" if ctx.precision == "fp32" else None
@@ -59,6 +59,8 @@ class PrecisionFromOnnx(Stage):
             "precision": c.to_dict()["precision"],
             "calibration": calibration_fingerprint(c),
             "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
+            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and t.runtime == "onnxruntime" else [],
+            "tolerance_int8": ctx.cfg.tolerance_for("int8").__dict__,
             "normalization": c.model.normalization,
             "classifier_outputs": list(c.validate.classifier_outputs),
             "latency": [c.validate.latency_iters, c.validate.seed],
@@ -78,6 +80,12 @@ class PrecisionFromOnnx(Stage):
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
         (ctx.staging / PRECISION_JSON).write_text(json.dumps(plan, indent=2, default=float))
         return plan
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    from edgedeploy.precision.quantize import cpu_int8_flags
+
+    return cpu_int8_flags()
 
 
 def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
@@ -105,37 +113,82 @@ def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
 def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     import onnx
 
+    from edgedeploy.precision import analysis
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
-    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess, quantize_with_fallback
+    from edgedeploy.precision.data import split_heldout
+    from edgedeploy.precision.quantize import (
+        Quantizer,
+        cpu_int8_flags,
+        flavour_for,
+        preprocess,
+        quantize_with_fallback,
+        reduce_range_choices,
+    )
 
     cfg, target = ctx.cfg, ctx.target
     p = cfg.precision
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     _check_node_names(p.keep_fp32, onnx.load(str(float_model)), "precision.keep_fp32")
     flavour = flavour_for(target.runtime)
+    calib, held = split_heldout(list(batches))
+    goldens = _golden_cases(ctx)
+    real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
+    evals = held + real_data
+    if not evals:
+        ctx.warn("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
+    judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
+    choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
+    log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
+    reduce_range, rr_scores = choices[0], {}
+    if len(choices) > 1:  # measured, not assumed: the naive model with each weight width on the held-out data
+        reference = analysis.run_model(float_model, evals or calib)
+        for choice in choices:
+            q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
+            q.reduce_range = choice
+            m = q.quantize(tmp / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
+            score = analysis.accuracy(reference, analysis.run_model(m, evals or calib), cfg.validate.classifier_outputs)
+            rr_scores["7-bit" if choice else "8-bit"] = score["score"]
+        reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
+    q.reduce_range = reduce_range
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
-        batches=batches,
+        batches=calib,
+        eval_batches=evals or None,
         classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=p.accuracy_target,
         max_tries=p.max_fallback_tries,
         keep_fp32=p.keep_fp32,
-        latency_feeds=batches[0],
+        extra_check=(lambda model: _goldens_veto(ctx, model, goldens)) if goldens else None,
+        latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),
-        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
+        log=log,
     )
     if not result.met:
+        final = result.final
         table = "; ".join(
-            f"try {t['try']}: {len(t['excluded'])} float nodes, {t['metric']} {t['score']:.4f}" for t in result.tries
+            f"try {t['try']}: {t['float_nodes']} float nodes, {t['metric']} {t['score']:.4f}"
+            + (f" ({t['vetoed']})" if "vetoed" in t else "")
+            for t in result.tries
         )
+        all_float = bool(result.sensitivity) and final.get("float_nodes", 0) >= len(result.sensitivity)
+        hint = (
+            f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay in float"
+            if not all_float
+            else "even with every measured layer in float the target is missed: build in FP16/FP32, or lower "
+            "precision.accuracy_target if this agreement is acceptable"
+        )
+        if "vetoed" in final:
+            hint = (
+                "the INT8 model meets the target on real held-out data but not the goldens' tolerance.int8 "
+                "(the device check): give validate.data with real inputs, or relax [tolerance.int8]"
+            )
         raise StageError(
             "precision",
-            f"INT8 misses precision.accuracy_target = {p.accuracy_target} after {len(result.tries) - 1} "
-            f"fallback tries ({table})",
-            hint="raise precision.max_fallback_tries, add calibration data, try calib_method = 'entropy' or "
-            "'percentile', or list layers in precision.keep_fp32",
+            f"INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out data after "
+            f"{len(result.tries) - 1} fallback tries ({table})",
+            hint=hint,
         )
     if result.excluded:
         ctx.warn(
@@ -143,13 +196,20 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
             + ", ".join(list(result.excluded)[:6])
             + (" ..." if len(result.excluded) > 6 else "")
         )
+    from edgedeploy.precision.fp16 import single_float_output_nodes
+
+    typed_outputs = single_float_output_nodes(onnx.load(str(float_model)), list(result.excluded))
     plan: dict[str, Any] = {
         "strategy": "explicit-qdq",
         "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
+        "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
         "calib_method": p.calib_method,
         "accuracy_target": p.accuracy_target,
-        "accuracy": result.tries[-1],
-        "kept_float": [{"node": n, "why": why} for n, why in result.excluded.items()],
+        "judged_on": judged,
+        "accuracy": result.final,
+        "kept_float": [
+            {"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in result.excluded.items()
+        ],
         "fallback_tries": result.tries,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
@@ -160,6 +220,48 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         )
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(point, inputs, PyTorch outputs) of every golden sample, when the reference stage wrote goldens."""
+    from edgedeploy.stages.reference import GOLDENS, load_goldens
+
+    path = ctx.path(GOLDENS)
+    if not path.is_file():
+        return []
+    goldens = load_goldens(path)
+    return [(point, pair["in"], pair["out"]) for point, by in goldens.items() for _, pair in sorted(by.items())]
+
+
+def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | None:
+    """Why ``model`` would fail the goldens check that validation and the device step run, or None.
+
+    The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: a candidate that passes
+    here passes the bundle's own dry run (ONNX Runtime stand-in) on the same goldens.
+    """
+    from edgedeploy.pipeline.parity import compare_output
+    from edgedeploy.precision import analysis
+
+    cfg = ctx.cfg
+    tol = cfg.tolerance_for("int8")
+    outputs = analysis.run_model(model, [feeds for _, feeds, _ in cases])
+    for (point, _, ref), got in zip(cases, outputs):
+        for name in cfg.outputs:
+            if name not in ref or name not in got:
+                continue
+            row = compare_output(
+                ref[name],
+                got[name],
+                atol=tol.atol,
+                rtol=tol.rtol,
+                min_cosine=tol.min_cosine,
+                min_topk_agreement=tol.min_topk_agreement,
+                topk=cfg.validate.topk,
+                classifier=name in cfg.validate.classifier_outputs,
+            )
+            if not row["passed"]:
+                return f"golden {point} {name} fails tolerance.int8: " + ", ".join(row.get("failure", []))[:120]
+    return None
 
 
 def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:

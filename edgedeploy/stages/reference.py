@@ -17,6 +17,7 @@ from edgedeploy.stages.base import Stage
 from edgedeploy.stages.inputs import SHAPE_POINTS, check_feeds, feeds_at
 
 GOLDENS = "goldens.npz"
+HELDOUT_POINT = "calib-heldout"  # real samples held out of INT8/FP16 calibration (never calibrated on)
 
 
 def golden_key(point: str, sample: int, kind: str, name: str) -> str:
@@ -87,6 +88,7 @@ class GoldensFromTorch(Stage):
             "dims": c.to_dict()["dims"],
             "outputs": list(c.outputs),
             "validate": [c.validate.samples, c.validate.seed, c.validate.data],
+            "heldout_calibration": _heldout_key(ctx),
         }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
@@ -101,6 +103,9 @@ class GoldensFromTorch(Stage):
                 _store(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
         for s, feeds in enumerate(user):
             _store(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
+        held = _heldout_calibration(ctx)
+        for s, feeds in enumerate(held):
+            _store(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
         np.savez(ctx.staging / GOLDENS, **arrays)
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
         if nonfinite:
@@ -109,7 +114,12 @@ class GoldensFromTorch(Stage):
                 f"the PyTorch model itself produced NaN/Inf in {', '.join(nonfinite[:4])}",
                 hint="fix the model or its weights before exporting",
             )
-        return {"points": list(SHAPE_POINTS), "samples": cfg.validate.samples, "user_batches": len(user)}
+        return {
+            "points": list(SHAPE_POINTS),
+            "samples": cfg.validate.samples,
+            "user_batches": len(user),
+            "heldout_calibration_batches": len(held),
+        }
 
 
 def _store(
@@ -135,3 +145,30 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
         raise InputError(f"validation data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
     check_feeds(ctx.cfg, feeds, str(path))
     return [feeds]
+
+
+def _heldout_key(ctx: BuildContext) -> Any:
+    if ctx.precision == "fp32":
+        return None
+    from edgedeploy.precision.data import calibration_fingerprint
+
+    return [ctx.precision, calibration_fingerprint(ctx.cfg)]
+
+
+def _heldout_calibration(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
+    """For FP16/INT8 builds with real calibration data: the held-out calibration batches (the precision stage's
+    split), so every later check, on the host and in the device bundle's own run, also sees real inputs.
+
+    Empty for FP32 builds and when no calibration data is configured (the precision stage reports that).
+    """
+    p = ctx.cfg.precision
+    if ctx.precision == "fp32" or not (p.calib or p.calib_callable):
+        return []
+    from edgedeploy.errors import DeployError
+    from edgedeploy.precision.data import load_calibration, split_heldout
+
+    try:
+        calib = load_calibration(ctx.cfg)
+    except DeployError:  # the precision stage fails on the same data with the full message
+        return []
+    return split_heldout(list(calib.batches))[1]

@@ -342,3 +342,30 @@ def test_fp16_underflow_is_flagged_not_pinned(tmp_path: Path) -> None:
     assert "/Mul_output_0" in {f["tensor"] for f in under}
     assert all(f["issue"] != "overflow" for f in findings)
     assert analysis.fp16_pins(findings) == {}
+
+
+def test_a_layer_kept_in_float_stays_float_when_onnxruntime_loads_it(tmp_path: Path) -> None:
+    """onnxruntime's WeightBiasQuantization transformer quantizes the float weights of a Conv whose input comes
+    from a DequantizeLinear: a layer the fallback kept in float would be re-quantized at load time. The
+    quantizer feeds such layers the float tensor (re-inserting a Relu folded into the Q range)."""
+    import onnx
+    import onnxruntime as ort
+
+    batches = photo_batches(16, 8)
+    path = export_onnx(overflow_net(), batches[0]["image"], tmp_path / "m.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    out = q.quantize(tmp_path / "q.onnx", batches, exclude=["/c2/Conv"])
+    model = onnx.load(str(out))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    conv2 = next(n for n in model.graph.node if n.name == "/c2/Conv")
+    assert producers[conv2.input[0]].op_type == "Relu"  # the folded Relu restored for the float reader
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
+    loaded = onnx.load(str(tmp_path / "loaded.onnx"))
+    producers = {o: n for n in loaded.graph.node for o in n.output}
+    conv2 = next(n for n in loaded.graph.node if n.name == "/c2/Conv")
+    assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear" for i in conv2.input[1:])
+    ref = analysis.run_model(q.float_model, batches)
+    assert analysis.accuracy(ref, analysis.run_model(out, batches), [])["score"] > 0.99

@@ -179,6 +179,7 @@ class Quantizer:
             ) from None
         finally:
             logging.getLogger().setLevel(quiet)
+        bypass_qdq_into_float_nodes(out, self.float_model)
         return out
 
     def ranges(self) -> dict[str, tuple[float, float]]:
@@ -191,6 +192,69 @@ class Quantizer:
             lo, hi = data[name].range_value
             out[name] = (float(np.asarray(lo).min()), float(np.asarray(hi).max()))
         return out
+
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
+    """Feed every float Conv/Gemm/MatMul the float tensor itself instead of a DequantizeLinear output.
+
+    ONNX Runtime's ``WeightBiasQuantization`` graph transformer (on at every optimization level above
+    "disable all") quantizes the float weights of any such node whose input comes from a DequantizeLinear,
+    per tensor. A node kept in float for accuracy would be silently re-quantized when the artifact is loaded:
+    on EfficientNet-Lite0 keeping the 16 depthwise convs in float *lowered* top-1 agreement from 85 % to 50 %.
+    Reading the unquantized tensor (the QuantizeLinear's input) keeps the node float, and exact. Where the
+    quantizer folded a Relu/Clip into that QuantizeLinear's range, the activation (from ``float_model``) is
+    re-inserted for the float reader.
+
+    Returns the number of inputs rewired (the model at ``path`` is rewritten only when there are any).
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    original = onnx.load(str(float_model), load_external_data=False)
+    float_producers = {o: n for n in original.graph.node for o in n.output}
+    float_inits = {i.name: i for i in original.graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    have = {i.name for i in graph.initializer}
+    dq_outputs = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    new_nodes: list[Any] = []
+    restored: dict[str, str] = {}
+    rewired = 0
+    for node in graph.node:
+        if node.op_type in WEIGHTED_OPS and node.input and node.input[0] in dq_outputs:
+            weights_dq = len(node.input) > 1 and node.input[1] in dq_outputs
+            q = producers.get(producers[node.input[0]].input[0])
+            if not weights_dq and q is not None and q.op_type == "QuantizeLinear":
+                x = q.input[0]
+                act = float_producers.get(x)
+                now = producers.get(x)
+                if act is not None and now is not None and act.op_type != now.op_type:  # activation folded into Q
+                    if x not in restored:
+                        restored[x] = f"{x}__float_act"
+                        copy = onnx.NodeProto()
+                        copy.CopyFrom(act)
+                        copy.name = f"{act.name}__float"
+                        copy.input[0] = x
+                        copy.output[0] = restored[x]
+                        for extra in copy.input[1:]:
+                            if extra and extra not in have and extra in float_inits:
+                                graph.initializer.append(float_inits[extra])
+                                have.add(extra)
+                        new_nodes.append(copy)
+                    x = restored[x]
+                node.input[0] = x
+                rewired += 1
+        new_nodes.append(node)
+    if rewired:
+        used = {i for n in new_nodes for i in n.input} | {o.name for o in graph.output}
+        keep = [n for n in new_nodes if n.op_type != "DequantizeLinear" or n.output[0] in used]
+        del graph.node[:]
+        graph.node.extend(keep)
+        onnx.save(model, str(path))
+    return rewired
 
 
 def preprocess(model_path: Path, out: Path) -> Path:

@@ -218,6 +218,17 @@ def ort_defaults(float_model: Path, calib: np.ndarray, out: Path) -> Path:
     return out
 
 
+def all_int8(float_model: Path, calib: np.ndarray, work: Path) -> Path:
+    """edgedeploy's quantizer with the cpu defaults (8-bit per-channel weights on VNNI, min/max ranges from our
+    histograms), every layer quantized: what the precision stage's first try builds, before any fallback."""
+    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    pre = preprocess(float_model, work / "float.onnx")
+    q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False)
+    return q.quantize(work / "all.int8.onnx", [{"image": calib[i : i + 1]} for i in range(len(calib))])
+
+
 def session(path: Path):
     import onnxruntime as ort
 
@@ -285,14 +296,17 @@ def main() -> int:
         builds["jetson-orin"]["dry_run"] = dry_run(orin_bundle)
     cpu_out = work / "out-cpu"
     fp32_path = cpu_out / "model.onnx"
-    if not fp32_path.is_file():  # the build failed before publishing: export again from the staging cache
-        print("cpu build published no model.onnx; nothing to measure", flush=True)
+    if not fp32_path.is_file():  # a failed build publishes nothing: take the export stage's cached model
+        fp32_path = next((cpu_out / ".cache" / "export").glob("*/model.onnx"), fp32_path)
+    if not fp32_path.is_file():
+        print("no FP32 model.onnx; nothing to measure", flush=True)
         result = {"builds": builds}
     else:
         models = {"fp32": session(fp32_path)}
         int8_path = cpu_out / "model.int8.onnx"
         if int8_path.is_file():
-            models["int8_edgedeploy"] = session(int8_path)
+            models["int8_edgedeploy_build"] = session(int8_path)
+        models["int8_edgedeploy_all_layers"] = session(all_int8(fp32_path, to_input(calib_crops), work / "all"))
         models["int8_ort_defaults"] = session(ort_defaults(fp32_path, to_input(calib_crops), work / "ort_default.onnx"))
         ref_held, ref_fresh = top1(models["fp32"], held), top1(models["fp32"], fresh)
         agreement = {}

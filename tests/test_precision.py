@@ -369,3 +369,14 @@ def test_a_layer_kept_in_float_stays_float_when_onnxruntime_loads_it(tmp_path: P
     assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear" for i in conv2.input[1:])
     ref = analysis.run_model(q.float_model, batches)
     assert analysis.accuracy(ref, analysis.run_model(out, batches), [])["score"] > 0.99
+
+
+def test_int8_that_needs_every_layer_in_float_is_refused_not_shipped_as_int8(tmp_path: Path) -> None:
+    from edgedeploy.errors import StageError
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    ctx = _stage_ctx(tmp_path, "cpu", "int8", outlier_net(), {"accuracy_target": 0.9999999, "max_fallback_tries": 12})
+    with pytest.raises(StageError) as err:
+        PrecisionFromOnnx().run(ctx)
+    assert "only with every Conv/Gemm/MatMul back in float" in str(err.value) and "FP32 model" in str(err.value)
+    assert "lower precision.accuracy_target" in (err.value.hint or "")

@@ -283,6 +283,7 @@ class FallbackResult:
     target: float
     latency: dict[str, Any]
     final: dict[str, Any] = field(default_factory=dict)  # the chosen try's row
+    candidates: int = 0  # nodes the naive model quantized (beyond keep_fp32)
 
 
 def layer_sensitivity(
@@ -421,6 +422,7 @@ def quantize_with_fallback(
         target=accuracy_target,
         latency=lat,
         final=final,
+        candidates=len(sensitivity),
     )
 
 

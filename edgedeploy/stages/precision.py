@@ -190,6 +190,16 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
             f"{len(result.tries) - 1} fallback tries ({table})",
             hint=hint,
         )
+    if result.candidates and not _int8_compute_left(ctx.staging / deploy_model_name("int8")):
+        scores = ", ".join(f"{t['float_nodes']} float: {t['score']:.3f}" for t in result.tries)
+        raise StageError(
+            "precision",
+            f"INT8 meets precision.accuracy_target = {p.accuracy_target} only with every Conv/Gemm/MatMul back in "
+            f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
+            f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
+            hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
+            "these tries reach",
+        )
     if result.excluded:
         ctx.warn(
             f"INT8: {len(result.excluded)} node(s) kept in float for accuracy: "
@@ -220,6 +230,18 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         )
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _int8_compute_left(model: Path) -> bool:
+    """Whether any Conv/Gemm/MatMul of the QDQ model still runs in INT8 (reads DequantizeLinear weights)."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+    from edgedeploy.precision.quantize import WEIGHTED_OPS
+
+    proto = onnx.load(str(model))
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    return any(ops.get(n) in WEIGHTED_OPS for n in analysis.quantized_nodes(proto))
 
 
 def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:

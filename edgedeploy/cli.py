@@ -12,7 +12,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from edgedeploy import __version__
+from edgedeploy._version import __version__
 from edgedeploy.errors import EXIT_CODES, DeployError
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,14 +16,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
-from edgedeploy.validate.policy import GatePolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
-CaptureMode = Literal["trace", "script", "export"]
+CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
 CalibMethod = Literal["minmax", "entropy", "percentile"]
+Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
+# generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
+INPUT_KINDS = ("", "float", "image", "ids", "mask")
 
 
 def _flag(name: str, help: str, *, path: bool = False) -> dict[str, Any]:
@@ -43,17 +45,25 @@ class DimSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One model input: name, shape (ints and named dims), dtype and value range."""
+    """One model input: name, shape (ints and named dims), dtype, value range (inclusive) and kind.
+
+    ``kind`` chooses the generator for seeded inputs: ``float`` / ``image`` uniform in ``range``,
+    ``ids`` integers in ``range`` (both ends included: ``[0, vocab_size - 1]``), ``mask`` prefix
+    attention masks (ones then zeros per row, never all zeros). Empty: by dtype.
+    """
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str = "float32"
     range: tuple[float, float] = (0.0, 1.0)
+    kind: str = ""
 
 
 @dataclass(frozen=True)
 class ModelSection:
     factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
+    hf: str | None = field(default=None, metadata=_flag("--hf", "Hugging Face model folder", path=True))
+    task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
         default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
@@ -72,7 +82,9 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class ExportSection:
-    capture: CaptureMode = field(default="trace", metadata=_flag("--capture", "torch capture: trace, script or export"))
+    capture: CaptureMode = field(
+        default="auto", metadata=_flag("--capture", "torch capture: auto, trace, script or export")
+    )
     exporter: ExporterName = field(
         default="auto", metadata=_flag("--exporter", "ONNX exporter: auto, dynamo or torchscript")
     )
@@ -98,6 +110,13 @@ class PrecisionSection:
     accuracy_target: float = 0.99
     max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()
+    # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
+    int8_recipe: Int8Recipe = field(
+        default="auto", metadata=_flag("--int8-recipe", "INT8 recipe: auto (detect), cnn or transformer")
+    )
+    smoothquant_alpha: float = field(
+        default=0.0, metadata=_flag("--smoothquant-alpha", "transformer INT8 smoothing strength 0..1 (0: off)")
+    )
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,7 @@ class ValidateSection:
 @dataclass(frozen=True)
 class BuildSection:
     target: str = field(default="cpu", metadata=_flag("--target", "target profile (see deploy targets)"))
+    jetson: str = "jetson-orin"  # what --target jetson means off a Jetson (on one: detected)
     out: str = field(default="build", metadata=_flag("--out", "output directory", path=True))
     cache: bool = field(default=True, metadata=_flag("--cache", "reuse content-keyed cached stages"))
     dla_core: int | None = field(default=None, metadata=_flag("--dla-core", "DLA core (Jetson)"))
@@ -153,7 +173,7 @@ class DeployConfig:
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     tolerance: dict[str, Tolerance] = field(default_factory=dict)
     validate: ValidateSection = field(default_factory=ValidateSection)
-    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/gate.py)
+    gate: GatePolicy | None = None  # [gate]: release gate run at the end of the build (edgedeploy/validate/gate.py)
     build: BuildSection = field(default_factory=BuildSection)
     source: str = "<dict>"
     base_dir: str = "."
@@ -396,6 +416,10 @@ def config_from_dict(
     raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    if (raw.get("model") or {}).get("hf"):
+        from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
+
+        fill_from_folder(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
     cfg: DeployConfig = dataclass_from_dict(
         DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
@@ -427,19 +451,24 @@ def _check_consistency(cfg: DeployConfig) -> None:
         if spec.name in seen:
             raise ConfigError(f"{where}: duplicate input name {spec.name!r} in inputs[{i}]")
         seen.add(spec.name)
+        if spec.kind not in INPUT_KINDS:
+            raise ConfigError(
+                f"{where}: key 'inputs[{i}].kind' = {spec.kind!r} is not allowed",
+                hint=f"use one of {', '.join(k for k in INPUT_KINDS if k)}",
+            )
         if spec.dtype not in DTYPES:
             raise ConfigError(
                 f"{where}: key 'inputs[{i}].dtype' = {spec.dtype!r} is not allowed",
                 hint=f"use one of {', '.join(DTYPES)}",
             )
-        for d in spec.shape:
-            if isinstance(d, str) and d not in cfg.dims:
+        for size in spec.shape:
+            if isinstance(size, str) and size not in cfg.dims:
                 raise ConfigError(
-                    f"{where}: inputs[{i}] ({spec.name}) uses dim {d!r} that has no [dims.{d}] table",
-                    hint=f"add [dims.{d}] with min, opt and max",
+                    f"{where}: inputs[{i}] ({spec.name}) uses dim {size!r} that has no [dims.{size}] table",
+                    hint=f"add [dims.{size}] with min, opt and max",
                 )
-            if isinstance(d, int) and d < 1:
-                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {d}")
+            if isinstance(size, int) and size < 1:
+                raise ConfigError(f"{where}: inputs[{i}] ({spec.name}) has non-positive size {size}")
         lo, hi = spec.range
         if lo > hi:
             raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")
@@ -451,6 +480,17 @@ def _check_consistency(cfg: DeployConfig) -> None:
     for name in cfg.validate.classifier_outputs:
         if name not in cfg.outputs:
             raise ConfigError(f"{where}: key 'validate.classifier_outputs' names unknown output {name!r}")
+    if not 0.0 <= cfg.precision.smoothquant_alpha <= 1.0:
+        raise ConfigError(
+            f"{where}: key 'precision.smoothquant_alpha' = {cfg.precision.smoothquant_alpha} must be in [0, 1]",
+            hint="0 turns smoothing off; 0.5 is SmoothQuant's usual strength",
+        )
+    if len(set(cfg.outputs)) != len(cfg.outputs):
+        dupes = sorted({n for n in cfg.outputs if cfg.outputs.count(n) > 1})
+        raise ConfigError(f"{where}: key 'outputs' names {dupes} more than once", hint="each output once")
+    from edgedeploy.config_ranges import config_problems, raise_if_problems
+
+    raise_if_problems(config_problems(cfg), where)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> DeployConfig:
@@ -462,55 +502,3 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> De
     path = Path(path)
     raw = read_toml(path, what="config file", hint="pass --config PATH to a deploy.toml")
     return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
-
-
-def import_factory(cfg: DeployConfig) -> Any:
-    """Import the ``module:callable`` model factory named in the config.
-
-    A factory that came from a checkpoint sidecar is checked before anything runs: its module
-    must be a file inside ``model.python_path`` (or the package's own zoo), and the callable must
-    be a function or class defined in that module (not, say, ``os.system`` re-exported there).
-
-    Raises:
-        ConfigError: the module does not import, has no such callable, or a sidecar factory
-            resolves outside the allowed roots.
-    """
-    import importlib
-    import importlib.util
-    import inspect
-
-    module_name, _, attr = cfg.model.factory.partition(":")
-    roots = [cfg.path(p) for p in cfg.model.python_path]
-    for p in reversed(roots):
-        if str(p) not in sys.path:
-            sys.path.insert(0, str(p))
-    origin = getattr(cfg, "factory_origin", "config")  # train configs name their factory themselves
-    where = f"{cfg.source}: key 'model.factory'"
-    if origin == "sidecar":
-        where = f"{cfg.source}: model.factory from the checkpoint sidecar"
-        expected = _module_file_in_roots(module_name, [r for r in roots if r is not None])
-        spec = importlib.util.find_spec(module_name) if "." not in module_name else None
-        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else expected
-        if expected is None or origin != expected:
-            raise ConfigError(
-                f"{where}: module {module_name!r} resolves to {origin}, outside model.python_path",
-                hint="set model.factory in the config if you trust it",
-            )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure is the user's factory
-        raise ConfigError(
-            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
-            hint="check the module name and model.python_path",
-        ) from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: module {module_name!r} has no callable {attr!r}")
-    if origin != "config" and not (
-        (inspect.isfunction(factory) or inspect.isclass(factory)) and factory.__module__ == module.__name__
-    ):
-        raise ConfigError(
-            f"{where}: {cfg.model.factory!r} is not a function or class defined in {module_name!r}",
-            hint="a sidecar may only name the project's own model builders; set model.factory in the config",
-        )
-    return factory

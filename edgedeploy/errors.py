@@ -6,6 +6,8 @@ README.md). Messages are one line: what went wrong, where, and the fix.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DeployError(Exception):
     """Base of every error edgedeploy raises on purpose.
@@ -17,6 +19,7 @@ class DeployError(Exception):
 
     exit_code: int = 1
     kind: str = "error"
+    partial: Any = None  # a failing stage's partial result (stages.base.StageResult), for the report
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

@@ -50,7 +50,7 @@ def coerce(tp: Any, value: Any, key: str, where: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise ConfigError(f"{where}: key '{key}' must be {_type_name(tp)}, got {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: '{key}' must be a table, got {value!r}")
         return _from_dict(tp, value, key, where)

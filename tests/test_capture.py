@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from edgedeploy.artifacts import EXPORTED_PROGRAM, TORCHSCRIPT
 from edgedeploy.config import DeployConfig, config_from_dict
 from edgedeploy.errors import StageError
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy.stages.capture import EXPORTED_PROGRAM, TORCHSCRIPT, TorchScriptFromModel
+from edgedeploy.stages.capture import TorchScriptFromModel
 
 GOOD_MODEL = """
 import torch
@@ -111,7 +112,7 @@ def test_export_capture_saves_exported_program(tmp_path: Path) -> None:
 
 
 def test_tracer_warning_fails_at_the_users_line(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, BAKED_MODEL)
+    cfg = make_config(tmp_path, BAKED_MODEL, export={"capture": "trace"})
     with pytest.raises(StageError) as err:
         run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
     text = err.value.one_line()
@@ -122,7 +123,7 @@ def test_tracer_warning_fails_at_the_users_line(tmp_path: Path) -> None:
 
 
 def test_trace_check_names_the_baked_dim_when_warnings_are_allowed(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, BAKED_MODEL, export={"fail_on_tracer_warnings": False})
+    cfg = make_config(tmp_path, BAKED_MODEL, export={"capture": "trace", "fail_on_tracer_warnings": False})
     with pytest.raises(StageError) as err:
         run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
     assert "batch=1 (min)" in err.value.message
@@ -136,3 +137,69 @@ def test_torch_export_capture_names_the_specialised_dim(tmp_path: Path) -> None:
     assert "torch.export.export failed" in err.value.message
     assert "batch" in err.value.message
     assert err.value.exit_code == 6
+
+
+def test_auto_capture_records_why_trace_and_export_failed_and_keeps_script(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, BAKED_MODEL)
+    assert cfg.export.capture == "auto"
+    result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    metrics = result.report["metrics"]["capture"]
+    assert metrics["route"] == "script"
+    assert [t["route"] for t in metrics["tried"]] == ["trace", "export"]
+    module_file = next(tmp_path.glob("m_*.py"))
+    assert f"{module_file}:{BAKED_LINE}" in metrics["tried"][0]["reason"]
+    assert "batch" in metrics["tried"][1]["reason"]
+    assert result.stages[0].files == [TORCHSCRIPT]
+
+
+LSTM_MODEL = """
+import torch
+from torch import nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out)
+
+
+def build():
+    torch.manual_seed(0)
+    return Tagger()
+"""
+LSTM_LINE = next(i for i, line in enumerate(LSTM_MODEL.splitlines(), 1) if "self.lstm(x)" in line)
+
+
+def test_tracer_warnings_inside_library_code_are_not_blamed_on_the_user(tmp_path: Path) -> None:
+    """nn.LSTM's TracerWarnings are library findings: the trace is judged by the shape probes instead."""
+    cfg = make_config(
+        tmp_path,
+        LSTM_MODEL,
+        inputs=[{"name": "x", "shape": ["batch", "time", 8], "range": [-1.0, 1.0]}],
+        dims={"batch": {"min": 1, "opt": 2, "max": 3}, "time": {"min": 1, "opt": 6, "max": 12}},
+        export={"capture": "trace"},
+    )
+    result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    metrics = result.report["metrics"]["capture"]
+    assert metrics["route"] == "trace"
+    assert metrics["tracer_warnings_library"] >= 1
+    assert metrics["tracer_warnings_library"] == len(metrics["tracer_warnings"])
+    warning = metrics["tracer_warnings"][0]
+    module_file = next(tmp_path.glob("m_*.py"))
+    assert "torch/nn/modules/rnn.py" in warning
+    assert f"called from {module_file}:{LSTM_LINE}" in warning
+    assert set(metrics["points"]) >= {"time=1 (min)", "time=12 (max)"}
+
+
+def test_auto_capture_is_skipped_when_nothing_consumes_it(tmp_path: Path) -> None:
+    """A TensorRT target's bundle carries only ONNX and validation runs on the device: no capture needed."""
+    cfg = make_config(tmp_path, GOOD_MODEL, build={"target": "jetson-orin"})
+    result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    assert result.stages[0].status == "skipped" and "nothing here consumes" in result.stages[0].reason
+    explicit = make_config(tmp_path / "e", GOOD_MODEL, build={"target": "jetson-orin"}, export={"capture": "trace"})
+    assert run_build(explicit, stages=[TorchScriptFromModel()], log=quiet).stages[0].status == "ran"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edgedeploy.errors import CheckpointError
-from edgedeploy.stages.checkpoint import read_state_dict
+from edgedeploy.modelio.checkpoint import read_state_dict
 
 
 class _Payload:

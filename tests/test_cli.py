@@ -61,8 +61,25 @@ def test_pickled_checkpoint_exit_code(tiny_project: Path, tmp_path: Path, capsys
 
 
 def test_exit_codes_are_distinct():
-    assert len(EXIT_CODES) == len(set(EXIT_CODES))
-    assert 0 in EXIT_CODES and 1 in EXIT_CODES
+    """Each error family has its own exit code: two classes share one only when one subclasses the other."""
+    import inspect
+
+    from edgedeploy import errors
+
+    classes = [
+        c
+        for _, c in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(c, errors.DeployError) and c is not errors.DeployError
+    ]
+    by_code: dict[int, list[type]] = {}
+    for c in classes:
+        by_code.setdefault(c.exit_code, []).append(c)
+    for code, group in by_code.items():
+        root = min(group, key=lambda c: len(c.__mro__))
+        unrelated = [c.__name__ for c in group if not issubclass(c, root)]
+        assert not unrelated, f"exit code {code} is shared by {root.__name__} and unrelated {unrelated}"
+    assert 0 not in by_code and 1 not in by_code  # success and internal errors stay distinguishable
+    assert set(EXIT_CODES) == set(by_code) | {0, 1}  # every code documented, no stale entries
 
 
 def test_targets_lists_every_profile(capsys):

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_capture import BAKED_MODEL, GOOD_MODEL, make_config, quiet
 
+from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError, TargetCapabilityError
+from edgedeploy.onnxtools.export import EXPORTER_OPSETS, choose_opset, exporter_order
 from edgedeploy.pipeline.manifest import read_manifest
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy.stages.export import (
-    EXPORTER_OPSETS,
-    ONNX_DATA,
-    ONNX_MODEL,
-    OnnxFromTorch,
-    choose_opset,
-    exporter_order,
-)
+from edgedeploy.stages.export import OnnxFromTorch
 from edgedeploy.targets import get_target
 
 # Python control flow on a tensor value: torch.export cannot capture it, tracing can
@@ -176,3 +172,39 @@ def test_export_is_cached_by_content(tmp_path: Path) -> None:
     first = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     second = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     assert first.stages[0].status == "ran" and second.stages[0].status == "cached"
+
+
+def test_external_data_travels_into_the_bundle_without_duplicate_copies(tmp_path: Path) -> None:
+    from edgedeploy.stages.build_trt import BundleFromOnnx
+    from edgedeploy.stages.reference import GoldensFromTorch
+
+    wide = GOOD_MODEL.replace("nn.Conv2d(3, 4, 3", "nn.Conv2d(3, 4, 5").replace("padding=1", "padding=2")
+    cfg = make_config(tmp_path, wide, build={"target": "jetson-orin"})
+    stages = [GoldensFromTorch(), OnnxFromTorch(external_data_threshold=64), BundleFromOnnx()]
+    result = run_build(cfg, stages=stages, log=quiet)
+    bundle = result.out / "bundle"
+    assert (bundle / ONNX_DATA).is_file()
+    assert f"bundle/{ONNX_DATA}" in read_manifest(result.out)["artifacts"]
+    listed = json.loads((bundle / "bundle.json").read_text())["files"]
+    assert ONNX_DATA in listed
+    # the bundle's model files are the same inodes as OUT's: no second copy on disk
+    assert (bundle / ONNX_MODEL).stat().st_ino == (result.out / ONNX_MODEL).stat().st_ino
+
+
+def test_one_export_serves_targets_with_the_same_opset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu and a TensorRT target at the same opset share the cached reference and export."""
+    from edgedeploy.stages import pipeline_stages
+    from edgedeploy.targets import get_target
+
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(tmp_path / "shared-cache"))
+    first = make_config(tmp_path / "a", GOOD_MODEL, export={"opset": 20}, build={"cache": True})
+    run_build(first, log=quiet)
+    orin = {"cache": True, "target": "jetson-orin"}
+    second = make_config(tmp_path / "b", GOOD_MODEL, export={"opset": 20}, build=orin)
+    second = dataclasses.replace(second, model=dataclasses.replace(second.model, factory=first.model.factory))
+    second = dataclasses.replace(second, base_dir=first.base_dir)
+    stages = pipeline_stages(get_target("jetson-orin"))
+    result = run_build(second, stages=stages, log=quiet)
+    status = {r.name: r.status for r in result.stages}
+    assert status["reference"] == status["export"] == "cached"
+    assert status["capture"] == "skipped"  # nothing consumes a TorchScript program for a TensorRT target

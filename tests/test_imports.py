@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
-BLOCKED = ("tensorrt", "onnxruntime", "torch2trt", "torch_tensorrt", "pycuda", "lightning", "pytorch_lightning")
+BLOCKED = (
+    "tensorrt", "onnxruntime", "torch2trt", "torch_tensorrt", "pycuda", "lightning", "pytorch_lightning",
+    "transformers", "tokenizers", "webdataset", "tensorboard", "torchviz",
+)  # fmt: skip
 
 
 def test_every_module_imports_without_optional_dependencies():

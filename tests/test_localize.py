@@ -111,13 +111,13 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def _model(cfg: object) -> object:
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
 
     return load_model(cfg, None)
 
 
 def _feeds(out: Path) -> dict[str, np.ndarray]:
-    from edgedeploy.stages.reference import load_goldens
+    from edgedeploy.modelio.goldens import load_goldens
 
     return load_goldens(out / "goldens.npz")["opt"][0]["in"]
 
@@ -206,7 +206,7 @@ def test_perturbed_conv_weight_is_localized_to_its_module(
 
 
 def _stage_context(cfg: object, out: Path, staging: Path) -> object:
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)
@@ -229,7 +229,7 @@ def test_stage_names_the_perturbed_layer_in_its_parity_error(built: tuple[object
     msg = err.value.one_line()
     assert "onnxruntime-fp32" in msg
     assert f"{node} -> PyTorch module 'layers.0.conv2'" in msg
-    cands = {c["name"]: c for c in ctx.metrics["validate"]["parity"]["candidates"]}
+    cands = {c["name"]: c for c in err.value.partial.metrics["parity"]["candidates"]}
     assert cands["torchscript"]["status"] == "passed"  # only the edited artifact fails
     loc = cands["onnxruntime-fp32"]["localization"]
     assert loc["module"] == "layers.0.conv2" and loc["sample"]["output"] == "logits"
@@ -237,8 +237,8 @@ def test_stage_names_the_perturbed_layer_in_its_parity_error(built: tuple[object
 
 def test_nan_candidate_fails_with_its_own_message(built: tuple[object, Path], tmp_path: Path) -> None:
     from edgedeploy.errors import ParityError
-    from edgedeploy.pipeline.parity import NON_FINITE
     from edgedeploy.stages.validate import ParityFromGoldens
+    from edgedeploy.validate.parity import NON_FINITE
 
     cfg, out = built
     ctx = _stage_context(cfg, out, tmp_path / "staging")
@@ -250,7 +250,7 @@ def test_nan_candidate_fails_with_its_own_message(built: tuple[object, Path], tm
     with pytest.raises(ParityError) as err:
         ParityFromGoldens().run(ctx)
     assert f"{NON_FINITE}:" in err.value.message
-    cand = next(c for c in ctx.metrics["validate"]["parity"]["candidates"] if c["name"] == "onnxruntime-fp32")
+    cand = next(c for c in err.value.partial.metrics["parity"]["candidates"] if c["name"] == "onnxruntime-fp32")
     failing = [c for c in cand["checks"] if not c["passed"]]
     assert failing and all(NON_FINITE in c["failure"] for c in failing)
     assert all(c["nan"] > 0 for c in failing if c["check"] == "parity")

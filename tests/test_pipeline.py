@@ -10,7 +10,7 @@ import pytest
 
 import edgedeploy
 from edgedeploy.errors import CheckpointError, ConfigError, InputError
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -47,7 +47,7 @@ def test_onnx_runs_at_a_batch_never_used_during_export(tiny_project: Path):
     import torch
 
     model = edgedeploy.load_config(tiny_project)
-    from edgedeploy.stages.checkpoint import load_model
+    from edgedeploy.modelio.checkpoint import load_model
 
     net = load_model(model, model.path(model.model.checkpoint))
     with torch.no_grad():

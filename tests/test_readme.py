@@ -25,7 +25,9 @@ def test_exactly_two_setup_commands_and_their_files_exist():
     for path in re.findall(r"(examples/\S+\.(?:py|toml))", demo):
         assert (ROOT / path).is_file(), path
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "-m pytest -n auto" in ci and "-m pytest -n auto" in tests
+    command = '-m pytest -n auto -m "not slow"'  # CI runs README's command, then the slow step
+    assert command in ci and command in tests
+    assert "-m pytest -n auto -m slow" in ci
 
 
 def test_documented_subcommands_exist():

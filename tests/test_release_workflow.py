@@ -236,7 +236,7 @@ def test_workflow_gate_policies_are_valid_policies(tmp_path: Path):
     """Run the workflow's policy step for real and load what it writes with the gate's own loader."""
     import subprocess
 
-    from edgedeploy.gate import load_policy
+    from edgedeploy.validate.gate import load_policy
 
     gate = workflow()["jobs"]["gate"]
     script = next(step["run"] for step in gate["steps"] if step.get("name") == "Gate policies")

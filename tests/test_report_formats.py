@@ -27,9 +27,9 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from onnx import numpy_helper
 
     from edgedeploy.config import load_config
-    from edgedeploy.pipeline.context import BuildContext
     from edgedeploy.pipeline.report import build_report, write_report_files
     from edgedeploy.pipeline.runner import run_build
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.stages.validate import ParityFromGoldens
     from edgedeploy.targets import get_target
 
@@ -63,7 +63,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         cfg=cfg,
         target=get_target("cpu"),
         stages=stages,
-        metrics=ctx.metrics,
+        metrics={**ctx.metrics, "validate": err.value.partial.metrics},
         warnings=[],
         status="failed",
         seconds=1.0,

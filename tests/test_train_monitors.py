@@ -84,10 +84,17 @@ def test_loop_callback_checks_every_n_steps_and_reports_through_log():
     assert any("vanishing" in line and "layers.0" in line for line in lines)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lightning") is not None, reason="Lightning installed")
-def test_lightning_adapter_says_how_to_install_when_absent():
+def test_lightning_adapter_says_how_to_install_when_absent(monkeypatch):
+    import sys
+
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed, also where it is
     with pytest.raises(ImportError, match=r"edgedeploy\[lightning\]"):
         lightning_callback(GradientFlowMonitor())
+    from edgedeploy.train.lightning import lightning_module
+
+    with pytest.raises(ImportError, match=r"edgedeploy\[lightning\]"):
+        lightning_module(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning not installed (optional)")

@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY_TOML, write_tiny_project
 
 from edgedeploy.errors import ArtifactIntegrityError, ParityError
-from edgedeploy.pipeline.parity import (
+from edgedeploy.validate.parity import (
     NON_FINITE,
     OUTSIDE_TOLERANCE,
     add_to_histogram,
@@ -37,7 +37,7 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
 
 
 def _context(cfg: Any, out: Path, staging: Path) -> Any:
-    from edgedeploy.pipeline.context import BuildContext
+    from edgedeploy.stages.context import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)
@@ -145,7 +145,7 @@ def test_variants_are_judged_with_their_precision_tolerance(tiny_build: tuple[An
     ctx = _context(cfg, result.out, tmp_path / "staging")
     fp16 = convert_float_to_float16(onnx.load(str(ctx.staging / "model.onnx")), keep_io_types=True)
     onnx.save(fp16, str(ctx.staging / "model.fp16.onnx"))
-    cands = _candidates(ParityFromGoldens().run(ctx))
+    cands = _candidates(ParityFromGoldens().run(ctx).metrics)
     half = cands["onnxruntime-fp16"]
     assert half["status"] == "passed" and half["tolerance"] == cfg.tolerance_for("fp16").__dict__
     worst16 = max(c["max_abs"] for c in half["checks"] if c["check"] == "parity")
@@ -157,7 +157,7 @@ def test_variants_are_judged_with_their_precision_tolerance(tiny_build: tuple[An
     onnx.save(fp16, str(ctx.staging / "model.fp16.onnx"))
     with pytest.raises(ParityError) as err:
         ParityFromGoldens().run(ctx)
-    cands = _candidates(ctx.metrics["validate"])
+    cands = _candidates(err.value.partial.metrics)
     assert cands["onnxruntime-fp16"]["status"] == "failed" and cands["onnxruntime-fp32"]["status"] == "passed"
     assert "1 backend(s) disagree with PyTorch (onnxruntime-fp16)" in err.value.message
     assert OUTSIDE_TOLERANCE in err.value.message
@@ -198,9 +198,9 @@ def test_row_dependent_candidate_fails_batch_consistency(tiny_build: tuple[Any, 
     cfg, result = tiny_build
     ctx = _context(cfg, result.out, tmp_path / "staging")
     _add_row_dependent_shift(result.out / "model.onnx", ctx.staging / "model.onnx")
-    with pytest.raises(ParityError):
+    with pytest.raises(ParityError) as err:
         ParityFromGoldens().run(ctx)
-    cand = _candidates(ctx.metrics["validate"])["onnxruntime-fp32"]
+    cand = _candidates(err.value.partial.metrics)["onnxruntime-fp32"]
     batch = [c for c in cand["checks"] if c["check"] == "batch_consistency"]
     assert len(batch) == 1 and not batch[0]["passed"] and OUTSIDE_TOLERANCE in batch[0]["failure"]
     by_shape = {c["shape"]: c["passed"] for c in cand["checks"] if c["check"] == "parity"}
@@ -215,16 +215,16 @@ def test_backend_that_cannot_run_is_one_finding_among_all(tiny_build: tuple[Any,
     (ctx.staging / "model.int8.onnx").write_bytes(b"this is not an onnx model")
     with pytest.raises(ParityError) as err:
         ParityFromGoldens().run(ctx)
-    cands = _candidates(ctx.metrics["validate"])
+    cands = _candidates(err.value.partial.metrics)
     assert cands["onnxruntime-int8"]["status"] == "failed"
     assert cands["onnxruntime-int8"]["reason"].startswith("cannot run:")
     assert cands["onnxruntime-fp32"]["status"] == "passed" and cands["torchscript"]["status"] == "passed"
     assert "onnxruntime-int8: cannot run:" in err.value.message
-    assert "onnxruntime-int8" in ctx.metrics["validate"]["latency"]["skipped"]
+    assert "onnxruntime-int8" in err.value.partial.metrics["latency"]["skipped"]
 
 
 def test_torchscript_is_loaded_only_with_its_recorded_hash(tiny_build: tuple[Any, Any]) -> None:
-    from edgedeploy.pipeline.hashing import sha256_file
+    from edgedeploy.fileio.hashing import sha256_file
     from edgedeploy.validate.runners import load_torchscript
 
     _, result = tiny_build

@@ -1,10 +1,20 @@
-"""Generate ``edgedeploy/targets/data/trt-*.json`` from onnx/onnx-tensorrt ``docs/operators.md`` files.
+"""Generate ``edgedeploy/targets/data/trt-*.json`` from onnx/onnx-tensorrt's docs *and* its importer sources.
 
-The markdown sources are not shipped. To regenerate, save each release's
-``docs/operators.md`` (``git show <ref>:docs/operators.md`` in a clone of
-onnx/onnx-tensorrt) into one folder under the file names listed in ``TABLES``, then run::
+``docs/operators.md`` lags the parser (8.2's marks Reciprocal unsupported though the 8.2 parser
+registers an importer for it; every release's lists Resize modes nearest/linear though the importer
+takes cubic from 8.5), so each table is the docs' matrix corrected by the release's importer source:
+the ops registered with ``DEFINE_BUILTIN_OP_IMPORTER`` (``builtin_op_importers.cpp`` up to 8.6,
+``onnxOpImporters.cpp`` from 10.0) and the attribute values in :data:`ATTRIBUTE_EVIDENCE`. Where
+the two disagree the source wins and ``disagreements`` in the table records both sides.
 
-    python tools/gen_trt_op_tables.py --src /path/to/folder --out edgedeploy/targets/data
+The sources are not shipped. To regenerate, save each release's ``docs/operators.md`` into one
+folder and its importer source into another (``git show 8.2-GA:builtin_op_importers.cpp >
+8.2-GA.cpp`` in a clone of onnx/onnx-tensorrt; file names as listed in ``TABLES``), then run::
+
+    python tools/gen_trt_op_tables.py --src MD_FOLDER --importers CPP_FOLDER --out edgedeploy/targets/data
+
+Without ``--src`` the docs view is taken from the existing tables (earlier disagreements undone
+first), so ``--importers`` alone re-applies the source corrections.
 
 Each table records the source branch and commit. Where no operators.md exists for the
 exact TensorRT version a device ships, the table is derived from the nearest release's
@@ -22,6 +32,32 @@ from typing import Any
 
 REPO = "onnx/onnx-tensorrt"
 CHANGELOG = {"path": "docs/Changelog.md", "note": "onnx-tensorrt changelog entries for TensorRT 10.2-10.15 GA"}
+_NOT_OPS = {"FallbackPluginImporter", "LocalFunctionImporter", "op"}
+_IMPORTER = re.compile(r"DEFINE_BUILTIN_OP_IMPORTER\((\w+)\)")
+# attribute values the docs do not list but an importer body shows: (op, attribute, value) -> evidence regex
+ATTRIBUTE_EVIDENCE = {("Resize", "mode", "cubic"): r"(?:ResizeMode|InterpolationMode)::kCUBIC"}
+_IMPORTER_82 = {
+    "ref": "8.2-GA",
+    "commit": "f42daeee49f2517a954c5601f0f76bef9ed94b62",
+    "path": "builtin_op_importers.cpp",
+}
+_IMPORTER_85 = {
+    "ref": "8.5-GA",
+    "commit": "fdeeaca87ad2eef316aafb016e1822502f383eea",
+    "path": "builtin_op_importers.cpp",
+}
+_IMPORTER_101 = {"ref": "10.1-GA", "commit": "96e781103cfc4adf4a6bb557e94bac8e693f6f4c", "path": "onnxOpImporters.cpp"}
+# importers added after 10.1 GA, per docs/Changelog.md (no pinned importer source for 10.3 .. 10.15 here)
+_ADDED_AFTER_101 = {
+    "BlackmanWindow": ("10.4", "10.4 GA changelog: BlackmanWindow, HammingWindow, HannWindow"),
+    "HammingWindow": ("10.4", "10.4 GA changelog: BlackmanWindow, HammingWindow, HannWindow"),
+    "HannWindow": ("10.4", "10.4 GA changelog: BlackmanWindow, HammingWindow, HannWindow"),
+    "STFT": ("10.5", "10.5 GA changelog: real-valued STFT"),
+    "Attention": ("10.14", "10.14 GA changelog: Attention"),
+    "RotaryEmbedding": ("10.15", "10.15 GA changelog: RotaryEmbedding, RMSNormalization, TensorScatter"),
+    "RMSNormalization": ("10.15", "10.15 GA changelog: RotaryEmbedding, RMSNormalization, TensorScatter"),
+    "TensorScatter": ("10.15", "10.15 GA changelog: RotaryEmbedding, RMSNormalization, TensorScatter"),
+}
 
 TABLES: list[dict[str, Any]] = [
     {
@@ -30,6 +66,7 @@ TABLES: list[dict[str, Any]] = [
         "shipped_by": ["JetPack 4.6 (TensorRT 8.2.1)"],
         "md": "trt-8.2.md",
         "source": {"ref": "8.2-GA", "commit": "f42daeee49f2517a954c5601f0f76bef9ed94b62"},
+        "importer": {**_IMPORTER_82, "file": "8.2-GA.cpp"},
     },
     {
         "id": "trt-8.5",
@@ -37,6 +74,7 @@ TABLES: list[dict[str, Any]] = [
         "shipped_by": ["JetPack 5.1 (TensorRT 8.5.2)"],
         "md": "trt-8.5.md",
         "source": {"ref": "8.5-GA", "commit": "fdeeaca87ad2eef316aafb016e1822502f383eea"},
+        "importer": {**_IMPORTER_85, "file": "8.5-GA.cpp"},
     },
     {
         "id": "trt-10.3",
@@ -48,6 +86,7 @@ TABLES: list[dict[str, Any]] = [
         "derived_from": "operators.md of 10.1-GA plus the 10.2 and 10.3 GA changelog entries",
         "drop_restrictions": {"Slice": "10.3 GA changelog: tensor `axes` inputs for Slice are supported"},
         "unsupported_ops": {},
+        "importer": {**_IMPORTER_101, "file": "10.1-GA.cpp"},
     },
     {
         "id": "trt-10.13",
@@ -63,6 +102,7 @@ TABLES: list[dict[str, Any]] = [
             "RMSNormalization": "added in TensorRT 10.15 (changelog)",
             "TensorScatter": "added in TensorRT 10.15 (changelog)",
         },
+        "importer": {**_IMPORTER_101, "file": "10.1-GA.cpp"},
     },
     {
         "id": "trt-10.15",
@@ -70,6 +110,7 @@ TABLES: list[dict[str, Any]] = [
         "shipped_by": ["TensorRT 10.15; also the newest table, used for TensorRT 11.x with a warning"],
         "md": "trt-10.15.md",
         "source": {"ref": "main (file revision whose header reads 'TensorRT 10.15')", "commit": None},
+        "importer": {**_IMPORTER_101, "file": "10.1-GA.cpp"},
     },
 ]
 
@@ -183,17 +224,102 @@ def build_table(spec: dict[str, Any], src: Path) -> dict[str, Any]:
     return table
 
 
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+def importer_bodies(source: str) -> dict[str, str]:
+    """Op name -> its importer's source text, for every ``DEFINE_BUILTIN_OP_IMPORTER(op)``."""
+    marks = list(_IMPORTER.finditer(source))
+    return {m.group(1): source[m.end() : (marks[i + 1].start() if i + 1 < len(marks) else len(source))]
+            for i, m in enumerate(marks)}  # fmt: skip
+
+
+def importer_view(spec: dict[str, Any], source: str) -> dict[str, Any]:
+    """What one release's importer source says: registered standard ops and evidenced attribute values."""
+    bodies = importer_bodies(source)
+    # not ONNX ops: TensorRT's own TRT_* ops, the plugin / local-function fallbacks, the macro's definition
+    ops = {op for op in bodies if not op.startswith("TRT_") and op not in _NOT_OPS}
+    after_101 = spec["importer"]["ref"] == "10.1-GA"
+    version = _version_key(spec["trt_version"])
+    added = {op: why for op, (since, why) in _ADDED_AFTER_101.items() if after_101 and _version_key(since) <= version}
+    values = {key: bool(re.search(rx, bodies.get(key[0], ""))) for key, rx in ATTRIBUTE_EVIDENCE.items()}
+    return {"ops": ops | set(added), "added_by_changelog": added, "attribute_values": values}
+
+
+def docs_view(table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with earlier importer corrections undone (the operators.md view)."""
+    table = json.loads(json.dumps(table))
+    for d in table.pop("disagreements", []):
+        op = d["op"]
+        if d["kind"] == "registered importer, docs unsupported":
+            table["supported"].pop(op, None)
+            table["unsupported"][op] = d["docs"]
+        elif d["kind"] == "registered importer, not in docs":
+            table["supported"].pop(op, None)
+        elif d["kind"] == "attribute value":
+            attrs = table["supported"][op].setdefault("attributes", {})
+            attrs[d["attribute"]] = d["docs"]
+    table.pop("importer", None)
+    return table
+
+
+def apply_importer(table: dict[str, Any], spec: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+    """Correct the docs' matrix with the importer source; every change is listed under ``disagreements``."""
+    table = docs_view(table)
+    out: list[dict[str, Any]] = []
+    for op in sorted(view["ops"]):
+        why = view["added_by_changelog"].get(op)
+        source = why or f"DEFINE_BUILTIN_OP_IMPORTER({op}) in {spec['importer']['path']} at {spec['importer']['ref']}"
+        if op in table["unsupported"]:
+            out.append({"op": op, "kind": "registered importer, docs unsupported", "docs": table["unsupported"][op],
+                        "importer": source, "used": "importer"})  # fmt: skip
+            del table["unsupported"][op]
+            table["supported"][op] = {"types": [], "restrictions": "", "from_importer": True}
+        elif op not in table["supported"]:
+            out.append({"op": op, "kind": "registered importer, not in docs", "docs": None, "importer": source,
+                        "used": "importer"})  # fmt: skip
+            table["supported"][op] = {"types": [], "restrictions": "", "from_importer": True}
+    for op in sorted(set(table["supported"]) - view["ops"]):
+        # kept: from 9.0 the parser also imports ONNX local functions, and a row without an importer
+        # may be served that way; listed so a reader can judge
+        out.append({"op": op, "kind": "documented, no importer registered", "docs": "supported", "importer": None,
+                    "used": "docs"})  # fmt: skip
+    for (op, attr, value), present in sorted(view["attribute_values"].items()):
+        entry = table["supported"].get(op)
+        allowed = (entry or {}).get("attributes", {}).get(attr)
+        if entry is None or allowed is None or (value in allowed) == present:
+            continue
+        new = sorted(set(allowed) | {value}) if present else [v for v in allowed if v != value]
+        out.append({"op": op, "kind": "attribute value", "attribute": attr, "value": value, "docs": allowed,
+                    "importer": f"{'present' if present else 'absent'}: {ATTRIBUTE_EVIDENCE[(op, attr, value)]}",
+                    "used": "importer"})  # fmt: skip
+        entry["attributes"][attr] = new
+    table["importer"] = {"repo": REPO, **{k: v for k, v in spec["importer"].items() if k != "file"}}
+    if view["added_by_changelog"]:
+        table["importer"]["plus_changelog"] = sorted(view["added_by_changelog"])
+    table["disagreements"] = out
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", required=True, type=Path, help="folder with the operators.md copies")
+    ap.add_argument("--src", type=Path, help="folder with the operators.md copies (default: existing tables)")
+    ap.add_argument("--importers", type=Path, help="folder with the importer sources (<ref>.cpp)")
     ap.add_argument("--out", required=True, type=Path, help="edgedeploy/targets/data")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in TABLES:
-        table = build_table(spec, args.src)
         path = args.out / f"{spec['id']}.json"
+        table = build_table(spec, args.src) if args.src else json.loads(path.read_text(encoding="utf-8"))
+        if args.importers:
+            source = (args.importers / spec["importer"]["file"]).read_text(encoding="utf-8", errors="replace")
+            table = apply_importer(table, spec, importer_view(spec, source))
         path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n", encoding="utf-8")
-        print(f"{path}: {len(table['supported'])} supported, {len(table['unsupported'])} unsupported")
+        n = len(table.get("disagreements", []))
+        print(
+            f"{path}: {len(table['supported'])} supported, {len(table['unsupported'])} unsupported, {n} disagreements"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build and validate an artifact for a target")
     add_config_flags(p)
     p.add_argument("--json", action="store_true", help="print report.json to stdout instead of the table")
+    p.add_argument("-v", "--verbose", action="store_true", help="show library warnings as they happen (else build.log)")
     p.set_defaults(handler=run)
 
 
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from edgedeploy.pipeline.runner import run_build
 
     cfg = config_from_args(args)
-    result = run_build(cfg)
+    result = run_build(cfg, verbose=args.verbose)
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:

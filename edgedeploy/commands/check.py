@@ -21,7 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets-file", default=None, help="extra target profiles (TOML)")
     p.add_argument("--dla-core", type=int, default=None, help="check for DLA on this core (Jetson)")
     p.add_argument("--precision", default=None, help="precision the engine will use (DLA checks; default fp32)")
-    p.add_argument("--out", default=None, help="with --config: output folder (default <build.out>/check-<target>)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="with --config: output folder (default <build.out>-check-<target>)",
+    )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(handler=run)
 
@@ -39,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         findings, target_name = _check_config(args)
     _print(findings, target_name, args.json)
-    from edgedeploy.onnxtools.opsupport import Finding
-    from edgedeploy.stages.preflight import raise_on_errors
+    from edgedeploy.onnxtools.opsupport import Finding, raise_on_errors
 
     raise_on_errors([Finding(**f) for f in findings], target_name)
     return 0
@@ -49,14 +52,22 @@ def run(args: argparse.Namespace) -> int:
 def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     from edgedeploy.errors import InputError
     from edgedeploy.onnxtools.opsupport import check_model
-    from edgedeploy.targets import get_target
 
     path = Path(args.onnx)
     if not path.is_file():
         raise InputError(f"ONNX file not found: {path}", hint="pass --onnx PATH to an existing .onnx file")
-    target = get_target(args.target or "cpu", args.targets_file)
+    if path.stat().st_size == 0:  # protobuf parses zero bytes as an empty model with nothing to object to
+        raise InputError(f"{path} is empty (0 bytes), not an ONNX model", hint="export the model again")
+    from edgedeploy.targets.resolve import resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, _ = resolve_target(args.target or "cpu", targets_file=args.targets_file, local_tensorrt=running_tensorrt)
     target.require_dla(args.dla_core)
     try:
+        import onnx
+
+        if not onnx.load(str(path), load_external_data=False).graph.output:
+            raise InputError(f"{path} has no graph outputs: not an exported ONNX model", hint="export it again")
         findings = check_model(path, target, dla_core=args.dla_core, precision=args.precision or "fp32")
     except Exception as exc:  # onnx.load's DecodeError and friends: the file is not an ONNX model
         if type(exc).__module__.startswith("edgedeploy"):
@@ -66,11 +77,12 @@ def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
 
 
 def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
+    from edgedeploy import stagenames as names
     from edgedeploy.config import load_config
     from edgedeploy.errors import UnsupportedOpsError
     from edgedeploy.pipeline.runner import run_build
+    from edgedeploy.stages.check import PreflightFromOnnx
     from edgedeploy.stages.export import OnnxFromTorch
-    from edgedeploy.stages.preflight import PreflightFromOnnx
 
     overrides: dict[str, object] = {}
     if args.target:
@@ -82,14 +94,16 @@ def _check_config(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
     if args.precision:
         overrides["precision.mode"] = args.precision
     cfg = load_config(args.config, overrides)
-    default_out = Path(cfg.path(cfg.build.out) or "build") / f"check-{cfg.build.target}"
+    build_out = Path(cfg.path(cfg.build.out) or "build")
+    # beside build.out, not inside it: a build replaces its output folder as a whole
+    default_out = build_out.parent / f"{build_out.name}-check-{cfg.build.target}"
     out = Path(args.out).resolve() if args.out else default_out
     cfg = load_config(args.config, {**overrides, "build.out": str(out)})
     try:
         result = run_build(cfg, stages=[OnnxFromTorch(), PreflightFromOnnx()], log=_progress)
     except UnsupportedOpsError as exc:
         return list(exc.findings), cfg.build.target
-    return list(result.report["metrics"].get("check", {}).get("findings", [])), cfg.build.target
+    return list(result.report["metrics"].get(names.CHECK, {}).get("findings", [])), cfg.build.target
 
 
 def _progress(line: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgedeploy import __version__
+from edgedeploy._version import __version__
 from edgedeploy.errors import TargetCapabilityError
 from edgedeploy.targets import TargetProfile, all_targets, get_target
 

@@ -13,6 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("report", help="report.json of a build, or the build's output folder")
     p.add_argument("--policy", default=None, help="gate policy TOML ([gate] table or top-level keys)")
     p.add_argument("--baseline", default=None, help="report.json of an earlier build to compare latency with")
+    p.add_argument(
+        "--verify-key",
+        default=None,
+        metavar="PUB",
+        help="PEM public key: the folder's release.sig (deploy sign) must verify over every file, else exit 9",
+    )
     p.add_argument("--json", action="store_true", help="print the verdict as JSON instead of the failing checks")
     p.set_defaults(handler=run)
 
@@ -20,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from edgedeploy.gate import run_gate
+    from edgedeploy.validate.gate import run_gate
 
-    result = run_gate(args.report, policy_path=args.policy, baseline_path=args.baseline)
+    result = run_gate(args.report, policy_path=args.policy, baseline_path=args.baseline, verify_key=args.verify_key)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

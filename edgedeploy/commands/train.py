@@ -9,8 +9,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train a model and write a deployable checkpoint (safetensors + metadata)",
-        description="Single process, or under torchrun for DDP: "
-        "torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run",
+        description="Single process, or under torchrun for DDP/FSDP: "
+        "torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run; "
+        "several nodes: torchrun --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT "
+        "--rdzv_id JOB ... (see docs/training.md). data.batch_size is per rank.",
     )
     p.add_argument("--config", "-c", required=True, help="path to train.toml")
     p.add_argument("--out", "-o", required=True, help="output folder for the checkpoint")

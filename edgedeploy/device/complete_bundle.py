@@ -3,9 +3,9 @@
 
 Copied into every TensorRT bundle as ``complete_bundle.py``; run it on the device::
 
-    python3 complete_bundle.py .                         # verify, build model.engine, validate
-    python3 complete_bundle.py . --engine model.engine   # validate an engine built earlier
-    python3 complete_bundle.py . --runner onnxruntime    # dry run on any machine (no TensorRT)
+    python3 -I complete_bundle.py .                         # verify, build model.engine, validate
+    python3 -I complete_bundle.py . --engine model.engine   # validate an engine built earlier
+    python3 -I complete_bundle.py . --runner onnxruntime    # dry run on any machine (no TensorRT)
 
 It needs no torch and no edgedeploy: only TensorRT's Python bindings (JetPack ships them),
 numpy and polygraphy, plus its siblings ``trt_adapter.py`` and ``parity.py``. It keeps to
@@ -23,14 +23,21 @@ Runtime session on the plan's ONNX model in place of the engine; it builds no en
 # Python 3.6 syntax on purpose (no `from __future__ import annotations`, typing generics):
 # ruff: noqa: UP006, UP035, UP045
 
+import sys
+
+# A bundle folder is data, never code to import: Python puts a script's own folder first on sys.path
+# (unless run with -I or -P), so an argparse.py or numpy.py dropped beside this file would run on the
+# first import below, before any hash is checked. Drop that entry before importing anything else.
+if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)) and sys.path:
+    del sys.path[0]
+
 import argparse
 import hashlib
 import importlib
-import importlib.util
 import json
 import os
-import sys
 import time
+import types
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 BUNDLE_MANIFEST = "bundle.json"
@@ -39,7 +46,19 @@ PLAN = "plan.json"
 ENGINE_RECORD = "engine.json"
 ENGINE_SCHEMA = "edgedeploy-engine/1"
 VALIDATION = "validation.json"
-SIBLINGS = {"trt_adapter": "edgedeploy.trt.adapter", "parity": "edgedeploy.pipeline.parity"}
+SIBLINGS = {
+    "trt_adapter": "edgedeploy.trt.adapter",
+    "parity": "edgedeploy.validate.parity",
+    "trt_runner": "edgedeploy.device.trt_runner",
+}
+
+if __name__ == "__main__":  # also any other entry naming this folder (PYTHONPATH=.), now that os is safe to import
+    _HERE = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != _HERE]
+
+# the bundle verify_bundle last checked: {"folder": abs path, "files": {name: sha256}}; helpers load only from it
+_VERIFIED = {}  # type: Dict[str, Any]
+_LOADED = {}  # type: Dict[str, Any]
 
 # edgedeploy's exit codes (edgedeploy/errors.py); a test keeps them equal
 EXIT_INPUT = 3
@@ -93,20 +112,44 @@ class EngineIncompatible(BundleError):
 
 
 def sibling(name: str) -> Any:
-    """Import a bundled helper: the copy next to this file in a bundle, else edgedeploy's module."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, name + ".py")
-    if os.path.isfile(path):
-        if name in sys.modules:
-            return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise BundleInputError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(SIBLINGS[name])
+    """A helper module (``trt_adapter``, ``parity``).
+
+    Inside edgedeploy (``deploy bundle complete``) the installed package's module; run standalone
+    from a bundle, the bundle's own copy, loaded by explicit path only after ``verify_bundle``
+    passed, from bytes hashed again at load time (never through sys.path).
+
+    Raises:
+        IntegrityFailed: the bundle was not verified, or the helper changed since it was.
+    """
+    if name in _LOADED:
+        return _LOADED[name]
+    if __name__.startswith("edgedeploy."):
+        module = importlib.import_module(SIBLINGS[name])
+    else:
+        module = _load_verified(name + ".py")
+    _LOADED[name] = module
+    return module
+
+
+def _load_verified(filename: str) -> Any:
+    folder = _VERIFIED.get("folder")
+    sha = (_VERIFIED.get("files") or {}).get(filename)
+    if not folder or not sha:
+        raise IntegrityFailed(
+            f"{filename}: not a verified file of this bundle; refusing to import it",
+            hint="run complete_bundle.py on a bundle whose bundle.json lists it",
+        )
+    path = os.path.join(folder, filename)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise IntegrityFailed(f"{path} changed after the bundle was verified; refusing to import it")
+    mod_name = filename[: -len(".py")]
+    module = types.ModuleType(mod_name)
+    module.__file__ = path
+    sys.modules[mod_name] = module  # dataclasses and pickling look a class's module up here
+    exec(compile(data, path, "exec"), module.__dict__)
+    return module
 
 
 def sha256_file(path: str) -> str:
@@ -150,12 +193,56 @@ def write_bytes(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str, Any]:
-    """Check every file ``bundle.json`` lists against its sha256; returns the manifest.
+def bundle_path(folder: str, name: Any, what: str = "file") -> str:
+    """``folder/name`` for a name read from bundle.json or plan.json, confined to the bundle.
 
     Raises:
-        IntegrityFailed: the manifest's own hash differs from ``expect_sha256``, or files are
-            missing or differ (all of them named in one message).
+        IntegrityFailed: not a plain relative name (absolute, ``..``, backslash, NUL), or it
+            resolves outside the folder (a symlink).
+    """
+    text = name if isinstance(name, str) else ""
+    parts = text.replace("\\", "/").split("/")
+    if not text or "\x00" in text or "\\" in text or os.path.isabs(text) or ".." in parts or "" in parts:
+        raise IntegrityFailed(
+            f"bundle {what} name {name!r} is not a plain relative name inside the bundle; refusing it",
+            hint="copy the bundle again from the build host or rebuild it with 'deploy build'",
+        )
+    root = os.path.realpath(folder)
+    path = os.path.join(root, *parts)
+    if os.path.realpath(path) != path:
+        raise IntegrityFailed(
+            f"bundle {what} {text!r} is a link ({os.path.realpath(path)}); refusing it",
+            hint="copy the bundle with its files, not links (cp -rL)",
+        )
+    return path
+
+
+def _device_outputs(folder: str, manifest: Dict[str, Any]) -> List[str]:
+    """Names the device step itself writes into the bundle (engine and timing cache), confined to it."""
+    names = [manifest.get("engine") or "model.engine", "timing.cache"]
+    plan_name = manifest.get("plan", PLAN)
+    if plan_name in (manifest.get("files") or {}):
+        try:
+            with open(bundle_path(folder, plan_name, "plan"), "rb") as fh:
+                plan = json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError):
+            plan = {}
+        if isinstance(plan, dict):
+            names += [plan[k] for k in ("engine", "timing_cache") if plan.get(k)]
+    for name in names:
+        bundle_path(folder, name, "output")
+    return names
+
+
+def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str, Any]:
+    """Check every file ``bundle.json`` lists against its sha256, and that nothing else is there.
+
+    Names are confined to the folder; files the device step writes (the engine, ``engine.json``,
+    ``validation.json``, the timing cache) are the only unlisted ones allowed. Returns the manifest.
+
+    Raises:
+        IntegrityFailed: the manifest's own hash differs from ``expect_sha256``; a name escapes
+            the folder; files are missing, differ, or are not listed (all named in one message).
         BundleInputError: no readable manifest.
     """
     path = os.path.join(folder, BUNDLE_MANIFEST)
@@ -169,17 +256,34 @@ def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str,
     manifest = read_json(path, "bundle manifest")
     if manifest.get("schema") != BUNDLE_SCHEMA:
         raise BundleInputError(f"{path} is not an edgedeploy bundle manifest (schema {manifest.get('schema')!r})")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise IntegrityFailed(f"{path}: no 'files' map; refusing the bundle")
     problems = []
-    for name, sha in sorted(manifest.get("files", {}).items()):
-        p = os.path.join(folder, name)
+    for name, sha in sorted(files.items()):
+        p = bundle_path(folder, name)
         if not os.path.isfile(p):
             problems.append(f"{name} missing")
         elif sha256_file(p) != sha:
             problems.append(f"{name} sha256 differs from bundle.json (tampered or replaced)")
+    for key in ("plan", "goldens"):
+        if key in manifest:
+            bundle_path(folder, manifest[key], key)
+    allowed = set(files) | {BUNDLE_MANIFEST, ENGINE_RECORD, VALIDATION}
+    allowed |= set(_device_outputs(folder, manifest))
+    root = os.path.realpath(folder)
+    for dirpath, dirnames, filenames in os.walk(root):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for entry in sorted(filenames + links):
+            rel = os.path.relpath(os.path.join(dirpath, entry), root).replace(os.sep, "/")
+            if rel not in allowed:
+                problems.append(f"{rel} is not listed in bundle.json (remove it)")
     if problems:
         raise IntegrityFailed(
             f"{folder}: " + "; ".join(problems), hint="copy the bundle again or rebuild it with 'deploy build'"
         )
+    _VERIFIED.clear()
+    _VERIFIED.update(folder=root, files=dict(files))
     return manifest
 
 
@@ -365,16 +469,35 @@ class OrtRunner:
 
 
 class TrtRunner:
-    """The engine, deserialized and run through the adapter (polygraphy manages device buffers)."""
+    """The engine, deserialized and run.
+
+    TensorRT >= 8.5: polygraphy's runner when polygraphy imports, else the bundled ``trt_runner``
+    (named-tensor API). TensorRT < 8.5 (Jetson Nano, 8.2): always ``trt_runner``'s bindings API,
+    since no polygraphy release runs there (0.48 dropped TensorRT < 8.5; the one pip picks on
+    Python 3.6 raises SyntaxError on import). ``trt_runner`` moves memory with ``libcuda.so.1``.
+    """
 
     label = "tensorrt"
 
-    def __init__(self, engine_bytes: bytes) -> None:
+    def __init__(self, engine_bytes: bytes, trt_version: str = "", log: Callable[[str], None] = print) -> None:
         adapter = sibling("trt_adapter")
-        try:
-            self.session = adapter.EngineSession(engine_bytes)
-        except (adapter.EngineBuildError, adapter.TensorRTUnavailable) as exc:
-            raise BuildFailed(str(exc)) from None
+        version = trt_version or adapter.tensorrt_version() or ""
+        self.session = None  # type: Any
+        if adapter.version_tuple(version)[:2] >= (8, 5):
+            try:
+                self.session = adapter.EngineSession(engine_bytes)
+                self.label = "tensorrt (polygraphy)"
+            except (adapter.TensorRTUnavailable, adapter.EngineBuildError) as exc:
+                # polygraphy missing, not importable on this Python, or unable to run here (it loads
+                # libcudart itself): the bundled runner needs only TensorRT and libcuda.so.1
+                log(f"note: {exc}; running the engine with the bundled trt_runner.py instead")
+        if self.session is None:
+            runner = sibling("trt_runner")
+            try:
+                self.session = runner.open_session(engine_bytes)
+            except (runner.CudaError, RuntimeError) as exc:
+                raise BuildFailed(f"cannot run the engine: {exc}") from None
+            self.label = f"tensorrt ({self.session.api})"
         self.dtypes = self.session.input_dtypes()
 
     def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
@@ -457,6 +580,7 @@ def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, l
             dla_core=plan.get("dla_core"),
             gpu_fallback=bool(plan.get("gpu_fallback", True)),
             log=log if args.verbose else None,
+            warn=log,
         )
 
     log(f"building {plan['engine']} from {plan['onnx']} ({plan['precision']}, {plan['strategy']})")
@@ -510,8 +634,16 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     folder = os.path.abspath(args.bundle)
     manifest = verify_bundle(folder, args.bundle_sha256)
     log(f"bundle verified: {len(manifest.get('files', {}))} files match {BUNDLE_MANIFEST}")
-    plan = read_json(os.path.join(folder, manifest.get("plan", PLAN)), "build plan")
-    goldens = load_goldens(os.path.join(folder, manifest.get("goldens", "goldens.npz")))
+    if getattr(args, "verify_only", False):  # e.g. before `sh trtexec.sh`, which runs bundle content unchecked
+        return {"status": "verified", "files": len(manifest.get("files", {}))}
+    plan = read_json(bundle_path(folder, manifest.get("plan", PLAN), "plan"), "build plan")
+    for key in ("onnx", "calib_cache", "engine", "timing_cache"):  # names the steps below open or write
+        if plan.get(key):
+            bundle_path(folder, plan[key], key)
+    unverified = [plan[k] for k in ("onnx", "calib_cache") if plan.get(k) and plan[k] not in manifest["files"]]
+    if unverified:
+        raise IntegrityFailed(f"plan.json names {unverified}, which bundle.json does not list; refusing the bundle")
+    goldens = load_goldens(bundle_path(folder, manifest.get("goldens", "goldens.npz"), "goldens"))
     spec = manifest.get("validation", {})
     record = None
     if args.runner == "onnxruntime":
@@ -542,7 +674,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         record = read_json(os.path.join(os.path.dirname(engine_path), ENGINE_RECORD), "engine record")
         check_engine(engine_path, record, trt_version=trt_version, device=device)
         with open(engine_path, "rb") as fh:
-            runner = TrtRunner(fh.read())
+            runner = TrtRunner(fh.read(), trt_version, log)
         log(f"runner: TensorRT {trt_version} on {device.get('name') if device else '?'}")
     try:
         rows = validate(runner, goldens, spec)
@@ -586,6 +718,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bundle-sha256", default=None, help="expected sha256 of bundle.json (printed by deploy build)")
     p.add_argument("--latency-iters", type=int, default=20, help="timed engine runs after validation (0: none)")
     p.add_argument("--verbose", action="store_true", help="print TensorRT's builder messages")
+    p.add_argument("--verify-only", action="store_true", help="check the bundle's files, then stop (exit 0 or 9)")
     return p
 
 

@@ -1,9 +1,9 @@
 """Operator preflight: which nodes of an ONNX model the target runtime cannot run, found on the host.
 
 TensorRT targets are checked against op tables derived from onnx/onnx-tensorrt's
-``docs/operators.md`` for the TensorRT version the target ships (pure data, no
-TensorRT needed); the cpu target against ONNX Runtime's CPU kernels by creating a
-session. Findings carry the node, its op, the PyTorch source location the exporter
+``docs/operators.md`` corrected by its importer sources (tools/gen_trt_op_tables.py) for the
+TensorRT version the target ships (pure data, no TensorRT needed); the cpu target against ONNX
+Runtime's CPU kernels by creating a session. Findings carry the node, its op, the PyTorch source location the exporter
 recorded, a severity (error / warning / info) and a suggested fix.
 """
 
@@ -17,6 +17,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from edgedeploy.errors import UnsupportedOpsError
 
 SEVERITIES = ("error", "warning", "info")
 _TABLE_FILE = re.compile(r"^trt-(\d+(?:\.\d+)*)\.json$")
@@ -207,6 +209,7 @@ def tensorrt_findings(
     dla: bool = False,
     precision: str = "fp32",
     module_paths: dict[str, str] | None = None,
+    sm: str = "",
 ) -> list[Finding]:
     """Check every node against the op table of ``trt_version`` (no TensorRT needed).
 
@@ -241,7 +244,7 @@ def tensorrt_findings(
         out.extend(_node_findings(node, table, rules, graph, seen_info, module_paths))
     out.extend(_type_findings(graph, table, rules))
     if dla:
-        out.extend(dla_findings(model, graph, precision, module_paths))
+        out.extend(dla_findings(model, graph, precision, module_paths, trt_version=version, sm=sm))
     return out
 
 
@@ -396,9 +399,28 @@ def _int64_out_of_range(init: Any) -> bool:
     return bool(values.size) and bool((values > 2**31 - 1).any() or (values < -(2**31)).any())
 
 
-def dla_findings(model: Any, graph: _Graph, precision: str, module_paths: dict[str, str] | None) -> list[Finding]:
-    """What DLA cannot run: ops outside the DLA layer list, dynamic dims, FP32."""
+def dla_findings(
+    model: Any,
+    graph: _Graph,
+    precision: str,
+    module_paths: dict[str, str] | None,
+    *,
+    trt_version: str = "",
+    sm: str = "",
+) -> list[Finding]:
+    """What DLA cannot run: ops outside its layer list (per TensorRT version and DLA generation), dynamic dims, FP32.
+
+    ``version_limited`` ops count from their ``min_trt``; ``orin_only`` ops need the Orin DLA (SM 8.7).
+    An unknown version or SM accepts them (nothing to warn about).
+    """
     dla = _data("dla.json")
+    runs = set(dla["ops"])
+    runs |= {
+        op
+        for op, v in dla.get("version_limited", {}).items()
+        if not trt_version or _version_key(trt_version) >= _version_key(v["min_trt"])
+    }
+    runs |= {op for op in dla.get("orin_only", {}) if not sm or sm == "8.7"}
     out = []
     if precision == "fp32":
         out.append(
@@ -417,7 +439,7 @@ def dla_findings(model: Any, graph: _Graph, precision: str, module_paths: dict[s
         )
     by_op: dict[str, list[Any]] = {}
     for node in model.graph.node:
-        if node.op_type not in dla["ops"]:
+        if node.op_type not in runs:
             by_op.setdefault(node.op_type, []).append(node)
     for op, nodes in sorted(by_op.items()):
         more = f" (+{len(nodes) - 1} more)" if len(nodes) > 1 else ""
@@ -483,11 +505,32 @@ def check_model(
     precision: str = "fp32",
     module_paths: dict[str, str] | None = None,
 ) -> list[Finding]:
-    """All preflight findings for ``model_path`` on ``target`` (dispatch on the target's runtime)."""
+    """All preflight findings for ``model_path`` on ``target`` (the target runtime's registered preflight)."""
+    from edgedeploy import runtimes
+
+    preflight = runtimes.load(runtimes.get(target.runtime).preflight)
+    findings: list[Finding] = preflight(
+        model_path, target, dla_core=dla_core, precision=precision, module_paths=module_paths
+    )
+    return findings
+
+
+def onnxruntime_preflight(model_path: str | Path, target: Any, **_: Any) -> list[Finding]:
+    """The onnxruntime runtime's preflight: a real CPU session, and the target's opset ceiling."""
+    return onnxruntime_findings(model_path, max_opset=target.max_opset)
+
+
+def tensorrt_preflight(
+    model_path: str | Path,
+    target: Any,
+    *,
+    dla_core: int | None = None,
+    precision: str = "fp32",
+    module_paths: dict[str, str] | None = None,
+) -> list[Finding]:
+    """The tensorrt runtime's preflight: every node against the op table of the target's TensorRT version."""
     import onnx
 
-    if target.runtime == "onnxruntime":
-        return onnxruntime_findings(model_path, max_opset=target.max_opset)
     model = onnx.load(str(model_path), load_external_data=False)
     return tensorrt_findings(
         model,
@@ -495,6 +538,7 @@ def check_model(
         dla=dla_core is not None,
         precision=precision,
         module_paths=module_paths,
+        sm=target.sm,
     )
 
 
@@ -513,3 +557,21 @@ def findings_table(findings: list[Finding] | list[dict[str, str]]) -> str:
     counts = {s: sum(r["severity"] == s for r in rows) for s in SEVERITIES}
     lines.append(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} note(s)")
     return "\n".join(lines)
+
+
+def raise_on_errors(findings: list[Finding], target_name: str) -> None:
+    """Raise once for all error findings.
+
+    Raises:
+        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
+    """
+    errors = [f for f in findings if f.severity == "error"]
+    if not errors:
+        return
+    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    raise UnsupportedOpsError(
+        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
+        findings=[f.to_dict() for f in findings],
+        hint=errors[0].fix,
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy.config import DeployConfig
-from edgedeploy.stages.inputs import feeds_with_dims
+from edgedeploy.modelio.inputs import feeds_with_dims
 
 
 @dataclass(frozen=True)

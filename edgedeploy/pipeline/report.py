@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
-from edgedeploy.pipeline.store import atomic_write_json
+from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.targets import TargetProfile
 
-REPORT = "report.json"
 SCHEMA = "edgedeploy-report/1"
 
 
@@ -25,9 +26,9 @@ def build_report(
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the report from stage records and metrics (plain data, JSON-able)."""
-    validate = metrics.get("validate", {})
+    validate = metrics.get(names.VALIDATE, {})
     skipped = next(
-        (s.get("reason") for s in stages if s.get("name") == "validate" and s.get("status") == "skipped"), ""
+        (s.get("reason") for s in stages if s.get("name") == names.VALIDATE and s.get("status") == "skipped"), ""
     )
     not_run = {"status": "skipped", "reason": skipped or "validate stage did not run"}
     report: dict[str, Any] = {
@@ -40,7 +41,7 @@ def build_report(
         "stages": stages,
         "parity": validate.get("parity", not_run),
         "latency": validate.get("latency", not_run),
-        "metrics": {k: v for k, v in metrics.items() if k != "validate"},
+        "metrics": {k: v for k, v in metrics.items() if k != names.VALIDATE},
         "warnings": list(warnings),
         "summary": summarize(validate),
         "notes": [n for m in metrics.values() if isinstance(m, dict) for n in m.get("notes") or []],
@@ -74,6 +75,12 @@ def results_table(report: dict[str, Any]) -> str:
     """Plain-text table of every parity check, for the end of ``deploy build``."""
     lines = []
     parity = report.get("parity") or {}
+    lat = report.get("latency") or {}
+    if not parity.get("candidates") and lat.get("status") == "skipped":
+        # bundle-only builds: one line, not an empty table
+        same = lat.get("reason", "") == parity.get("reason", "")
+        tail = "" if same else f"; latency: skipped ({lat.get('reason', '')})"
+        return f"parity and latency: {parity.get('status', 'skipped')} ({parity.get('reason', '')}){tail}"
     header = f"{'backend':<16} {'shape':<6} {'output':<16} {'max_abs':>10} {'p99_abs':>10} {'cosine':>9}  result"
     lines.append(header)
     lines.append("-" * len(header))
@@ -83,11 +90,10 @@ def results_table(report: dict[str, Any]) -> str:
         for c in cand.get("checks", []):
             lines.append(
                 f"{cand['name']:<16} {c['shape']:<6} {c['output']:<16} {_f(c.get('max_abs')):>10} "
-                f"{_f(c.get('p99_abs')):>10} {_f(c.get('cosine'), 6):>9}  {'ok' if c.get('passed') else 'FAIL'}"
+                f"{_f(c.get('p99_abs')):>10} {_f(c.get('cosine'), 6):>9}  {_verdict(c)}"
             )
     if not parity.get("candidates"):
         lines.append(f"parity: {parity.get('status', 'skipped')} ({parity.get('reason', '')})")
-    lat = report.get("latency") or {}
     for name, row in (lat.get("backends") or {}).items():
         lines.append(
             f"latency {name}: p50 {row['p50_ms']:.3f} ms, p90 {row['p90_ms']:.3f} ms, "
@@ -104,3 +110,10 @@ def _f(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}e}" if digits == 3 else f"{v:.{digits}f}"
     return str(v)
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    """ok / FAIL, or vacuous for a passing row whose reference and candidate are both constant."""
+    if not row.get("passed"):
+        return "FAIL"
+    return "vacuous" if row.get("vacuous") else "ok"

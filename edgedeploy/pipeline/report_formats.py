@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.store import atomic_write_text
+from edgedeploy.fileio.store import atomic_write_text
 
 JUNIT = "report.junit.xml"
 MARKDOWN = "report.md"
@@ -198,7 +198,11 @@ def markdown(report: dict[str, Any]) -> str:
                 note = f"{cand.get('status')}: {cand.get('reason', '')}"
                 lines.append(f"| {cand['name']} | - | - | - | - | - | - | - | - | - | {note} |")
             for row in _worst_rows(cand):
-                result = "ok" if row.get("passed") else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
+                result = (
+                    ("vacuous" if row.get("vacuous") else "ok")
+                    if row.get("passed")
+                    else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
+                )
                 lines.append(
                     f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {row.get('shape')}"
                     f"#{row.get('sample')} | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "
@@ -347,7 +351,7 @@ def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
     """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
     if plot_cache is None:
         return _plots(report)
-    from edgedeploy.pipeline.hashing import sha256_json
+    from edgedeploy.fileio.hashing import sha256_json
 
     key = sha256_json(
         {

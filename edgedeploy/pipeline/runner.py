@@ -6,24 +6,28 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
-from edgedeploy.pipeline.cache import StageCache
-from edgedeploy.pipeline.context import BuildContext, factory_source
-from edgedeploy.pipeline.hashing import sha256_json
-from edgedeploy.pipeline.manifest import MANIFEST, build_manifest, read_manifest
+from edgedeploy.fileio.hashing import sha256_file, sha256_json
+from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
+from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
+from edgedeploy.fileio.signing import release_model
+from edgedeploy.fileio.store import atomic_write_json
+from edgedeploy.modelio import usercode
+from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
+from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
+from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.pipeline.store import atomic_write_json, publish
-from edgedeploy.stages.base import Stage
-from edgedeploy.targets import TargetProfile, get_target
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
+from edgedeploy.targets import TargetProfile
 
-FAILED_DIR = ".last-failed"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
 
@@ -61,17 +65,34 @@ class BuildResult:
 
     @property
     def ok(self) -> bool:
-        return self.report.get("status") == "passed"
+        """True when the build passed and its artifacts were validated against PyTorch here.
+
+        False for a passing build that is not validated yet: a TensorRT bundle (complete_bundle.py
+        validates the engine on the device) or a run whose stages did not include validation.
+        A failing build raises instead of returning.
+        """
+        parity = self.report.get("parity") or {}
+        return self.report.get("status") == "passed" and parity.get("status") == "passed"
 
     def artifact(self, name: str) -> Path:
         return self.out / name
 
 
-def default_stages(target: TargetProfile) -> list[Stage]:
-    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime)."""
-    from edgedeploy.stages import pipeline_stages
+def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> list[Stage]:
+    """The stage sequence for ``target`` (the build stage is chosen by the target's runtime), and the
+    release gate last when the build has a policy (``[gate]`` / ``--policy``), before anything is published.
 
-    return pipeline_stages(target)
+    Raises:
+        ConfigError: the policy file is invalid.
+    """
+    from edgedeploy.stages import pipeline_stages
+    from edgedeploy.stages.gate import GateFromReport
+    from edgedeploy.validate.gate import policy_for_build
+
+    stages = pipeline_stages(target)
+    if cfg is not None and policy_for_build(cfg) is not None:
+        stages.append(GateFromReport())
+    return stages
 
 
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
@@ -82,21 +103,32 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
             raise InputError(
                 f"checkpoint not found: {ckpt}", hint="fix model.checkpoint in the config or pass --checkpoint PATH"
             )
-        ext["checkpoint"] = ckpt
-    src = factory_source(cfg)
-    if src is not None:
-        ext["model_code"] = src
+        ext[CHECKPOINT] = ckpt
+    if cfg.model.hf:  # a Hugging Face folder: its weights key the cache like a checkpoint (config.json: model code)
+        from edgedeploy.hfspec import weights_file
+
+        folder = Path(cfg.model.kwargs["folder"])
+        ext[CHECKPOINT] = weights_file(folder) or folder / "config.json"
+    data = cfg.path(cfg.validate.data)
+    if data is not None:
+        if not data.is_file():
+            raise InputError(f"validation data not found: {data}", hint="fix validate.data")
+        ext[VALIDATION_DATA] = data
     calib = cfg.path(cfg.precision.calib)
     if calib is not None and cfg.precision.mode == "int8":
         if not calib.exists():
             raise InputError(f"calibration data not found: {calib}", hint="fix precision.calib or --calib")
         if calib.is_file():
-            ext["calibration"] = calib
+            ext[CALIBRATION] = calib
     return ext
 
 
 def run_build(
-    cfg: DeployConfig, *, stages: list[Stage] | None = None, log: Callable[[str], None] | None = None
+    cfg: DeployConfig,
+    *,
+    stages: list[Stage] | None = None,
+    log: Callable[[str], None] | None = None,
+    verbose: bool = False,
 ) -> BuildResult:
     """Run a whole build into ``cfg.build.out``.
 
@@ -106,37 +138,90 @@ def run_build(
 
     Raises:
         DeployError: any stage's error, after the failure report was written.
+
+    Library output during a stage (warnings, logging, prints) goes to ``<out>/build.log`` with a
+    count on the stage's line; ``verbose`` shows it as it happens instead.
     """
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    t_start = time.perf_counter()
-    target = get_target(cfg.build.target, cfg.path(cfg.build.targets_file))
-    target.require_precision(cfg.precision.mode)
-    target.require_dla(cfg.build.dla_core)
+    console = sys.stderr  # bound now: stages run with sys.stderr redirected into build.log
+    log = log or (lambda line: print(line, file=console, flush=True))
     out = Path(cfg.path(cfg.build.out) or "build")
-    out.mkdir(parents=True, exist_ok=True)
+    inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
+    with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+        check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
+        try:
+            return _run_build(cfg, folder, stages, log, verbose)
+        except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
+            err = disk_full(exc, folder.out)
+            if err is None:
+                raise
+            raise err from None
+
+
+def _run_build(
+    cfg: DeployConfig,
+    folder: OutputFolder,
+    stages: list[Stage] | None,
+    log: Callable[[str], None],
+    verbose: bool,
+) -> BuildResult:
+    t_start = time.perf_counter()
+    from edgedeploy.targets.resolve import check_capabilities, resolve_target
+    from edgedeploy.trt.provenance import running_tensorrt
+
+    target, resolved = resolve_target(
+        cfg.build.target,
+        targets_file=cfg.path(cfg.build.targets_file),
+        jetson_default=cfg.build.jetson,
+        local_tensorrt=running_tensorrt,
+    )
+    check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
+    from edgedeploy.pipeline.early import refuse_early
+
+    refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
+    out = folder.out
     cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
-    staging = out / f".staging-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
-    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=_external_inputs(cfg), log=log)
-    stages = stages if stages is not None else default_stages(target)
+    # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
+    external = _external_inputs(cfg)
+    usercode.forget()  # modules an earlier build in this process imported are imported afresh
+    loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
+    stages = stages if stages is not None else default_stages(target, cfg)
+    staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
+    ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
+    if CHECKPOINT not in ctx.external:
+        ctx.warn(
+            "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
+            "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
+        )
+    ctx.factory = loaded.factory
+    ctx.groups[MODEL_CODE] = loaded.files
+    if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
+        ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     records: list[StageRecord] = []
     produced: list[str] = []
-    log(f"deploy build: target={target.name} precision={cfg.precision.mode} out={out}")
+    log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
     current = ""
+    noise: list[str] = []
     try:
         for i, stage in enumerate(stages, 1):
             current = stage.name
-            rec = _run_stage(stage, ctx, cache, cfg)
+            heard = StageNoise(stage.name, verbose)
+            try:
+                with heard:
+                    rec = _run_stage(stage, ctx, cache, cfg)
+            finally:
+                noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
             records.append(rec)
             produced.extend(f for f in rec.files if f not in produced)
-            detail = f" ({rec.reason})" if rec.reason else ""
+            detail = "; ".join(x for x in (rec.reason, heard.summary()) if x)
+            detail = f" ({detail})" if detail else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
-        current = "gate"  # release gate ([gate] / --policy), before anything is published
-        from edgedeploy.gate import gate_build
-
-        gate_build(ctx)
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
+            produced.append(BUILD_LOG)
     except DeployError as exc:
-        _fail(ctx, cfg, target, records, current, exc, t_start)
+        if noise:
+            (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
+        _fail(ctx, cfg, target, records, current, exc, t_start, folder)
         raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -151,23 +236,26 @@ def run_build(
         status="passed",
         seconds=seconds,
     )
+    report["model"] = release_model(ctx.metrics, ctx.sha256)  # what was validated, bound by the gate
     report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(
         config=cfg.to_dict(),
         config_sha=sha256_json(cfg.to_dict()),
         target=target.capabilities(),
-        inputs={k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()},
+        inputs=_manifest_inputs(ctx),
         artifacts=artifacts,
         stages=[r.to_dict() for r in records],
         summary=report.get("summary", {}),
     )
     atomic_write_json(staging / MANIFEST, manifest)
-    previous = read_manifest(out) or {}
-    stale = [n for n in previous.get("artifacts", {}) if n not in artifacts]
-    publish(staging, out, list(artifacts) + [MANIFEST], stale=stale)
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(out / FAILED_DIR, ignore_errors=True)
+    try:
+        folder.publish(staging)  # the whole folder at once; the previous one is retired as a unit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if cfg.build.cache:
+        cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
         target=target.name,
@@ -177,6 +265,32 @@ def run_build(
         report=report,
         seconds=seconds,
     )
+
+
+def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
+    """External inputs as the manifest records them; user code lists every file the build loaded."""
+    inputs: dict[str, Any] = {k: {"path": str(p), "sha256": ctx.sha256(k)} for k, p in ctx.external.items()}
+    for name, files in ctx.groups.items():
+        inputs[name] = {
+            "path": str(files[0]) if files else "",
+            "sha256": ctx.sha256(name),
+            "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+        }
+    return inputs
+
+
+def _input_hashes(stage: Stage, ctx: BuildContext) -> dict[str, str]:
+    """sha256 of every external input ``stage`` declares.
+
+    Raises:
+        InputError: a declared input is not configured for this build, or its file is gone.
+    """
+    hashes = {}
+    for name in stage.inputs(ctx):
+        if not ctx.has_input(name):
+            raise InputError(f"stage {stage.name} needs input {name!r}, which this build does not have")
+        hashes[name] = ctx.sha256(name)
+    return hashes
 
 
 def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployConfig) -> StageRecord:
@@ -191,26 +305,45 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
             "version": stage.version,
             "config": stage.config_key(ctx),
             "consumes": {n: ctx.sha256(n) for n in stage.consumes if ctx.path(n).is_file()},
+            "inputs": _input_hashes(stage, ctx),
             "outputs": outputs,
         }
     )
-    entry = cache.lookup(stage.name, key) if cfg.build.cache else None
+    use_cache = cfg.build.cache and stage.cacheable
+    entry = cache.lookup(stage.name, key) if use_cache else None
     if entry is not None:
         cache.restore(stage.name, key, entry, ctx.staging)
-        ctx.metrics[stage.name] = entry.metrics
-        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=outputs)
+        _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
+        return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
+    before = len(ctx.warnings)
     try:
-        metrics = stage.run(ctx) or {}
-    except DeployError:
-        ctx.metrics.setdefault(stage.name, {})
+        result = StageResult.of(stage.run(ctx))
+    except DeployError as exc:
+        _record(ctx, stage.name, StageResult.of(exc.partial), emitted=0)
         raise
+    outputs = list(stage.outputs(ctx))  # a stage may learn its files while running (capture = "auto")
+    # warnings given to ctx.warn while running are part of the result (and so of the cache entry)
+    emitted = ctx.warnings[before:]
+    result.warnings = emitted + [w for w in result.warnings if w not in emitted]
     missing = [f for f in outputs if not (ctx.staging / f).is_file()]
     if missing:  # a stage that claims outputs it did not write is a bug in that stage
         raise RuntimeError(f"stage {stage.name} did not write {missing}")
-    ctx.metrics[stage.name] = metrics
-    if cfg.build.cache:
-        cache.store(stage.name, key, ctx.staging, outputs, metrics)
+    _record(ctx, stage.name, result, emitted=len(emitted))
+    if use_cache:
+        cache.store(stage.name, key, ctx.staging, outputs, result.metrics, warnings=result.warnings, notes=result.notes)
     return StageRecord(stage.name, "ran", time.perf_counter() - t0, key, files=outputs)
+
+
+def _record(ctx: BuildContext, name: str, result: StageResult, *, emitted: int) -> None:
+    """Put a stage's result into the build: metrics (notes included) and warnings not yet emitted."""
+    metrics = dict(result.metrics)
+    if result.notes:
+        metrics["notes"] = list(metrics.get("notes") or []) + [
+            n for n in result.notes if n not in (metrics.get("notes") or [])
+        ]
+    ctx.metrics[name] = metrics
+    for w in result.warnings[emitted:]:
+        ctx.warn(w)
 
 
 def _fail(
@@ -221,6 +354,7 @@ def _fail(
     stage: str,
     exc: DeployError,
     t_start: float,
+    folder: OutputFolder,
 ) -> None:
     """Keep the failed run's files and a failure report in ``<out>/.last-failed``; touch nothing else."""
     records = records + [StageRecord(stage or "setup", "failed", reason=exc.one_line())]
@@ -238,11 +372,6 @@ def _fail(
         write_report_files(report, ctx.staging)
     except Exception:  # the failure report is best effort; the original error matters more
         pass
-    failed = ctx.out / FAILED_DIR
-    shutil.rmtree(failed, ignore_errors=True)
-    try:
-        os.replace(ctx.staging, failed)
-    except OSError:
-        shutil.rmtree(ctx.staging, ignore_errors=True)
+    failed = folder.fail(ctx.staging)
     if ctx.log:
         ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgedeploy.errors import StageError
+from edgedeploy.onnxtools.ort import ort_session
 
 FP16_MAX = 65504.0
 FP16_SMALLEST = 2.0**-24  # smallest FP16 subnormal; smaller magnitudes round to zero
@@ -24,28 +24,9 @@ UNDERFLOW_FRACTION = 0.1  # flag a tensor when more than this share of its nonze
 _SAVED_SUFFIX = "_ReshapedSavedOutput"  # what modify_model_output_intermediate_tensors appends
 
 
-def ort_session(path: str | Path, *, optimize: bool = True) -> Any:
-    """A CPU ONNX Runtime session (``optimize=False`` keeps every tensor name for analysis).
-
-    Raises:
-        StageError: ONNX Runtime refuses the model.
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped exceptions
-        raise StageError("precision", f"ONNX Runtime cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
-
-
 def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """Outputs of the model at ``path`` for every batch (name -> array)."""
-    sess = ort_session(path)
+    sess = ort_session(path, stage="precision")
     names = [o.name for o in sess.get_outputs()]
     return [dict(zip(names, sess.run(names, b))) for b in batches]
 
@@ -60,7 +41,7 @@ def _augmented(model_path: Path, workdir: Path) -> Path:
 
 def intermediates(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path):
     """Yield, per batch, {tensor name: array} of every float tensor in the model (inputs, intermediates, outputs)."""
-    sess = ort_session(_augmented(model_path, workdir), optimize=False)
+    sess = ort_session(_augmented(model_path, workdir), optimize=False, stage="precision")
     names = [o.name for o in sess.get_outputs() if o.name.endswith(_SAVED_SUFFIX)]
     for b in batches:
         values = sess.run(names, b)
@@ -182,7 +163,7 @@ def accuracy(
 
     Classifier outputs score by top-1 agreement, others by cosine similarity; ``score`` is the worst output's.
     """
-    from edgedeploy.pipeline.parity import compare_output
+    from edgedeploy.validate.parity import compare_output
 
     per_output: dict[str, dict[str, Any]] = {}
     for name in reference[0]:
@@ -204,9 +185,9 @@ def accuracy(
 
 def measure_latency(path: Path, feeds: dict[str, np.ndarray], *, warmup: int, iters: int) -> dict[str, Any]:
     """p50/p90 latency of the model at ``path`` in ONNX Runtime (all optimizations) on ``feeds``."""
-    from edgedeploy.stages.validate import latency
+    from edgedeploy.validate.latency import time_calls as latency
 
-    sess = ort_session(path)
+    sess = ort_session(path, stage="precision")
     names = [o.name for o in sess.get_outputs()]
     row = latency(lambda f: sess.run(names, f), feeds, warmup=warmup, iters=iters)
     return {k: row[k] for k in ("p50_ms", "p90_ms", "iters", "shape")}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgedeploy.errors import InputError
-from edgedeploy.pipeline.store import atomic_write_text
+from edgedeploy.fileio.store import atomic_write_text
 
 CALIB_CACHE = "calib.cache"
 DEFAULT_ALGORITHM = "EntropyCalibration2"

@@ -7,9 +7,6 @@ input spec, plus the hashes that go into the stage's cache key and the build's m
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +16,9 @@ import numpy as np
 
 from edgedeploy.config import DeployConfig, InputSpec
 from edgedeploy.errors import ConfigError, InputError
-from edgedeploy.pipeline.hashing import sha256_file
-from edgedeploy.stages.inputs import _NP_DTYPES, check_feeds, feeds_at
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.modelio.inputs import _NP_DTYPES, check_feeds, feeds_at
+from edgedeploy.modelio.usercode import load_callable, module_source
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -92,29 +90,6 @@ def hash_directory(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _callable_module_file(cfg: DeployConfig, spec: str) -> Path | None:
-    module_name = spec.partition(":")[0]
-    _add_python_path(cfg)
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(
-            f"{cfg.source}: key 'precision.calib_callable': cannot find module {module_name!r}",
-            hint="check the module name and model.python_path",
-        )
-    origin = found.origin
-    return Path(origin) if origin and Path(origin).is_file() else None
-
-
-def _add_python_path(cfg: DeployConfig) -> None:
-    for p in reversed(cfg.model.python_path):
-        resolved = str(cfg.path(p))
-        if resolved not in sys.path:
-            sys.path.insert(0, resolved)
-
-
 def calibration_fingerprint(cfg: DeployConfig) -> dict[str, str]:
     """What the calibration data is, hashed, for cache keys: ``{"kind", "location", "sha256"}``.
 
@@ -128,7 +103,7 @@ def calibration_fingerprint(cfg: DeployConfig) -> dict[str, str]:
             raise ConfigError(
                 f"{cfg.source}: key 'precision.calib_callable' = {p.calib_callable!r} must be 'module:callable'"
             )
-        src = _callable_module_file(cfg, p.calib_callable)
+        src = module_source(cfg, p.calib_callable, "precision.calib_callable")
         sha = hashlib.sha256(
             p.calib_callable.encode() + b"\0" + (sha256_file(src).encode() if src else b"")
         ).hexdigest()
@@ -174,10 +149,14 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
         arrays = _from_npy(cfg, Path(location))
     elif kind == "npz":
         arrays = _from_npz(cfg, Path(location))
+    elif kind == "txt":  # one sentence a line, tokenized by the model.hf folder's tokenizer
+        from edgedeploy.modelio.hf import text_arrays
+
+        arrays = text_arrays(cfg, Path(location), limit=max(1, cfg.precision.calib_samples))
     else:
         raise InputError(
             f"calibration data {location}: unsupported file type '.{kind}'",
-            hint="use an image folder, a .npy (one input) or a .npz (one array per input name)",
+            hint="use an image folder, a .npy (one input), a .npz (one array per input name) or .txt (model.hf)",
         )
     available = _count(arrays, location)
     limit = max(1, cfg.precision.calib_samples)
@@ -250,14 +229,7 @@ def _from_npz(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
 
 
 def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
-    module_name, _, attr = spec.partition(":")
-    _add_python_path(cfg)
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # user code: any import-time failure is theirs
-        raise ConfigError(
-            f"{cfg.source}: key 'precision.calib_callable': cannot load {spec!r} ({type(exc).__name__}: {exc})"
-        ) from None
+    fn = load_callable(cfg, spec, "precision.calib_callable")
     names = [s.name for s in cfg.inputs]
     chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
     try:
@@ -418,6 +390,7 @@ def _arrays_sha(batches: tuple[dict[str, np.ndarray], ...]) -> str:
 
 
 HELDOUT_FRACTION = 0.25
+HELDOUT_POINT = "calib-heldout"  # goldens point of the calibration samples held out of calibration
 
 
 def split_heldout(

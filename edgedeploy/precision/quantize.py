@@ -59,8 +59,14 @@ CALIB_METHODS = ("minmax", "entropy", "percentile")  # ranges chosen by edgedepl
 
 
 def flavour_for(runtime: str) -> QdqFlavour:
-    """The QDQ flavour the target's runtime needs."""
-    return QDQ_FLAVOURS[runtime]
+    """The QDQ flavour the target's runtime needs (as its registered backend names it).
+
+    Raises:
+        ConfigError: the runtime is not registered.
+    """
+    from edgedeploy import runtimes
+
+    return QDQ_FLAVOURS[runtimes.get(runtime).qdq_flavour]
 
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")

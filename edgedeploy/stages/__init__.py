@@ -1,4 +1,9 @@
-"""Pipeline stages, one per module, each named by what it makes from what."""
+"""Pipeline stages (layer 3): orchestration only, one stage per module, each named by what it makes
+from what. ``base`` holds the contract (``Stage``, ``StageResult``), ``context`` the build's state.
+
+A stage module may import ``base`` and ``context``, domain packages, tools and plain data; never
+another stage module, ``pipeline`` or the entry points. This package maps a target to its stages.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +15,25 @@ if TYPE_CHECKING:
 
 
 def builders() -> dict[str, type[Stage]]:
-    """Build stage per target runtime (the only place that maps a runtime to a builder)."""
-    from edgedeploy.stages.build_ort import OrtModelFromOnnx
-    from edgedeploy.stages.build_trt import BundleFromOnnx
+    """Build stage per registered target runtime (``edgedeploy.runtimes``)."""
+    from edgedeploy import runtimes
 
-    return {"onnxruntime": OrtModelFromOnnx, "tensorrt": BundleFromOnnx}
+    return {name: runtimes.load(runtimes.get(name).build_stage) for name in runtimes.names()}
+
+
+def _builder(runtime: str) -> type[Stage]:
+    from edgedeploy import runtimes
+
+    stage: type[Stage] = runtimes.load(runtimes.get(runtime).build_stage)
+    return stage
 
 
 def pipeline_stages(target: TargetProfile) -> list[Stage]:
     """The ordered stages of ``deploy build`` for ``target``."""
     from edgedeploy.stages.capture import TorchScriptFromModel
+    from edgedeploy.stages.check import PreflightFromOnnx
     from edgedeploy.stages.export import OnnxFromTorch
     from edgedeploy.stages.precision import PrecisionFromOnnx
-    from edgedeploy.stages.preflight import PreflightFromOnnx
     from edgedeploy.stages.reference import GoldensFromTorch
     from edgedeploy.stages.validate import ParityFromGoldens
 
@@ -32,6 +43,6 @@ def pipeline_stages(target: TargetProfile) -> list[Stage]:
         OnnxFromTorch(),
         PreflightFromOnnx(),
         PrecisionFromOnnx(),
-        builders()[target.runtime](),
+        _builder(target.runtime)(),
         ParityFromGoldens(),
     ]

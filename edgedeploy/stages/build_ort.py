@@ -5,34 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edgedeploy.errors import StageError
-from edgedeploy.pipeline.context import BuildContext
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import PRECISION_MODELS, RUNTIME_INFO, deploy_model_name
+from edgedeploy.onnxtools.ort import ort_session
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.precision import PRECISION_MODELS, deploy_model_name
-
-RUNTIME_INFO = "runtime.json"
-
-
-def ort_session(path: str, *, threads: int | None = None) -> Any:
-    """A CPU ONNX Runtime session for ``path`` (all graph optimizations on).
-
-    Raises:
-        StageError: ONNX Runtime refuses the model.
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = threads
-    try:
-        return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own untyped exceptions
-        raise StageError("build", f"ONNX Runtime cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+from edgedeploy.stages.context import BuildContext
 
 
 class OrtModelFromOnnx(Stage):
-    name = "build"
+    name = names.BUILD
     version = "1"
     consumes = tuple(dict.fromkeys(PRECISION_MODELS.values()))
     produces = (RUNTIME_INFO,)

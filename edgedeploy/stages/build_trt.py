@@ -5,7 +5,7 @@ cannot be built on an x86 host, so this stage never builds an engine. It writes 
 the ONNX model the plan builds from (and ``model.onnx``), the calibration cache, the goldens from
 the PyTorch reference, ``plan.json``, the equivalent ``trtexec.sh``, the device script
 ``complete_bundle.py`` with its helpers, and ``bundle.json`` listing every file's sha256.
-On the device, ``python3 complete_bundle.py .`` verifies, builds and validates the engine.
+On the device, ``python3 -I complete_bundle.py .`` verifies, builds and validates the engine.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.hashing import sha256_file
-from edgedeploy.pipeline.store import atomic_write_json, atomic_write_text
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import GOLDENS
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.reference import GOLDENS
+from edgedeploy.stages.context import BuildContext
 from edgedeploy.trt.plan import (
     CALIB_CACHE,
     ONNX_FP16,
@@ -42,13 +43,18 @@ _PKG = Path(__file__).resolve().parent.parent
 DEVICE_CODE = {
     "complete_bundle.py": _PKG / "device" / "complete_bundle.py",
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
-    "parity.py": _PKG / "pipeline" / "parity.py",
+    "trt_runner.py": _PKG / "device" / "trt_runner.py",
+    "parity.py": _PKG / "validate" / "parity.py",
 }
 
 
-def bundle_files(plan: BuildPlan, *, precision_info: bool) -> list[str]:
-    """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last."""
-    names = [plan.onnx]  # one ONNX graph: the one the plan builds from
+def bundle_files(plan: BuildPlan, *, precision_info: bool, external_data: tuple[str, ...] = ()) -> list[str]:
+    """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last.
+
+    One ONNX graph: the one the plan builds from. ``external_data``: the FP32 model's external-data
+    companions (``model.onnx.data``), which travel with it when the plan builds from ``model.onnx``.
+    """
+    names = [plan.onnx, *(external_data if plan.onnx == ONNX_FP32 else ())]
     if plan.calib_cache:
         names.append(plan.calib_cache)
     if precision_info:
@@ -61,16 +67,16 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
     return (
         f"edgedeploy device bundle: target {plan.target} (TensorRT {plan.trt_version}), {plan.precision}.\n"
         "The engine is built on the device, where TensorRT runs. Copy this folder there, then:\n\n"
-        f"    python3 complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
-        f"    sh {TRTEXEC_SCRIPT}                  # or build with trtexec only (no validation)\n\n"
+        f"    python3 -I complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
+        f"    python3 -I complete_bundle.py . --verify-only && sh {TRTEXEC_SCRIPT}   # or trtexec (no validation)\n\n"
         f"Needs TensorRT's Python bindings (JetPack ships them), numpy and polygraphy; Python {device_python}"
         " or newer (3.6+).\n"
-        "Dry run anywhere without TensorRT: python3 complete_bundle.py . --runner onnxruntime\n"
+        "Dry run anywhere without TensorRT: python3 -I complete_bundle.py . --runner onnxruntime\n"
     )
 
 
 class BundleFromOnnx(Stage):
-    name = "build"
+    name = names.BUILD
     version = "1"
     consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
 
@@ -91,7 +97,9 @@ class BundleFromOnnx(Stage):
         return self._plans[key]
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        names = bundle_files(self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file())
+        names = bundle_files(
+            self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file(), external_data=_companions(ctx)
+        )
         return tuple(f"{BUNDLE_DIR}/{n}" for n in names)
 
     def config_key(self, ctx: BuildContext) -> Any:
@@ -108,16 +116,21 @@ class BundleFromOnnx(Stage):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         has_info = ctx.path(PRECISION_INFO).is_file()
-        copies = [plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None, GOLDENS]
-        for name in dict.fromkeys(c for c in copies if c):
-            shutil.copyfile(ctx.path(name), folder / name)
+        companions = _companions(ctx) if plan.onnx == ONNX_FP32 else ()
+        copies = [plan.onnx, *companions, plan.calib_cache, PRECISION_INFO if has_info else None]
+        for name in dict.fromkeys(c for c in [*copies, GOLDENS] if c):
+            _link_or_copy(ctx.path(name), folder / name)  # hard links: no second copy of the model in OUT
         for name, src in DEVICE_CODE.items():
             shutil.copyfile(src, folder / name)
         write_plan(plan, folder)
         atomic_write_text(folder / TRTEXEC_SCRIPT, trtexec_script(plan))
         (folder / TRTEXEC_SCRIPT).chmod(0o755)
         atomic_write_text(folder / BUNDLE_README, _readme(plan, ctx.target.device_python or "3.6"))
-        listed = [n for n in bundle_files(plan, precision_info=has_info) if n != BUNDLE_MANIFEST]
+        listed = [
+            n
+            for n in bundle_files(plan, precision_info=has_info, external_data=_companions(ctx))
+            if n != BUNDLE_MANIFEST
+        ]
         manifest = {
             "schema": BUNDLE_SCHEMA,
             "target": ctx.target.capabilities(),
@@ -133,15 +146,13 @@ class BundleFromOnnx(Stage):
         where = ctx.out / BUNDLE_DIR
         notes = [
             f"engine not built here: TensorRT engines are built on the device ({ctx.target.name}, "
-            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 complete_bundle.py . "
+            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 -I complete_bundle.py . "
             f"--bundle-sha256 {bundle_sha}",
         ]
         for note in plan.notes:
             if note.startswith("the Q/DQ model was not used"):
                 ctx.warn(note)
-        if ctx.log:
-            for line in notes:
-                ctx.log(f"  {line}")
+        # the notes reach the user once: in the report, and printed at the end of deploy build
         return {
             "artifact": f"{BUNDLE_DIR}/",
             "engine": "not built here (built on the device by complete_bundle.py)",
@@ -181,3 +192,18 @@ def _validation_spec(ctx: BuildContext) -> dict[str, Any]:
         "classifier_outputs": list(cfg.validate.classifier_outputs),
         "topk": cfg.validate.topk,
     }
+
+
+def _companions(ctx: BuildContext) -> tuple[str, ...]:
+    """External-data files of the FP32 model (``model.onnx.data``) present in staging."""
+    name = ONNX_FP32 + ".data"
+    return (name,) if ctx.path(name).is_file() else ()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    import os
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

@@ -1,177 +1,167 @@
 """TorchScriptFromModel: capture the eager model (torch.jit.trace / script, or torch.export) and check it.
 
-The captured module is run at min, max and a random size of every dynamic dim (one
-dim at a time) and compared with eager, so a shape frozen during capture fails here,
-naming the dim. TracerWarnings (Python values frozen into the graph) are reported at
-the user's ``file:line`` (the innermost frame outside torch) and fail the stage by
-default. The artifact is kept for LibTorch / torch2trt users: ``model.ts`` (trace,
-script) or ``model.pt2`` (torch.export, saved with ``torch.export.save``).
+``capture = "auto"`` (default) tries trace, torch.export, script in turn and keeps the first whose
+program matches eager at min, max and a random size of every dynamic dim (one dim at a time);
+the report records the route and why each earlier one failed. An explicit route means exactly
+that route. TracerWarnings raised at the user's own lines are reported at their ``file:line``
+and fail trace by default; those raised inside library code (nn.LSTM, transformers) are recorded
+and left to the shape probes to judge. The artifact is kept for LibTorch / torch2trt users:
+``model.ts`` (trace, script) or ``model.pt2`` (torch.export, saved with ``torch.export.save``).
 """
 
 from __future__ import annotations
 
-import os
-import traceback
-import warnings
 from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import TORCHSCRIPT
 from edgedeploy.errors import StageError
+from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_order, save_artifact
+from edgedeploy.modelio.inputs import feeds_with_dims
+from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.inputs import feeds_with_dims
+from edgedeploy.stages.base import Stage, model_inputs
+from edgedeploy.stages.context import BuildContext
 
-TORCHSCRIPT = "model.ts"
-EXPORTED_PROGRAM = "model.pt2"
 CAPTURE_ATOL = 1e-4
 
 
-def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
-    """The model's positional arguments (config input order) as torch tensors."""
-    import torch
-
-    return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
-
-
-def _library_dirs() -> tuple[str, ...]:
-    import torch
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    stdlib = os.path.dirname(os.path.abspath(warnings.__file__))
-    return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(here) + os.sep, stdlib + os.sep)
-
-
-def user_frame(stack: list[traceback.FrameSummary]) -> str | None:
-    """``file:line`` of the innermost frame outside torch and edgedeploy (the user's code), if any."""
-    skip = _library_dirs()
-    for frame in reversed(stack):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(skip) and not frame.filename.startswith("<"):
-            return f"{frame.filename}:{frame.lineno}"
-    return None
-
-
-def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:
-    """Model outputs (nested tuples / dicts) flattened onto the configured output names."""
-    from edgedeploy.stages.reference import _flatten
-
-    flat = _flatten(result)
-    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
-
-
 class TorchScriptFromModel(Stage):
-    name = "capture"
-    version = "2"
-    consumes = ("checkpoint", "model_code")
+    name = names.CAPTURE
+    version = "3"
     produces = (TORCHSCRIPT,)
 
+    def __init__(self) -> None:
+        self._artifact: str | None = None  # set by run(): auto only knows its route afterwards
+
+    def applies(self, ctx: BuildContext) -> str | None:
+        if ctx.cfg.export.capture == "auto" and not ctx.target.builds_here:
+            # the program's one consumer is validation here; a device bundle carries only ONNX
+            return "nothing here consumes a TorchScript program for this target (export.capture = auto)"
+        return None
+
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (EXPORTED_PROGRAM,) if ctx.cfg.export.capture == "export" else (TORCHSCRIPT,)
+        if self._artifact is not None:  # after run(); "" when the capture could not be saved
+            return (self._artifact,) if self._artifact else ()
+        return (ARTIFACTS[ctx.cfg.export.capture],) if ctx.cfg.export.capture != "auto" else (TORCHSCRIPT,)
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return model_inputs(ctx)
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
         return {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
-        import torch
-
         cfg = ctx.cfg
         model = ctx.model()
         mode = cfg.export.capture
         rng = np.random.default_rng(cfg.validate.seed + 1)
         example = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), rng))
-        with torch.no_grad():
-            captured, runner, findings = self._capture(ctx, model, example)
-        if findings and cfg.export.fail_on_tracer_warnings:
+        points = probe_points(cfg, seed=cfg.validate.seed + 1)
+        feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + 1)
+        eager = [_run_with(cfg, model)(f) for f in feeds]
+        order = route_order(mode)
+        tried: list[dict[str, str]] = []
+        for route in order:
+            try:
+                captured, figures, findings = self._try(ctx, route, model, example, points, feeds, eager)
+            except StageError as exc:
+                if len(order) == 1:
+                    raise
+                tried.append({"route": route, "reason": exc.message.removeprefix(f"[{self.name}] ")})
+                continue
+            self._artifact = ARTIFACTS[route]
+            try:
+                save_artifact(route, captured, str(ctx.staging / self._artifact))
+            except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
+                # the capture is proven against eager; only its file for LibTorch users is lost
+                (ctx.staging / self._artifact).unlink(missing_ok=True)
+                why = root_cause(exc, 200)
+                ctx.warn(f"capture: {route} matches eager but its {self._artifact} cannot be saved ({why})")
+                self._artifact = ""
+            for f in findings:
+                if f.user:  # library findings are in the metrics; the probes above already judged them
+                    ctx.warn(f"TracerWarning at {f}")
+            if tried:
+                ctx.warn(f"capture: used {route} ({'; '.join(t['route'] + ': ' + t['reason'][:160] for t in tried)})")
+            return {
+                "mode": mode,
+                "route": route,
+                "tried": tried,
+                "artifact": self._artifact or None,
+                "points": figures,
+                "max_abs_vs_eager": max((f.get("max_abs", 0.0) for f in figures.values()), default=0.0),
+                "tracer_warnings": [str(f) for f in findings],
+                "tracer_warnings_library": sum(not f.user for f in findings),
+            }
+        raise StageError(
+            self.name,
+            "no capture route matches eager PyTorch: "
+            + " | ".join(f"{t['route']}: {t['reason'][:300]}" for t in tried),
+            hint="fix the first route's problem (usually trace: the line named), "
+            "or set export.capture to one route to see its full error",
+        )
+
+    def _try(
+        self,
+        ctx: BuildContext,
+        route: str,
+        model: Any,
+        example: tuple[Any, ...],
+        points: list[Any],
+        feeds: list[dict[str, np.ndarray]],
+        eager: list[dict[str, np.ndarray]],
+    ) -> tuple[Any, dict[str, Any], list[Any]]:
+        """Capture one way and probe it against eager; return (artifact, per-point figures, TracerWarnings).
+
+        Raises:
+            StageError: the capture API failed, the user's code froze values (TracerWarnings at
+                their lines), or the captured program differs from eager at some probe point.
+        """
+        cfg = ctx.cfg
+        try:
+            captured, runner, tw = capture_route(route, model, example, export_dynamic_shapes(cfg))
+        except Exception as exc:  # capture errors come from the user's model code
             raise StageError(
                 self.name,
-                f"tracing froze Python values into the graph ({len(findings)} TracerWarning(s)): "
-                + " | ".join(findings[:3])
-                + (f" (+{len(findings) - 3} more)" if len(findings) > 3 else ""),
+                f"{API[route]} failed: {root_cause(exc, 400)}",
+                hint="a dim named in the message was specialised: make that code shape-agnostic, "
+                'or try capture = "trace"'
+                if route == "export"
+                else 'try capture = "trace" or "export"',
+            ) from None
+        user = tw.user
+        if user and cfg.export.fail_on_tracer_warnings:
+            raise StageError(
+                self.name,
+                f"tracing froze Python values into the graph ({len(user)} TracerWarning(s) in your code): "
+                + " | ".join(str(f) for f in user[:3])
+                + (f" (+{len(user) - 3} more)" if len(user) > 3 else ""),
                 hint="make the model shape-agnostic at those lines (x.shape[0] instead of int(...)), "
                 'use capture = "script" or "export", or set export.fail_on_tracer_warnings = false',
             )
-        for w in findings:
-            ctx.warn(f"TracerWarning at {w}")
-        points = probe_points(cfg, seed=cfg.validate.seed + 1)
-        feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + 1)
-
-        def run_with(fn: Any) -> Any:
-            def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                # the graph as captured: TorchScript's per-shape profiling / fusion passes only cost time here
-                with torch.inference_mode(), torch.jit.optimized_execution(False):
-                    return outputs_as_numpy(cfg, fn(*torch_args(cfg, feed)))
-
-            return call
-
-        eager = run_with(model)
-        problems, figures = compare_shapes(
-            points, feeds, run_with(runner), [eager(f) for f in feeds], atol=CAPTURE_ATOL
-        )
+        problems, figures = compare_shapes(points, feeds, _run_with(cfg, runner), eager, atol=CAPTURE_ATOL)
         if problems:
+            lib = tw.library
+            why = f" ({len(lib)} TracerWarning(s) in library code, e.g. {lib[0]})" if lib else ""
             raise StageError(
                 self.name,
-                f"the {mode} capture differs from eager PyTorch: " + "; ".join(problems[:4]),
+                f"the {route} capture differs from eager PyTorch: " + "; ".join(problems[:4]) + why,
                 hint="a shape or a Python value was frozen during capture; make the code at those dims "
                 'shape-agnostic or try capture = "script" / "export"',
             )
-        out = ctx.staging / self.outputs(ctx)[0]
-        if mode == "export":
-            torch.export.save(captured, str(out))
-        else:
-            captured.save(str(out))
-        return {
-            "mode": mode,
-            "artifact": out.name,
-            "points": figures,
-            "max_abs_vs_eager": max((f.get("max_abs", 0.0) for f in figures.values()), default=0.0),
-            "tracer_warnings": findings,
-        }
+        return captured, figures, tw.findings
 
-    def _capture(self, ctx: BuildContext, model: Any, example: tuple[Any, ...]) -> tuple[Any, Any, list[str]]:
-        """(artifact object, callable that runs it, TracerWarnings as 'file:line: message')."""
+
+def _run_with(cfg: Any, fn: Any) -> Any:
+    def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        mode = ctx.cfg.export.capture
-        findings: list[str] = []
+        # the graph as captured: TorchScript's per-shape profiling / fusion passes only cost time here
+        with torch.inference_mode(), torch.jit.optimized_execution(False):
+            return outputs_as_numpy(cfg, fn(*torch_args(cfg, feed)))
 
-        def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-            if issubclass(category, torch.jit.TracerWarning):
-                where = user_frame(traceback.extract_stack()[:-1]) or f"{filename}:{lineno}"
-                text = f"{where}: {' '.join(str(message).split())[:200]}"
-                if text not in findings:
-                    findings.append(text)
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", torch.jit.TracerWarning)
-            warnings.showwarning = record
-            try:
-                if mode == "script":
-                    captured = torch.jit.script(model)
-                    return captured, captured, findings
-                if mode == "export":
-                    from edgedeploy.stages.export import quiet_torch
-
-                    with quiet_torch():
-                        ep = torch.export.export(model, example, dynamic_shapes=export_dynamic_shapes(ctx.cfg))
-                    return ep, ep.module(), findings
-                # strict=False: dict / list outputs (segmentation heads) are flattened onto the output names
-                captured = torch.jit.trace(model, example, check_trace=False, strict=False)
-                return captured, captured, findings
-            except Exception as exc:  # capture errors come from the user's model code
-                from edgedeploy.stages.export import root_cause
-
-                raise StageError(
-                    self.name,
-                    f"{_api(mode)} failed: {root_cause(exc, 400)}",
-                    hint="a dim named in the message was specialised: make that code shape-agnostic, "
-                    'or try capture = "trace"'
-                    if mode == "export"
-                    else 'try capture = "trace" or "export"',
-                ) from None
-
-
-def _api(mode: str) -> str:
-    return {"trace": "torch.jit.trace", "script": "torch.jit.script", "export": "torch.export.export"}[mode]
+    return call

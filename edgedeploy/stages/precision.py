@@ -10,31 +10,28 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
-from edgedeploy.pipeline.context import BuildContext
+from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import Stage
-from edgedeploy.stages.export import ONNX_MODEL
-
-PRECISION_MODELS = {"fp32": ONNX_MODEL, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
-PRECISION_JSON = "precision.json"
-
-
-def deploy_model_name(precision: str) -> str:
-    """The ONNX file the build stage turns into the artifact for ``precision``."""
-    return PRECISION_MODELS[precision]
+from edgedeploy.stages.context import BuildContext
 
 
 class PrecisionFromOnnx(Stage):
-    name = "precision"
+    name = names.PRECISION
     version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
-    consumes = (ONNX_MODEL, "calibration", "goldens.npz")  # goldens: INT8 candidates must pass the device check
+    consumes = (ONNX_MODEL, GOLDENS)  # goldens: INT8 candidates must pass the device check
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        # a calibration file is an input; a folder or callable is fingerprinted in config_key
+        return (CALIBRATION,) if CALIBRATION in ctx.external else ()
 
     def applies(self, ctx: BuildContext) -> str | None:
         return "fp32: nothing to convert" if ctx.precision == "fp32" else None
@@ -78,7 +75,8 @@ class PrecisionFromOnnx(Stage):
             else:
                 plan = _fp16(ctx, calib.batches, Path(tmp))
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
-        (ctx.staging / PRECISION_JSON).write_text(json.dumps(plan, indent=2, default=float))
+        # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
+        (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         return plan
 
 
@@ -129,6 +127,11 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     p = cfg.precision
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     _check_node_names(p.keep_fp32, onnx.load(str(float_model)), "precision.keep_fp32")
+    from edgedeploy.precision.transformer import choose_recipe
+
+    recipe, evidence = choose_recipe(p.int8_recipe, onnx.load(str(float_model)))
+    if recipe == "transformer":
+        return _int8_transformer(ctx, float_model, batches, tmp, evidence)
     flavour = flavour_for(target.runtime)
     calib, held = split_heldout(list(batches))
     goldens = _golden_cases(ctx)
@@ -225,8 +228,81 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         "latency_onnxruntime_cpu": result.latency,
     }
     if target.implicit_int8:
+        # sorted: the calibrator's ranges come in a different order each run; TensorRT reads the cache as a map
+        scales = dict(sorted(scales_from_ranges(q.ranges()).items()))
+        cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
+        plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
+    return plan
+
+
+def _int8_transformer(
+    ctx: BuildContext, float_model: Path, batches: Any, tmp: Path, evidence: dict[str, int]
+) -> dict[str, Any]:
+    """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
+    (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
+    from edgedeploy.precision.analysis import measure_latency
+    from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
+    from edgedeploy.precision.transformer import host_has_int8_dot, quantize_transformer, scheme_for
+
+    cfg, target, p = ctx.cfg, ctx.target, ctx.cfg.precision
+    scheme = scheme_for(target.runtime)
+    int8_dot = host_has_int8_dot()
+    # 7-bit weights only where uint8 x int8 products saturate int16 (x86 without VNNI, ORT's dynamic U8S8);
+    # an explicit precision.reduce_range = true/false (the CNN path's field, where present) wins
+    setting = getattr(p, "reduce_range", "auto")
+    reduce_range = (scheme.activations == "dynamic" and int8_dot is False) if setting == "auto" else bool(setting)
+    out = ctx.staging / deploy_model_name("int8")
+    result, plan, q = quantize_transformer(
+        float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,
+        accuracy_target=p.accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,
+        smoothquant_alpha=p.smoothquant_alpha, per_channel=p.per_channel, reduce_range=reduce_range,
+        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
+    )  # fmt: skip
+    last = result.tries[-1]
+    if not plan["held_out"]["disjoint"]:
+        ctx.warn("INT8 judged on its own calibration data (one batch: nothing to hold out); add calibration samples")
+    if not result.met:
+        table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
+                          for t in result.tries)  # fmt: skip
+        fixes = ["list layers in precision.keep_fp32"]
+        if p.max_fallback_tries == 0 or len(result.sensitivity) > 2 ** (len(result.tries) - 2):
+            fixes.insert(0, "raise precision.max_fallback_tries")
+        if p.smoothquant_alpha == 0:
+            fixes.insert(0, "set precision.smoothquant_alpha = 0.5")
+        raise StageError(
+            "precision",
+            f"transformer INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out calibration "
+            f"data after {len(result.tries) - 1} fallback tries ({table})",
+            hint=", or ".join(fixes),
+        )
+    if plan["absurd_ranges"]:
+        ctx.log(f"  INT8: {len(plan['absurd_ranges'])} tensor(s) with absurd ranges (masks) kept float")
+    sensitive = [n for n, why in result.kept_float.items() if why.startswith("INT8 sensitive")]
+    if sensitive:
+        ctx.warn(f"INT8: {len(sensitive)} MatMul(s) kept in float for accuracy: " + ", ".join(sensitive[:6]))
+    iters = max(cfg.validate.latency_iters, 3)
+    lat = {
+        "fp32": measure_latency(float_model, batches[0], warmup=2, iters=iters),
+        "int8_final": measure_latency(out, batches[0], warmup=2, iters=iters),
+    }
+    plan = {
+        "strategy": f"transformer-{scheme.name}",
+        "int8_recipe": {"setting": p.int8_recipe, "chosen": "transformer", "evidence": evidence},
+        **plan,
+        "host_int8_dot_product": int8_dot,
+        "accuracy_target": p.accuracy_target,
+        "accuracy": last,
+        "kept_float": [{"node": n, "why": why} for n, why in result.kept_float.items()],
+        "fallback_tries": result.tries,
+        "sensitivity": result.sensitivity,
+        "latency_onnxruntime_cpu": lat,
+    }
+    if target.implicit_int8:
+        absurd = {a["tensor"] for a in plan["absurd_ranges"]}
         cache = write_trt_cache(
-            ctx.staging / CALIB_CACHE, scales_from_ranges(q.ranges()), trt_version=target.trt_version
+            ctx.staging / CALIB_CACHE,
+            scales_from_ranges({k: v for k, v in q.ranges().items() if k not in absurd}),
+            trt_version=target.trt_version,
         )
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
@@ -246,7 +322,7 @@ def _int8_compute_left(model: Path) -> bool:
 
 def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """(point, inputs, PyTorch outputs) of every golden sample, when the reference stage wrote goldens."""
-    from edgedeploy.stages.reference import GOLDENS, load_goldens
+    from edgedeploy.modelio.goldens import load_goldens
 
     path = ctx.path(GOLDENS)
     if not path.is_file():
@@ -261,8 +337,8 @@ def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | Non
     The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: a candidate that passes
     here passes the bundle's own dry run (ONNX Runtime stand-in) on the same goldens.
     """
-    from edgedeploy.pipeline.parity import compare_output
     from edgedeploy.precision import analysis
+    from edgedeploy.validate.parity import compare_output
 
     cfg = ctx.cfg
     tol = cfg.tolerance_for("int8")

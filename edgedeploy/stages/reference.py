@@ -11,74 +11,23 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import GOLDENS, VALIDATION_DATA
 from edgedeploy.errors import InputError, StageError
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.inputs import SHAPE_POINTS, check_feeds, feeds_at
-
-GOLDENS = "goldens.npz"
-HELDOUT_POINT = "calib-heldout"  # real samples held out of INT8/FP16 calibration (never calibrated on)
-
-
-def golden_key(point: str, sample: int, kind: str, name: str) -> str:
-    return f"{point}/{sample}/{kind}/{name}"
-
-
-def load_goldens(path: str | Path) -> dict[str, dict[int, dict[str, dict[str, np.ndarray]]]]:
-    """goldens.npz → {point: {sample: {"in": {...}, "out": {...}}}}.
-
-    Raises:
-        InputError: the file is missing or not a goldens archive.
-    """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"goldens file unreadable: {path} ({exc})") from None
-    out: dict[str, dict[int, dict[str, dict[str, np.ndarray]]]] = {}
-    for key, arr in arrays.items():
-        try:
-            point, sample, kind, name = key.split("/", 3)
-        except ValueError:
-            raise InputError(f"{path}: unexpected entry {key!r} (not an edgedeploy goldens file)") from None
-        out.setdefault(point, {}).setdefault(int(sample), {"in": {}, "out": {}})[kind][name] = arr
-    return out
-
-
-def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the eager model on numpy feeds; map its outputs onto the configured output names.
-
-    Raises:
-        StageError: the model's output count differs from the configured ``outputs``.
-    """
-    import torch
-
-    args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs]
-    with torch.inference_mode():
-        result = model(*args)
-    flat = _flatten(result)
-    if len(flat) != len(cfg.outputs):
-        raise StageError(
-            "reference",
-            f"model returned {len(flat)} outputs, config names {len(cfg.outputs)} ({', '.join(cfg.outputs)})",
-            hint="make 'outputs' list one name per model output",
-        )
-    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
-
-
-def _flatten(result: Any) -> list[Any]:
-    if isinstance(result, (list, tuple)):
-        return [t for r in result for t in _flatten(r)]
-    if isinstance(result, dict):
-        return [t for v in result.values() for t in _flatten(v)]
-    return [result]
+from edgedeploy.modelio.goldens import store_goldens, torch_outputs
+from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
+from edgedeploy.precision.data import HELDOUT_POINT
+from edgedeploy.stages.base import Stage, model_inputs
+from edgedeploy.stages.context import BuildContext
 
 
 class GoldensFromTorch(Stage):
-    name = "reference"
+    name = names.REFERENCE
     version = "1"
-    consumes = ("checkpoint", "model_code")
     produces = (GOLDENS,)
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return model_inputs(ctx) + ((VALIDATION_DATA,) if VALIDATION_DATA in ctx.external else ())
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg
@@ -88,6 +37,7 @@ class GoldensFromTorch(Stage):
             "dims": c.to_dict()["dims"],
             "outputs": list(c.outputs),
             "validate": [c.validate.samples, c.validate.seed, c.validate.data],
+            "calibration": _calibration_key(c),
             "heldout_calibration": _heldout_key(ctx),
         }
 
@@ -100,13 +50,14 @@ class GoldensFromTorch(Stage):
         for point in SHAPE_POINTS:
             for s in range(cfg.validate.samples):
                 feeds = feeds_at(cfg, point, rng)
-                _store(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
+                store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
         for s, feeds in enumerate(user):
-            _store(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
-        held = _heldout_calibration(ctx)
+            store_goldens(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
+        held = [] if _calibration_file(cfg) is not None else _heldout_calibration(ctx)  # else already "data"
         for s, feeds in enumerate(held):
-            _store(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
-        np.savez(ctx.staging / GOLDENS, **arrays)
+            store_goldens(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
+        # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
+        np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
         if nonfinite:
             raise StageError(
@@ -122,22 +73,19 @@ class GoldensFromTorch(Stage):
         }
 
 
-def _store(
-    arrays: dict[str, np.ndarray], point: str, s: int, feeds: dict[str, np.ndarray], outs: dict[str, np.ndarray]
-) -> None:
-    for n, a in feeds.items():
-        arrays[golden_key(point, s, "in", n)] = a
-    for n, a in outs.items():
-        arrays[golden_key(point, s, "out", n)] = a
-
-
 def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
-    """Batches from ``validate.data`` (.npz with one array per input name), checked against the spec."""
-    path = ctx.cfg.path(ctx.cfg.validate.data)
-    if path is None:
-        return []
-    if not path.is_file():
-        raise InputError(f"validation data not found: {path}", hint="fix validate.data")
+    """Batches from ``validate.data`` (.npz with one array per input name, or .txt sentences with model.hf),
+    else one calibration batch; checked against the spec."""
+    if VALIDATION_DATA not in ctx.external:
+        return _calibration_samples(ctx.cfg)
+    path = ctx.path(VALIDATION_DATA)
+    if path.suffix.lower() == ".txt":  # sentences for a model.hf folder, tokenized by its tokenizer
+        from edgedeploy.modelio.hf import text_batches
+
+        batches = text_batches(ctx.cfg, path, limit=64)
+        for b in batches:
+            check_feeds(ctx.cfg, b, str(path))
+        return batches
     try:
         with np.load(path, allow_pickle=False) as data:
             feeds = {k: data[k] for k in data.files}
@@ -147,8 +95,35 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
     return [feeds]
 
 
+def _calibration_file(cfg: Any) -> Path | None:
+    """The calibration data file (.npz / .npy / .txt) when there is one and no validate.data."""
+    path = cfg.path(cfg.precision.calib)
+    if cfg.validate.data or path is None or not path.is_file():
+        return None
+    return path if path.suffix.lower() in (".npz", ".npy", ".txt") else None
+
+
+def _calibration_key(cfg: Any) -> str:
+    from edgedeploy.fileio.hashing import sha256_file
+
+    path = _calibration_file(cfg)
+    return sha256_file(path) if path is not None else ""
+
+
+def _calibration_samples(cfg: Any) -> list[dict[str, np.ndarray]]:
+    """Real samples in the goldens when no validate.data is given: the calibration batches held out of
+    calibration (the precision stage's split, never calibrated on), or the one batch when nothing is held out."""
+    if _calibration_file(cfg) is None:
+        return []
+    from edgedeploy.precision.data import load_calibration, split_heldout
+
+    batches = list(load_calibration(cfg).batches)
+    return split_heldout(batches)[1] or batches[:1]
+
+
 def _heldout_key(ctx: BuildContext) -> Any:
-    if ctx.precision == "fp32":
+    p = ctx.cfg.precision
+    if ctx.precision == "fp32" or not (p.calib or p.calib_callable):
         return None
     from edgedeploy.precision.data import calibration_fingerprint
 
@@ -156,8 +131,8 @@ def _heldout_key(ctx: BuildContext) -> Any:
 
 
 def _heldout_calibration(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
-    """For FP16/INT8 builds with real calibration data: the held-out calibration batches (the precision stage's
-    split), so every later check, on the host and in the device bundle's own run, also sees real inputs.
+    """For FP16/INT8 builds calibrated on a folder or callable: the held-out calibration batches (the precision
+    stage's split), so every later check, on the host and in the device bundle's own run, sees real inputs.
 
     Empty for FP32 builds and when no calibration data is configured (the precision stage reports that).
     """

@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import GOLDENS, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.pipeline.parity import (
+from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
+from edgedeploy.validate.latency import measure
+from edgedeploy.validate.parity import (
     NON_FINITE,
     add_to_histogram,
     batch_consistency,
     compare_output,
     empty_histogram,
 )
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.precision import deploy_model_name
-from edgedeploy.stages.reference import GOLDENS, load_goldens
-from edgedeploy.validate.latency import measure
-from edgedeploy.validate.latency import time_calls as latency  # noqa: F401  (kept for precision.analysis)
 from edgedeploy.validate.runners import (
     ENGINE_FILES,
     ONNX_MODELS,
@@ -72,7 +72,7 @@ def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class ParityFromGoldens(Stage):
-    name = "validate"
+    name = names.VALIDATE
     version = "2"
     consumes = (GOLDENS, TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), *ENGINE_FILES)
 
@@ -91,14 +91,15 @@ class ParityFromGoldens(Stage):
             "tensorrt": tensorrt_available(),
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         cfg = ctx.cfg
         goldens = load_goldens(ctx.path(GOLDENS))
         samples = [(point, s, pair) for point, by_sample in goldens.items() for s, pair in sorted(by_sample.items())]
         backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256)
-        opt_feeds = goldens["opt"][0]["in"]
+        point = "opt" if "opt" in goldens else next(iter(goldens))  # validate.samples = 0: time the user's data
+        opt_feeds = goldens[point][0]["in"]
         candidates: list[dict[str, Any]] = []
-        timings: dict[str, Any] = {"status": "measured", "shape": "opt", "backends": {}, "skipped": {}}
+        timings: dict[str, Any] = {"status": "measured", "shape": point, "backends": {}, "skipped": {}}
         for backend in backends:
             cand, lat = self._validate_backend(ctx, backend, samples, opt_feeds)
             candidates.append(cand)
@@ -120,10 +121,11 @@ class ParityFromGoldens(Stage):
             "candidates": candidates,
         }
         metrics = {"parity": parity, "latency": timings}
-        ctx.metrics[self.name] = metrics
         if failed:
-            raise self._error(failed)
-        return metrics
+            error = self._error(failed)
+            error.partial = StageResult(metrics)
+            raise error
+        return StageResult(metrics)
 
     def _validate_backend(
         self, ctx: BuildContext, backend: Backend, samples: list[tuple[str, int, Any]], opt_feeds: dict[str, Any]
@@ -135,6 +137,7 @@ class ParityFromGoldens(Stage):
             "backend": backend.kind,
             "precision": backend.precision,
             "artifact": backend.artifact,
+            "sha256": ctx.sha256(backend.artifact),  # the exact file these checks judged (the gate binds it)
             "deploy": backend.artifact == deploy_model_name(ctx.precision),
             "tolerance": tol.__dict__,
             "checks": [],

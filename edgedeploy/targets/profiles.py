@@ -18,7 +18,7 @@ from typing import Literal
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 from edgedeploy.schema import read_toml
 
-Runtime = Literal["onnxruntime", "tensorrt"]
+Runtime = str  # a registered runtime (edgedeploy.runtimes): onnxruntime, tensorrt, or one a plugin adds
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class TargetProfile:
         sm: GPU compute capability, e.g. "8.7" ("" when it varies or there is no GPU).
         dla_cores: number of DLA cores (0: none).
         max_opset: highest ONNX opset the target's parser / runtime accepts.
+        default_opset: opset exported when the config names none (0: ``max_opset``). Lower than
+            the ceiling where an op new at a higher opset has no importer in this parser while
+            the exporter decomposes it below that opset (see :attr:`export_opset`).
         workspace_mib: default builder workspace limit.
         memory_mib: device memory (shared with the CPU on Jetson).
         device_python: Python version on the device (bundle scripts must run on it).
@@ -53,6 +56,7 @@ class TargetProfile:
     sm: str = ""
     dla_cores: int = 0
     max_opset: int = 17
+    default_opset: int = 0
     workspace_mib: int = 1024
     memory_mib: int = 0
     device_python: str = ""
@@ -67,6 +71,11 @@ class TargetProfile:
         return int(head) if head.isdigit() else 0
 
     @property
+    def export_opset(self) -> int:
+        """The opset exported by default: ``default_opset`` or else the ceiling."""
+        return self.default_opset or self.max_opset
+
+    @property
     def strongly_typed(self) -> bool:
         """TensorRT builds strongly typed networks (the model's types decide precision): TRT >= 10."""
         return self.trt_major >= 10
@@ -74,7 +83,9 @@ class TargetProfile:
     @property
     def builds_here(self) -> bool:
         """True when the artifact is built on this host (no TensorRT needed)."""
-        return self.runtime == "onnxruntime"
+        from edgedeploy import runtimes
+
+        return runtimes.get(self.runtime).builds_here
 
     def supports_precision(self, precision: str) -> bool:
         return precision in self.precisions
@@ -123,10 +134,14 @@ class TargetProfile:
         bad = [p for p in self.precisions if p not in ("fp32", "fp16", "int8")]
         if bad or not self.precisions:
             out.append(f"precisions {list(self.precisions)} must be a non-empty subset of fp32, fp16, int8")
-        if self.runtime not in ("onnxruntime", "tensorrt"):
-            out.append(f"runtime {self.runtime!r} must be onnxruntime or tensorrt")
-        if self.runtime == "tensorrt" and self.trt_major == 0:
+        from edgedeploy import runtimes
+
+        if self.runtime not in runtimes.names():
+            out.append(f"runtime {self.runtime!r} must be one of {', '.join(runtimes.names())}")
+        elif runtimes.get(self.runtime).needs_version and self.trt_major == 0:
             out.append(f"trt_version {self.trt_version!r} must be a TensorRT version like '10.3'")
+        if self.default_opset and not 0 < self.default_opset <= self.max_opset:
+            out.append(f"default_opset {self.default_opset} must be within 1..max_opset ({self.max_opset})")
         if self.dla_cores < 0 or self.workspace_mib <= 0 or self.memory_mib < 0:
             out.append("dla_cores and memory_mib must be >= 0 and workspace_mib > 0")
         if self.memory_mib and self.workspace_mib > self.memory_mib:
@@ -211,6 +226,10 @@ _JETSON_XAVIER = dataclasses.replace(
     sm="7.2",
     dla_cores=2,
     max_opset=17,
+    # TensorRT 8.5 reads opset 17 but has no LayerNormalization importer (added in 8.6: onnx-tensorrt
+    # Changelog "8.6 EA"; absent from builtin_op_importers.cpp on 8.5-GA). torch emits
+    # LayerNormalization at opset 17 and decomposes it at 16, so export 16 by default.
+    default_opset=16,
     memory_mib=8192,  # Xavier NX 8GB; AGX Xavier has 32/64 GB
     device_python="3.8",
     implicit_int8=True,

@@ -1,8 +1,12 @@
 """Training stage: the team's training practices as a library, and ``deploy train``.
 
-Modules by concern: ``amp`` (autocast, GradScaler, safe step, FP32 islands), ``clipping``, ``monitors``
-(gradient flow), ``blocks`` (residual block, init policy), ``losses``, ``lr_finder``, ``utils``
+Domain layer (2): may import plain data and the tools (``fileio``, ``modelio``); never ``stages`` or
+``pipeline``. Modules by concern: ``amp`` (autocast, GradScaler, safe step, FP32 islands), ``clipping``,
+``monitors`` (gradient flow), ``blocks`` (residual block, init policy), ``losses``, ``lr_finder``, ``utils``
 (param diff, peak memory, profiler, anomaly detection), ``distributed`` (DDP via torchrun),
 ``checkpoint`` (safetensors + metadata sidecar read by ``deploy build``), ``loop``, ``config``,
-``data``, ``models``, ``runner``. Lightning support is optional and imported lazily.
+``splits`` / ``data`` / ``sources`` (digits, npz, image folders, WebDataset, text, callables), ``text``
+(tokenizer, bundled corpus), ``options`` (freeze, compile, graph, temperature export), ``tensorboard``,
+``models`` (the zoo ``deploy build`` trusts), ``lightning``, ``runner``. Lightning, transformers,
+webdataset, tensorboard and torchviz are optional and imported lazily.
 """

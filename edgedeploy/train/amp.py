@@ -8,7 +8,6 @@ silent downgrade.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +59,10 @@ class MixedPrecision:
         precision: ``fp32``, ``bf16`` or ``fp16`` (resolve ``auto`` with :func:`resolve_precision`).
         use_scaler: scale the loss; defaults to on for fp16 only (bf16/fp32 do not underflow the same way).
         backoff: factor the scale is multiplied by when a step is skipped.
+        growth_interval: finite steps in a row before the scale doubles (GradScaler's own counter,
+            reset by a skipped step).
         skipped_steps: how many steps were skipped for non-finite gradients.
+        steps: how many steps were attempted (taken = ``steps - skipped_steps``).
     """
 
     device: torch.device
@@ -68,6 +70,7 @@ class MixedPrecision:
     use_scaler: bool | None = None
     init_scale: float = 2.0**16
     backoff: float = 0.5
+    growth_interval: int = 2000
     skipped_steps: int = 0
     steps: int = 0
     scaler: torch.amp.GradScaler = field(init=False)
@@ -80,7 +83,11 @@ class MixedPrecision:
         if self.use_scaler is None:
             self.use_scaler = self.precision == "fp16"
         self.scaler = torch.amp.GradScaler(
-            self.device.type, init_scale=self.init_scale, backoff_factor=self.backoff, enabled=bool(self.use_scaler)
+            self.device.type,
+            init_scale=self.init_scale,
+            backoff_factor=self.backoff,
+            growth_interval=self.growth_interval,
+            enabled=bool(self.use_scaler),
         )
 
     @property
@@ -115,7 +122,10 @@ class MixedPrecision:
         """Unscale, check every gradient is finite, clip, step and update the scale.
 
         On any non-finite gradient the step is skipped: the scale is multiplied by ``backoff``,
-        gradients are zeroed and ``skipped_steps`` grows. Returns whether the optimizer stepped.
+        gradients are zeroed and ``skipped_steps`` grows. With a scaler, the skip goes through
+        ``GradScaler.update()`` itself, so its growth counter restarts exactly as GradScaler's own
+        inf handling would (setting the scale by hand would leave the counter running).
+        Returns whether the optimizer stepped.
         """
         self.steps += 1
         self.unscale(optimizer)
@@ -124,7 +134,9 @@ class MixedPrecision:
         if not grads_are_finite(params):
             self.skipped_steps += 1
             if self.scaler.is_enabled():
-                self.scaler.update(new_scale=self.scale * self.backoff)
+                # unscale_ recorded the inf: step() skips the update and update() backs off + resets growth
+                self.scaler.step(optimizer)
+                self.scaler.update()
             optimizer.zero_grad(set_to_none=True)
             log.warning("non-finite gradient: step %d skipped (scale now %g)", self.steps, self.scale)
             return False
@@ -151,19 +163,29 @@ def grads_are_finite(params: Iterable[nn.Parameter]) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
-def _fp32_forward(forward: Callable[..., Any], device_type: str | None) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
+class _FP32Forward:
+    """A module's own forward run with autocast off and floating inputs cast to FP32.
+
+    An instance attribute ``forward`` holding this object (not a closure over a bound method) keeps
+    ``copy.deepcopy`` and pickling right: it refers to its module, which deepcopy's memo maps to
+    the copy and pickle restores as the same object, so a copy runs its own weights.
+    """
+
+    _edgedeploy_fp32 = True
+
+    def __init__(self, module: nn.Module, device_type: str | None) -> None:
+        self.module = module
+        self.device_type = device_type
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         def up(x: Any) -> Any:
             return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        where = device_type or (tensors[0].device.type if tensors else "cpu")
+        where = self.device_type or (tensors[0].device.type if tensors else "cpu")
         with torch.amp.autocast(device_type=where, enabled=False):
-            return forward(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
-
-    run._edgedeploy_fp32 = True  # type: ignore[attr-defined]
-    return run
+            args = tuple(up(a) for a in args)
+            return type(self.module).forward(self.module, *args, **{k: up(v) for k, v in kwargs.items()})
 
 
 def keep_fp32(
@@ -176,7 +198,8 @@ def keep_fp32(
 
     Selected by type (default: softmax and normalisation layers) or by qualified name. Parameters and
     state-dict keys are untouched, so checkpoints stay loadable by the plain model. ``device_type``
-    defaults to the device of each call's first tensor. Returns the names of the modules changed.
+    defaults to the device of each call's first tensor. The change survives ``copy.deepcopy`` (EMA,
+    model averaging) and pickling: a copy runs its own weights. Returns the names of the modules changed.
 
     Raises:
         ConfigError: a name in ``names`` is not a submodule of ``model``.
@@ -189,7 +212,7 @@ def keep_fp32(
     changed = []
     for name, module in modules.items():
         if (name in wanted or isinstance(module, types)) and not getattr(module.forward, "_edgedeploy_fp32", False):
-            module.forward = _fp32_forward(module.forward, device_type)  # type: ignore[method-assign]
+            module.forward = _FP32Forward(module, device_type)  # type: ignore[method-assign]
             changed.append(name)
     return changed
 

@@ -22,12 +22,12 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from edgedeploy import __version__
+from edgedeploy._version import __version__
 from edgedeploy.config import SIDECAR_FORMAT, checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError
-from edgedeploy.pipeline.hashing import sha256_file
-from edgedeploy.pipeline.store import atomic_write_bytes, atomic_write_json
-from edgedeploy.stages.checkpoint import read_state_dict
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.store import atomic_write_bytes, atomic_write_json
+from edgedeploy.modelio.checkpoint import read_state_dict
 
 FORMAT = SIDECAR_FORMAT
 RESUME_FORMAT = "edgedeploy-train-state/1"
@@ -120,16 +120,19 @@ def save_checkpoint(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     train_state: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write weights, resumable state (when ``optimizer`` is given) and the metadata sidecar, each atomically.
 
-    ``train_state`` is JSON data (epoch, step, scaler state, ...). Call on one rank only.
+    ``train_state`` is JSON data (epoch, step, scaler state, ...). ``weights`` replaces
+    ``model.state_dict()`` (a gathered FSDP state, or folded weights). Call on one rank only.
 
     Raises:
         CheckpointError: the state holds something that is neither a tensor nor JSON data.
     """
     path = Path(path)
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    source = model.state_dict() if weights is None else weights
+    weights = {k: v.detach().cpu().contiguous() for k, v in source.items()}
     atomic_write_bytes(path, st_save(weights))
     weights_sha = sha256_file(path)
     if optimizer is not None:

@@ -23,14 +23,46 @@ class TrainModelSection:
 
 
 @dataclass(frozen=True)
+class AugmentSection:
+    """torchvision.transforms.v2 augmentations for image training data (train split only)."""
+
+    hflip: float = 0.0  # probability of a horizontal flip
+    vflip: float = 0.0
+    rotate: float = 0.0  # max degrees, uniform in [-rotate, rotate]
+    crop_scale: tuple[float, ...] = ()  # [min, max] area fraction of a RandomResizedCrop back to image_size
+    erase: float = 0.0  # probability of RandomErasing
+
+
+@dataclass(frozen=True)
 class DataSection:
-    dataset: Literal["digits", "npz"] = "digits"
-    path: str | None = None  # npz with x, y (and optional x_test, y_test)
+    dataset: Literal["digits", "npz", "folder", "webdataset", "hf_text", "callable"] = "digits"
+    path: str | None = None  # npz file, image folder, shard pattern, or text/CSV/JSON-lines file
+    test_path: str | None = None  # held-out set in the same form (else a stratified split of path)
     test_fraction: float = 0.2
-    batch_size: int = 64
+    batch_size: int = 64  # per rank: under DDP the effective batch is batch_size * world_size
     eval_batch_size: int = 512
     normalize: bool = True
     split_seed: int = 0
+    layout: Literal["auto", "NCHW", "NHWC"] = "auto"  # npz images: NHWC is transposed to NCHW
+    # folder / webdataset images: preprocessing identical to calibration's (precision/data.py)
+    image_size: tuple[int, ...] = ()  # [height, width]
+    channels: int = 3
+    mean: tuple[float, ...] = ()  # per channel, in [0, 1] units; empty: plain [0, 1] pixels
+    std: tuple[float, ...] = ()
+    augment: AugmentSection = field(default_factory=AugmentSection)
+    image_key: str = "png;jpg;jpeg"  # webdataset member extensions holding the image
+    label_key: str = "cls"  # webdataset member holding the integer class
+    shuffle_buffer: int = 256  # webdataset sample shuffle buffer
+    train_samples: int | None = None  # webdataset: samples in the train shards (counted when unset)
+    # hf_text
+    tokenizer: str | None = None  # a tokenizer folder (tokenizer.json ...), loaded offline
+    text_column: str = "text"
+    label_column: str = "label"
+    max_length: int = 64
+    # callable: "module:function" returning (train_dataset, test_dataset[, info dict])
+    callable: str | None = None
+    num_workers: int = 0
+    pin_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +82,10 @@ class LossSection:
     temperature_lr: float = 1e-3
     class_weights: tuple[float, ...] = ()
     label_smoothing: float = 0.0
+    # how a learned temperature reaches the deployed model: "fold" divides the last Linear layer by T
+    # (logits become logits / T), "output" passes temperature= to the factory (it adds a second
+    # output), "none" leaves the raw logits.
+    export_temperature: Literal["fold", "output", "none"] = "fold"
 
 
 @dataclass(frozen=True)
@@ -68,6 +104,15 @@ class MonitorSection:
     anomaly_detection: bool = False
     profile: bool = False  # Chrome trace of a few steps into OUT/profile
     memory: bool = True
+    tensorboard: bool = False  # OUT/tensorboard: losses, lr, grad norms (+ histograms every `every` steps)
+    histograms: bool = True
+
+
+@dataclass(frozen=True)
+class DDPSection:
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +123,13 @@ class RunSection:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     threads: int | None = None
+    compile: bool = False  # torch.compile the training model (eager with a message if it cannot)
+    compile_backend: str = "inductor"
+    accumulate: int = 1  # batches per optimizer step
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun; fsdp = FSDP2 fully_shard
+    freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names kept fixed ("encoder.*")
+    ddp: DDPSection = field(default_factory=DDPSection)
+    graph: bool = False  # OUT/<name>.dot: the autograd graph (torchviz), rendered when graphviz is present
 
 
 @dataclass(frozen=True)
@@ -155,6 +207,15 @@ def _check(cfg: TrainConfig) -> None:
         ("monitor.every", cfg.monitor.every, cfg.monitor.every >= 1, "must be >= 1"),
         ("run.epochs", cfg.run.epochs, cfg.run.epochs >= 1, "must be >= 1"),
         ("run.threads", cfg.run.threads, cfg.run.threads is None or cfg.run.threads >= 1, "must be >= 1"),
+        ("run.accumulate", cfg.run.accumulate, cfg.run.accumulate >= 1, "must be >= 1"),
+        ("data.num_workers", cfg.data.num_workers, cfg.data.num_workers >= 0, "must be >= 0"),
+        ("data.max_length", cfg.data.max_length, cfg.data.max_length >= 2, "must be >= 2"),
+        ("data.shuffle_buffer", cfg.data.shuffle_buffer, cfg.data.shuffle_buffer >= 1, "must be >= 1"),
+        ("data.channels", cfg.data.channels, cfg.data.channels in (1, 3), "must be 1 or 3"),
+        ("data.image_size", list(cfg.data.image_size), len(cfg.data.image_size) in (0, 2)
+         and all(v >= 1 for v in cfg.data.image_size), "must be [height, width]"),
+        ("data.augment.crop_scale", list(cfg.data.augment.crop_scale), len(cfg.data.augment.crop_scale) in (0, 2)
+         and all(0 < v <= 1 for v in cfg.data.augment.crop_scale), "must be [min, max] in (0, 1]"),
         ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, cfg.checkpoint.every_epochs >= 1, "must be >= 1"),
         ("checkpoint.name", cfg.checkpoint.name, _plain_name(cfg.checkpoint.name), "must be a plain file stem"),
         ("deploy.batch", list(cfg.deploy.batch), 1 <= cfg.deploy.batch[0] <= cfg.deploy.batch[1] <= cfg.deploy.batch[2],
@@ -164,8 +225,23 @@ def _check(cfg: TrainConfig) -> None:
     for key, value, ok, why in rules:
         if not ok:
             raise ConfigError(f"{where}: key '{key}' = {value!r} {why}")
-    if cfg.data.dataset == "npz" and not cfg.data.path:
-        raise ConfigError(f"{where}: key 'data.path' is required when data.dataset = 'npz'")
+    d = cfg.data
+    if d.dataset in ("npz", "folder", "webdataset", "hf_text") and not d.path:
+        raise ConfigError(f"{where}: key 'data.path' is required when data.dataset = '{d.dataset}'")
+    if d.dataset in ("folder", "webdataset") and not d.image_size:
+        raise ConfigError(
+            f"{where}: key 'data.image_size' = [height, width] is required for data.dataset = '{d.dataset}'"
+        )
+    if d.dataset == "hf_text" and not d.tokenizer:
+        raise ConfigError(
+            f"{where}: key 'data.tokenizer' (a tokenizer folder) is required for data.dataset = 'hf_text'"
+        )
+    if d.dataset == "callable" and not (d.callable and ":" in d.callable):
+        raise ConfigError(f"{where}: key 'data.callable' = 'module:function' is required for data.dataset = 'callable'")
+    for key in ("mean", "std"):
+        values = getattr(d, key)
+        if values and len(values) not in (1, d.channels):
+            raise ConfigError(f"{where}: key 'data.{key}' has {len(values)} values for {d.channels} channels")
     if cfg.data.dataset == "digits" and cfg.data.path:
         raise ConfigError(f"{where}: key 'data.path' is not used with data.dataset = 'digits'", hint="remove it")
 

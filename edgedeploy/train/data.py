@@ -1,9 +1,12 @@
-"""Datasets for ``deploy train``: scikit-learn's bundled digits (offline) or arrays from an .npz file."""
+"""Datasets for ``deploy train``: digits (scikit-learn, offline) and .npz arrays here; image folders,
+WebDataset shards, text files and user callables in :mod:`edgedeploy.train.sources`.
+
+Every source ends as :class:`Splits`: train and held-out ``Dataset``s plus what the checkpoint sidecar
+needs to know about the model's inputs (names, shapes, dtypes, value ranges, normalisation).
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,19 +15,9 @@ from torch.utils.data import TensorDataset
 
 from edgedeploy.errors import ConfigError, InputError
 from edgedeploy.train.config import TrainConfig
+from edgedeploy.train.splits import Splits, encode_labels, outward_range, stratified_test_indices, to_nchw
 
-
-@dataclass
-class Splits:
-    """Train and held-out sets plus what the checkpoint metadata needs to know about the inputs."""
-
-    train: TensorDataset
-    test: TensorDataset
-    sample_shape: tuple[int, ...]
-    num_classes: int
-    class_names: list[str]
-    normalization: dict[str, Any] = field(default_factory=dict)
-    value_range: tuple[float, float] = (0.0, 1.0)
+__all__ = ["Splits", "encode_labels", "load_splits", "outward_range", "stratified_test_indices", "to_nchw"]
 
 
 def _digits() -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -45,7 +38,14 @@ def _npz(cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, n
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise InputError(
+                f"training data {path} holds Python-object arrays, which are never unpickled",
+                hint="save labels as integers or fixed-width strings (numpy.str_), images as numbers",
+            ) from None
+        raise InputError(f"training data {path} is not a readable .npz ({exc})") from None
+    except OSError as exc:
         raise InputError(f"training data {path} is not a readable .npz ({exc})") from None
     for key in ("x", "y"):
         if key not in arrays:
@@ -55,35 +55,39 @@ def _npz(cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, n
 
 def _split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
     """Stratified split: every class keeps ``fraction`` of its samples for the held-out set."""
-    rng = np.random.default_rng(seed)
-    test_idx: list[int] = []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        test_idx.extend(idx[: max(1, round(len(idx) * fraction))])
+    test_idx = stratified_test_indices(y, fraction, seed)
     mask = np.zeros(len(y), dtype=bool)
     mask[test_idx] = True
     return x[~mask], y[~mask], x[mask], y[mask]
 
 
 def load_splits(cfg: TrainConfig) -> Splits:
-    """Load the configured data, split it, and normalise it per channel with train-set statistics.
+    """Load the configured data, split it, and normalise arrays per channel with train-set statistics.
 
     Raises:
-        InputError: the npz file is missing, unreadable or lacks arrays; arrays have bad shapes.
+        InputError: missing or unreadable data, bad shapes, layouts, dtypes or labels (one line each).
+        ConfigError: a source's settings do not fit together.
     """
+    if cfg.data.dataset not in ("digits", "npz"):
+        from edgedeploy.train import sources
+
+        return sources.load(cfg)
     if cfg.data.dataset == "digits":
         x, y, names = _digits()
         xt = yt = None
     else:
         x, y, xt, yt = _npz(cfg)
-        names = []
+        where = str(cfg.path(cfg.data.path))
+        x = to_nchw(x, cfg.data.layout, where)
+        xt = None if xt is None else to_nchw(xt, cfg.data.layout, where)
+        y, yt, names = encode_labels(y, yt, where)
     if x.ndim < 2 or len(x) != len(y) or y.ndim != 1:
         raise InputError(f"training data: x {x.shape} and y {y.shape} must be (N, ...) and (N,)")
     if xt is None or yt is None:
         x, y, xt, yt = _split(x, y, cfg.data.test_fraction, cfg.data.split_seed)
     x, xt = x.astype(np.float32), xt.astype(np.float32)
     y, yt = y.astype(np.int64), yt.astype(np.int64)
-    num_classes = int(max(y.max(), yt.max())) + 1
+    num_classes = max(int(max(y.max(), yt.max())) + 1, len(names))
     normalization: dict[str, Any] = {}
     if cfg.data.normalize:
         axes = tuple(i for i in range(x.ndim) if i != 1) if x.ndim > 2 else (0,)
@@ -100,5 +104,5 @@ def load_splits(cfg: TrainConfig) -> Splits:
         num_classes=num_classes,
         class_names=list(cfg.deploy.class_names) or names or [str(i) for i in range(num_classes)],
         normalization=normalization,
-        value_range=(math.floor(lo * 1e4) / 1e4, math.ceil(hi * 1e4) / 1e4),  # outward: covers the data
+        value_range=outward_range(lo, hi),
     )

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from edgedeploy.errors import ConfigError
 
@@ -88,44 +88,169 @@ def setup(device: torch.device, seed: int, backend: str = "auto") -> DistInfo:
 
 
 def cleanup() -> None:
-    """Leave the process group (no-op when not distributed)."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process group in order: wait for every rank, then destroy it (no-op when not distributed).
+
+    Without the barrier a fast rank could tear down its gloo/nccl threads while a slow one still
+    talks to it; the slow rank then aborts at exit ("terminate called without an active exception")
+    and torchrun reports failure although the checkpoint was written.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.barrier()
+    finally:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
-    """``DistributedDataParallel`` around ``model`` when distributed, else the model itself."""
+def wrap_model(
+    model: nn.Module,
+    info: DistInfo,
+    device: torch.device,
+    *,
+    strategy: str = "ddp",
+    find_unused_parameters: bool = False,
+    static_graph: bool = False,
+    gradient_as_bucket_view: bool = False,
+) -> nn.Module:
+    """Wrap ``model`` for data-parallel training when distributed, else return it unchanged.
+
+    ``ddp``: ``DistributedDataParallel`` with the given options. ``fsdp``: FSDP2 ``fully_shard``
+    (each rank holds a shard of every parameter, gathered for forward/backward); the model is
+    sharded in place and returned.
+
+    Raises:
+        ConfigError: ``fsdp`` asked for but this torch has no ``fully_shard``.
+    """
     if not info.enabled:
         return model
+    if strategy == "fsdp":
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            raise ConfigError(
+                "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
+                hint="use strategy = 'ddp' or upgrade torch",
+            ) from None
+        with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+        for child in model.children():  # shard per top-level block, then the rest: overlapped gathers
+            if any(p.requires_grad for p in child.parameters()):
+                fully_shard(child)
+        fully_shard(model)
+        return model
     ids = [device.index if device.index is not None else info.local_rank] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=ids,
+        find_unused_parameters=find_unused_parameters,
+        static_graph=static_graph,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+    )
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DDP wrapper (its state-dict keys have no ``module.`` prefix)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    """The plain module inside a DDP or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when FSDP2 ``fully_shard`` was applied to ``model``."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on CPU (a collective under FSDP: every rank must call it)."""
+    model = unwrap(model)
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # cpu_offload would hand the full state to rank 0 only; every rank needs it for its weight digest
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    return {k: v.detach().cpu() for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+
+def local_param_numel(model: nn.Module) -> int:
+    """Parameter elements this rank holds (its shards under FSDP, everything otherwise)."""
+    total = 0
+    for p in unwrap(model).parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel()
+    return total
+
+
+class EpochLoader:
+    """A loader over a streaming dataset cut to ``batches`` per epoch, so every rank runs the same
+    number of steps (DDP needs that; a stream has no length of its own)."""
+
+    def __init__(self, loader: DataLoader, batches: int) -> None:
+        self.loader = loader
+        self.batches = batches
+        self.sampler = None
+        self.generator = None
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Any:
+        import itertools
+
+        return itertools.islice(iter(self.loader), self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
 
 
 def make_loader(
-    dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, info: DistInfo, drop_last: bool = False
-) -> DataLoader:
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    info: DistInfo,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    stream_samples: int | None = None,
+) -> DataLoader | EpochLoader:
     """A loader over this rank's shard (``DistributedSampler``) or, single-process, the whole set.
 
     Shuffling is seeded per epoch: call :func:`set_epoch` before each epoch so order is reproducible
-    and resumable without saving RNG state.
+    and resumable without saving RNG state. An ``IterableDataset`` splits itself by rank and worker;
+    ``stream_samples`` (its total size) sets the batches per epoch, equal on every rank.
     """
+    extra: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory}
+    if num_workers:
+        extra["persistent_workers"] = False
+    if isinstance(dataset, IterableDataset):
+        total = stream_samples or 0
+        batches = max(1, total // (batch_size * info.world_size))
+        return EpochLoader(DataLoader(dataset, batch_size=batch_size, **extra), batches)
     if info.enabled:
         sampler: DistributedSampler = DistributedSampler(
             dataset, num_replicas=info.world_size, rank=info.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **extra)
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=drop_last)
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=drop_last, **extra
+    )
 
 
-def set_epoch(loader: DataLoader, epoch: int, seed: int) -> None:
-    """Reseed the loader's shuffling for ``epoch`` (sharded or not)."""
-    if isinstance(loader.sampler, DistributedSampler):
+def set_epoch(loader: Any, epoch: int, seed: int) -> None:
+    """Reseed the loader's shuffling for ``epoch`` (sharded, streaming or not)."""
+    if isinstance(loader, EpochLoader):
+        loader.set_epoch(epoch)
+    elif isinstance(loader.sampler, DistributedSampler):
         loader.sampler.set_epoch(epoch)
     elif loader.generator is not None:
         loader.generator.manual_seed(seed + 1000003 * epoch)
@@ -140,18 +265,18 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) ->
     return t.tolist()
 
 
-def param_digest(model: nn.Module) -> str:
-    """sha256 over the model's state dict bytes (names, dtypes, shapes, values)."""
+def param_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
+    """sha256 over the model's state dict bytes (names, dtypes, shapes, values); ``state`` if given."""
     h = hashlib.sha256()
-    for name, t in sorted(unwrap(model).state_dict().items()):
+    for name, t in sorted((state if state is not None else unwrap(model).state_dict()).items()):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 
-def gather_digests(model: nn.Module, info: DistInfo) -> list[str]:
+def gather_digests(model: nn.Module, info: DistInfo, state: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Every rank's :func:`param_digest`, in rank order (one entry when not distributed)."""
-    mine = param_digest(model)
+    mine = param_digest(model, state)
     if not info.enabled:
         return [mine]
     out: list[Any] = [None] * info.world_size

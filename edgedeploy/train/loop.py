@@ -7,11 +7,10 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.clipping import GradClipper
@@ -29,15 +28,44 @@ class LoopState:
     """Progress of a run; JSON data, saved with the checkpoint so a run can resume."""
 
     epoch: int = 0  # epochs completed
-    step: int = 0  # batches trained (optimizer steps attempted)
+    step: int = 0  # optimizer steps attempted (one per ``accumulate`` batches)
     history: list[dict[str, float]] = field(default_factory=list)
+    optimizer_steps: int = 0  # steps actually taken (attempted minus skipped): what a schedule counts
 
     def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "history": self.history}
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "history": self.history,
+            "optimizer_steps": self.optimizer_steps,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopState:
-        return cls(int(data.get("epoch", 0)), int(data.get("step", 0)), list(data.get("history", [])))
+        step = int(data.get("step", 0))
+        return cls(
+            int(data.get("epoch", 0)), step, list(data.get("history", [])), int(data.get("optimizer_steps", step))
+        )
+
+
+def call_model(model: nn.Module, x: Any) -> torch.Tensor:
+    """``model(x)``; a tuple/list batch input is passed as positional inputs, a dict as keywords."""
+    if isinstance(x, dict):
+        return model(**x)
+    if isinstance(x, (tuple, list)):
+        return model(*x)
+    return model(x)
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    """Move a tensor, or the tensors of a tuple/list/dict batch, to ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(v, device) for v in x)
+    return x
 
 
 @torch.no_grad()
@@ -51,9 +79,9 @@ def evaluate(
     loss_sum = 0.0
     try:
         for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = to_device(x, device), y.to(device, non_blocking=True)
             with amp.autocast() if amp is not None else contextlib.nullcontext():
-                logits = model(x)
+                logits = call_model(model, x)
             loss_sum += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
             total += int(y.numel())
@@ -64,7 +92,7 @@ def evaluate(
 
 def train_epoch(
     model: nn.Module,
-    loader: DataLoader,
+    loader: Iterable[Any],
     *,
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -75,28 +103,56 @@ def train_epoch(
     scheduler: Any = None,
     callbacks: Sequence[Any] = (),
     profiler: Any = None,
+    accumulate: int = 1,
 ) -> dict[str, float]:
-    """One pass over ``loader``. Returns this rank's summed loss, sample count and skipped steps."""
+    """One pass over ``loader``. Returns this rank's summed loss, sample count and skipped steps.
+
+    With ``accumulate = N`` the gradients of N batches are summed before one optimizer step; each
+    batch's loss is divided by N, so N batches of B give the gradient of one batch of N*B (exactly,
+    for a mean loss and no batch statistics). A shorter last group is rescaled to its own size. Under
+    DDP the gradient all-reduce runs only on the last batch of a group (``no_sync``).
+    """
     model.train()
     loss_sum, samples, skipped = 0.0, 0, 0
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = loss_fn(model(x), y)
-        amp.backward(loss)
+    total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+    group = 0  # batches accumulated so far in this group
+    for i, (x, y) in enumerate(loader):
+        x, y = to_device(x, device), y.to(device, non_blocking=True)
+        if group == 0:
+            optimizer.zero_grad(set_to_none=True)
+        group += 1
+        last = group == accumulate or (total is not None and i == total - 1)
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else cast(Any, model).no_sync()
+        with sync:
+            with amp.autocast():
+                loss = loss_fn(call_model(model, x), y)
+            amp.backward(loss / accumulate if accumulate > 1 else loss)
+        loss_sum += float(loss.detach()) * len(y)
+        samples += len(y)
+        if not last:
+            continue
+        if group < accumulate:  # short final group: the mean over its own batches
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(accumulate / group)
+        group = 0
         for cb in callbacks:
             hook = getattr(cb, "on_after_backward", None)
             if hook is not None:
                 hook(state.step, unwrap(model), grad_scale=amp.scale)  # hooks saw scaled gradients
-        if amp.step(optimizer, clip=clipper):
+        lr = float(optimizer.param_groups[0]["lr"])
+        stepped = amp.step(optimizer, clip=clipper)
+        if stepped:
+            state.optimizer_steps += 1
             if scheduler is not None:
-                scheduler.step()
+                scheduler.step()  # the schedule counts steps taken, so a resume replays exactly these
         else:
             skipped += 1
+        for cb in callbacks:
+            hook = getattr(cb, "on_step_end", None)
+            if hook is not None:
+                hook(state.step, {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)})
         state.step += 1
-        loss_sum += float(loss.detach()) * len(y)
-        samples += len(y)
         if profiler is not None:
             profiler.step()
     return {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
@@ -104,7 +160,7 @@ def train_epoch(
 
 def fit(
     model: nn.Module,
-    train_loader: DataLoader,
+    train_loader: Iterable[Any],
     *,
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -122,6 +178,7 @@ def fit(
     on_epoch_end: Callable[[LoopState, dict[str, float]], None] | None = None,
     log: Callable[[str], None] | None = None,
     profiler: Any = None,
+    accumulate: int = 1,
 ) -> LoopState:
     """Train from ``state.epoch`` up to ``epochs`` (at most ``stop_after`` of them in this call).
 
@@ -152,6 +209,7 @@ def fit(
             scheduler=scheduler,
             callbacks=callbacks,
             profiler=profiler,
+            accumulate=accumulate,
         )
         loss_sum, samples, skipped = all_reduce_sum([part["loss_sum"], part["samples"], part["skipped"]], info, device)
         broadcast_buffers(model, info)
@@ -179,6 +237,10 @@ def fit(
         log(line)
         if not math.isfinite(metrics["train_loss"]):
             log("warning: training loss is not finite")
+        for cb in callbacks:
+            hook = getattr(cb, "on_epoch_end", None)
+            if hook is not None:
+                hook(epoch + 1, metrics)
         if on_epoch_end is not None:
             on_epoch_end(state, metrics)
     return state

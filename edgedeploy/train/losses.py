@@ -64,23 +64,47 @@ class UncertaintyWeightedLoss(nn.Module):
     ``exp(-s_i)`` weights each task by its learned precision; the ``+ s_i`` term stops the weights
     collapsing to zero. For a fixed loss ``L_i`` the optimum is ``s_i = log L_i``.
 
+    The log-variances are clamped to ``log_var_range`` in the forward: a task whose loss reaches ~0
+    would otherwise drive ``s_i`` to -inf and its weight ``exp(-s_i)`` to inf (then NaN, or one task
+    swamping the rest in fp16). Outside the range the gradient to ``s_i`` is zero, so it stays put.
+    Put the log-variances in the optimizer with :meth:`param_groups` (no weight decay: decay would
+    pull every task towards weight 1).
+
     Raises:
-        ValueError: the number of losses passed differs from ``num_tasks``.
+        ValueError: the number of losses passed differs from ``num_tasks``; an empty clamp range.
     """
 
-    def __init__(self, num_tasks: int) -> None:
+    def __init__(self, num_tasks: int, log_var_range: tuple[float, float] = (-6.0, 6.0)) -> None:
         super().__init__()
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        if not log_var_range[0] < log_var_range[1]:
+            raise ValueError(f"log_var_range must be (low, high) with low < high, got {log_var_range}")
         self.log_vars = nn.Parameter(torch.zeros(num_tasks))
+        self.log_var_range = (float(log_var_range[0]), float(log_var_range[1]))
+
+    def clamped(self) -> torch.Tensor:
+        """The log-variances as used: clamped to ``log_var_range``."""
+        return self.log_vars.clamp(*self.log_var_range)
 
     def forward(self, *losses: torch.Tensor) -> torch.Tensor:
         if len(losses) != len(self.log_vars):
             raise ValueError(f"expected {len(self.log_vars)} task losses, got {len(losses)}")
         stacked = torch.stack([loss.float().reshape(()) for loss in losses])
-        return (torch.exp(-self.log_vars) * stacked + self.log_vars).sum()
+        s = self.clamped()
+        return (torch.exp(-s) * stacked + s).sum()
+
+    def param_groups(self, lr: float | None = None) -> list[dict]:
+        """An optimizer group for the log-variances: weight decay 0, and its own ``lr`` when given.
+
+        ``torch.optim.Adam([{"params": model.parameters()}, *loss.param_groups(1e-2)], lr=1e-3)``.
+        """
+        group: dict = {"params": [self.log_vars], "weight_decay": 0.0}
+        if lr is not None:
+            group["lr"] = lr
+        return [group]
 
     @property
     def weights(self) -> torch.Tensor:
-        """Current task weights ``exp(-s_i)``."""
-        return torch.exp(-self.log_vars.detach())
+        """Current task weights ``exp(-s_i)`` (of the clamped log-variances)."""
+        return torch.exp(-self.clamped().detach())

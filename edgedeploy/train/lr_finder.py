@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,12 @@ def lr_range_test(
     are restored afterwards, so the test leaves no trace. The suggestion is the lr at the steepest
     descent of the smoothed loss (against log lr), a common, conservative pick.
 
-    ``batches`` yields ``(inputs, targets)`` and is cycled if shorter than ``num_iter``.
+    ``batches`` yields ``(inputs, targets)`` and is streamed: at most ``num_iter`` batches are
+    drawn, so a DataLoader is not loaded whole and an infinite iterator works. A re-iterable source
+    shorter than ``num_iter`` (a DataLoader, a list) is iterated again; a one-shot iterator ends the test.
+
+    With several param groups the swept lr applies to the group with the largest lr and the others
+    keep their ratio to it (a head at 10x the backbone's lr stays at 10x); ``lrs`` reports that group's lr.
 
     Raises:
         ConfigError: bad range or iteration count; no finite loss was seen.
@@ -77,20 +82,20 @@ def lr_range_test(
     model_state = copy.deepcopy(model.state_dict())
     opt_state = copy.deepcopy(optimizer.state_dict())
     factor = (end_lr / start_lr) ** (1.0 / (num_iter - 1))
+    base = [float(g["lr"]) for g in optimizer.param_groups]
+    top = max(base) if base and max(base) > 0 else 1.0
+    ratios = [b / top if top else 1.0 for b in base]
     lrs: list[float] = []
     losses: list[float] = []
     avg, best = 0.0, math.inf
     was_training = model.training
     model.train()
     try:
-        data = list(batches)
-        if not data:
-            raise ConfigError("lr range test got no batches")
-        for i in range(num_iter):
+        stream = _batches(batches, num_iter)
+        for i, (inputs, targets) in enumerate(stream):
             lr = start_lr * factor**i
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            inputs, targets = data[i % len(data)]
+            for group, ratio in zip(optimizer.param_groups, ratios):
+                group["lr"] = lr * ratio
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(inputs), targets)
             loss.backward()
@@ -105,6 +110,8 @@ def lr_range_test(
             best = min(best, smoothed)
             if smoothed > diverge_factor * best:
                 break
+        if stream.seen == 0:
+            raise ConfigError("lr range test got no batches")
     finally:
         model.load_state_dict(model_state)
         optimizer.load_state_dict(opt_state)
@@ -114,6 +121,31 @@ def lr_range_test(
             f"lr range test diverged after {len(losses)} steps", hint="lower start_lr or check the data and loss"
         )
     return LRRangeResult(lrs, losses, _steepest_descent(lrs, losses))
+
+
+class _batches:
+    """At most ``limit`` items of ``source``, restarting a re-iterable source that runs out early."""
+
+    def __init__(self, source: Iterable[Any], limit: int) -> None:
+        self.source = source
+        self.limit = limit
+        self.seen = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.source)
+        one_shot = it is self.source
+        this_pass = 0
+        while self.seen < self.limit:
+            try:
+                item = next(it)
+            except StopIteration:
+                if one_shot or this_pass == 0:  # exhausted, or a re-iteration that yields nothing
+                    return
+                it, this_pass = iter(self.source), 0
+                continue
+            self.seen += 1
+            this_pass += 1
+            yield item
 
 
 def _steepest_descent(lrs: list[float], losses: list[float]) -> float:

@@ -154,7 +154,7 @@ def lightning_callback(monitor: GradientFlowMonitor) -> Any:
         from lightning.pytorch import Callback
     except ImportError:
         try:
-            from pytorch_lightning import Callback  # the older package name
+            from pytorch_lightning import Callback  # type: ignore[assignment]  # the older package name
         except ImportError:
             raise ImportError("the Lightning callback needs Lightning: pip install 'edgedeploy[lightning]'") from None
 

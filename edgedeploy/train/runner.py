@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import sys
 import time
 import warnings
@@ -22,9 +24,17 @@ from edgedeploy.train.checkpoint import checkpoint_metadata, code_version, load_
 from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
-from edgedeploy.train.loop import LoopState, fit
+from edgedeploy.train.loop import LoopState, call_model, fit, to_device
 from edgedeploy.train.losses import TemperatureCrossEntropy
 from edgedeploy.train.monitors import GradientFlowMonitor
+from edgedeploy.train.options import (
+    accepts_temperature,
+    compile_model,
+    fold_temperature,
+    freeze,
+    scale_linear,
+    write_graph,
+)
 from edgedeploy.train.utils import PeakMemory, anomaly_detection, step_profiler
 
 
@@ -55,7 +65,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
     Raises:
         ConfigError: the factory does not import, raises, or returns something other than a module.
     """
-    from edgedeploy.stages.checkpoint import build_model as build_from_factory
+    from edgedeploy.modelio.checkpoint import build_model as build_from_factory
 
     model = build_from_factory(cfg)  # type: ignore[arg-type]  # duck-typed: model.factory/kwargs/python_path, path()
     return init_weights(model) if cfg.model.init == "policy" else model
@@ -63,6 +73,8 @@ def build_model(cfg: TrainConfig) -> nn.Module:
 
 def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.optim.Optimizer:
     groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    if not groups[0]["params"]:
+        raise ConfigError(f"{cfg.source}: key 'run.freeze' froze every parameter: nothing left to train")
     if isinstance(loss_fn, TemperatureCrossEntropy):
         groups += loss_fn.param_groups(cfg.loss.temperature_lr)
     o = cfg.optim
@@ -96,28 +108,43 @@ def _loss(cfg: TrainConfig, splits: Splits, device: torch.device) -> nn.Module:
     return nn.CrossEntropyLoss(weight=w, label_smoothing=cfg.loss.label_smoothing)
 
 
-def _metadata(cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    from edgedeploy.pipeline.context import factory_source
+def _input_specs(cfg: TrainConfig, splits: Splits) -> list[dict[str, Any]]:
+    if splits.inputs:
+        return splits.inputs
+    return [
+        {
+            "name": cfg.deploy.input_name,
+            "shape": ["batch", *splits.sample_shape],
+            "dtype": "float32",
+            "range": list(splits.value_range),
+        }
+    ]
+
+
+def _metadata(
+    cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any], outputs: list[str]
+) -> dict[str, Any]:
+    from edgedeploy.modelio.usercode import factory_source
 
     bmin, bopt, bmax = cfg.deploy.batch
     src = factory_source(cfg)  # type: ignore[arg-type]  # duck-typed like build_model
+    extra: dict[str, Any] = {
+        # where the factory's module lives, for a deploy config in another folder (model.python_path)
+        "python_path": [str(cfg.path(p)) for p in cfg.model.python_path],
+    }
+    if splits.provenance:
+        extra["data"] = splits.provenance
     return checkpoint_metadata(
         factory=cfg.model.factory,
         factory_kwargs=kwargs,
-        inputs=[
-            {
-                "name": cfg.deploy.input_name,
-                "shape": ["batch", *splits.sample_shape],
-                "dtype": "float32",
-                "range": list(splits.value_range),
-            }
-        ],
+        inputs=_input_specs(cfg, splits),
         dims={"batch": {"min": bmin, "opt": bopt, "max": bmax}},
-        outputs=list(cfg.deploy.outputs),
+        outputs=outputs,
         normalization=splits.normalization,
         class_names=splits.class_names,
         metrics=metrics,
         code=code_version(src),
+        extra=extra,
     )
 
 
@@ -137,11 +164,12 @@ def run_training(
 ) -> TrainResult:
     """Train as configured and write ``OUT/<checkpoint.name>.safetensors`` with its metadata sidecar.
 
-    Works single-process or under ``torchrun`` (DDP; only rank 0 logs and writes). ``stop_after``
-    ends this invocation after that many epochs (time-sliced jobs); ``resume`` continues it exactly.
+    Works single-process or under ``torchrun`` (DDP or FSDP; only rank 0 logs and writes).
+    ``stop_after`` ends this invocation after that many epochs (time-sliced jobs); ``resume``
+    continues it exactly.
 
     Raises:
-        ConfigError: bad factory, kwargs or loss settings.
+        ConfigError: bad factory, kwargs, loss, freeze or strategy settings.
         InputError: unreadable training data.
         CheckpointError: ``resume`` without a usable checkpoint.
         TargetCapabilityError: device or precision not available (never downgraded silently).
@@ -159,6 +187,12 @@ def run_training(
         D.cleanup()
 
 
+def _probe_batch(loader: Any) -> Any:
+    """The inputs of the first batch of an evaluation loader (for graph dumps, compile trials, folding)."""
+    x, _ = next(iter(loader))
+    return x
+
+
 def _run(
     cfg: TrainConfig,
     out: Path,
@@ -169,86 +203,281 @@ def _run(
     log: Callable[[str], None],
 ) -> TrainResult:
     say = log if info.is_main else (lambda _line: None)
+    fsdp = cfg.run.strategy == "fsdp" and info.enabled
+    if fsdp and resume:
+        raise ConfigError(
+            f"{cfg.source}: --resume with run.strategy = 'fsdp' is not supported "
+            "(its checkpoints hold gathered weights, no optimizer state)",
+            hint="resume with strategy = 'ddp', or train in one call",
+        )
     splits = load_splits(cfg)
     kwargs = dict(cfg.model.kwargs)
+    vocab = splits.provenance.get("vocab_size")
+    if vocab and isinstance(kwargs.get("vocab_size"), int) and kwargs["vocab_size"] < vocab:
+        raise ConfigError(
+            f"{cfg.source}: key 'model.kwargs.vocab_size' = {kwargs['vocab_size']} is smaller than the tokenizer's "
+            f"{vocab} tokens",
+            hint=f"set vocab_size = {vocab}",
+        )
     model = build_model(cfg).to(device)
+    frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
     loss_fn = _loss(cfg, splits, device)
+    d = cfg.data
+    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    probe = _probe_batch(eval_loader)
+    _check_model_fits(cfg, model, to_device(probe, device), splits.num_classes)
+    if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
+        graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
+        say(f"graph: {graph}")
+    r = cfg.run
+    wrap = functools.partial(
+        D.wrap_model,
+        info=info,
+        device=device,
+        strategy=r.strategy,
+        find_unused_parameters=r.ddp.find_unused_parameters,
+        static_graph=r.ddp.static_graph,
+        gradient_as_bucket_view=r.ddp.gradient_as_bucket_view,
+    )
+    # FSDP replaces the parameters with sharded ones: the optimizer must see those (no resume here)
+    train_model = wrap(model) if fsdp else model
     optimizer = _optimizer(cfg, model, loss_fn)
     amp = MixedPrecision(device, cfg.run.precision)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
     state = LoopState()
-    train_loader = D.make_loader(splits.train, cfg.data.batch_size, shuffle=True, seed=cfg.run.seed, info=info)
-    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=cfg.data.eval_batch_size)
-    scheduler = _scheduler(cfg, optimizer, len(train_loader))  # before resuming: sized from the config's lrs
+    train_loader = D.make_loader(
+        splits.train,
+        d.batch_size,
+        shuffle=True,
+        seed=cfg.run.seed,
+        info=info,
+        num_workers=d.num_workers,
+        pin_memory=d.pin_memory and device.type == "cuda",
+        stream_samples=splits.train_samples,
+    )
+    steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
+    scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
+    folded: dict[str, Any] = {}
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
         state = LoopState.from_dict(saved.get("loop", {}))
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
             loss_fn.load_state_dict({k: torch.tensor(v) for k, v in saved["loss"].items()})
+        if saved.get("folded_temperature"):  # a finished run's head was divided by T: undo it
+            folded = saved["folded_temperature"]
+            scale_linear(dict(model.named_modules())[folded["layer"]], float(folded["temperature"]))
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}")
-    if scheduler is not None and state.step:
+    if scheduler is not None and state.optimizer_steps:
         with warnings.catch_warnings():  # replaying without optimizer steps is intended here
             warnings.simplefilter("ignore", UserWarning)
-            for _ in range(state.step):  # these schedules are pure functions of the step count
+            for _ in range(state.optimizer_steps):  # pure functions of the steps actually taken
                 scheduler.step()
-    ddp_model = D.wrap_model(model, info, device)
+    if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
+        train_model = wrap(model)
+    held = D.local_param_numel(model)  # under FSDP: this rank's shard only
+    compiled = False
+    if r.compile:
+
+        def trial(m: nn.Module) -> None:
+            m.eval()
+            try:
+                with torch.no_grad(), amp.autocast():
+                    call_model(m, to_device(probe, device))
+            finally:
+                m.train()
+
+        train_model, compiled = compile_model(train_model, r.compile_backend, trial, say)
     clipper = GradClipper(cfg.clip.mode, max_norm=cfg.clip.max_norm, clip_value=cfg.clip.clip_value)
     callbacks: list[Any] = []
     if cfg.monitor.gradients:
         callbacks.append(GradientFlowMonitor(cfg.monitor.vanishing, cfg.monitor.exploding, cfg.monitor.every, say))
         callbacks[-1].attach(model)
+    tb = None
+    if cfg.monitor.tensorboard and info.is_main:
+        from edgedeploy.train.tensorboard import TensorBoardLogger
+
+        tb = TensorBoardLogger(out / "tensorboard", cfg.monitor.every, cfg.monitor.histograms)
+        callbacks.append(tb)
     say(
-        f"deploy train: {cfg.model.factory} on {device} ({amp.precision}), world_size {info.world_size}, "
-        f"{len(splits.train)} train / {len(splits.test)} test samples, epochs {state.epoch + 1}..{cfg.run.epochs}"
+        f"deploy train: {cfg.model.factory} on {device} ({amp.precision}), world_size {info.world_size}"
+        f"{' (' + r.strategy + ')' if info.enabled else ''}, "
+        f"{_count(splits.train, splits.train_samples)} train / {_count(splits.test, None)} test samples, "
+        f"batch {d.batch_size} x {r.accumulate} accumulated x {info.world_size} ranks, "
+        f"epochs {state.epoch + 1}..{r.epochs}"
+        + (f", {len(frozen)} frozen tensors" if frozen else "")
+        + (", compiled" if compiled else "")
     )
+    outputs = list(cfg.deploy.outputs)
+    temperature_out = cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "output"
+    if temperature_out:
+        from edgedeploy.modelio.usercode import import_factory
+
+        if not accepts_temperature(import_factory(cfg)):  # type: ignore[arg-type]
+            raise ConfigError(
+                f"{cfg.source}: key 'loss.export_temperature' = 'output' needs a factory with a temperature= keyword",
+                hint="use export_temperature = 'fold'",
+            )
+        if len(outputs) == 1:
+            outputs.append("probabilities")
 
     def save(state: LoopState, metrics: dict[str, float]) -> None:
         last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
-        if info.is_main and not last and state.epoch % cfg.checkpoint.every_epochs == 0:
-            meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size})
+        due = not last and state.epoch % cfg.checkpoint.every_epochs == 0
+        weights = D.full_state_dict(model) if (due and fsdp) else None  # a collective: every rank
+        if info.is_main and due:
+            meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
             train_state = _train_state(state, amp, loss_fn)
-            save_checkpoint(ckpt, model, meta, optimizer=optimizer, train_state=train_state)
+            save_checkpoint(
+                ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+            )
         D.barrier(info)
 
     t0 = time.perf_counter()
     profiler = step_profiler(out / "profile") if cfg.monitor.profile and info.is_main else None
     memory = PeakMemory(device) if cfg.monitor.memory else contextlib.nullcontext()
-    with memory, anomaly_detection(cfg.monitor.anomaly_detection), profiler or contextlib.nullcontext():
-        state = fit(
-            ddp_model,
-            train_loader,
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            amp=amp,
-            device=device,
-            epochs=cfg.run.epochs,
-            stop_after=stop_after,
-            seed=cfg.run.seed,
-            info=info,
-            eval_loader=eval_loader,
-            state=state,
-            clipper=clipper,
-            scheduler=scheduler,
-            callbacks=callbacks,
-            on_epoch_end=save,
-            log=say,
-            profiler=profiler,
-        )
-    digests = D.gather_digests(model, info)
+    try:
+        with memory, anomaly_detection(cfg.monitor.anomaly_detection), profiler or contextlib.nullcontext():
+            state = fit(
+                train_model,
+                train_loader,
+                optimizer=optimizer,
+                loss_fn=loss_fn,
+                amp=amp,
+                device=device,
+                epochs=r.epochs,
+                stop_after=stop_after,
+                seed=r.seed,
+                info=info,
+                eval_loader=eval_loader,
+                state=state,
+                clipper=clipper,
+                scheduler=scheduler,
+                callbacks=callbacks,
+                on_epoch_end=save,
+                log=say,
+                profiler=profiler,
+                accumulate=r.accumulate,
+            )
+    finally:
+        if tb is not None:
+            tb.close()
+    del train_model  # DDP's reducer goes before the process group does
+    weights = D.full_state_dict(model)
+    digests = D.gather_digests(model, info, weights)
     metrics = dict(state.history[-1]) if state.history else {}
-    metrics.update(world_size=info.world_size, seconds=round(time.perf_counter() - t0, 3))
+    metrics.update(world_size=info.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
     if isinstance(memory, PeakMemory):
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)
         say(memory.summary())
     if info.is_main and state.history:
-        # final metadata: adds run totals and every rank's weight digest (proof the replicas agree)
-        meta = _metadata(cfg, splits, kwargs, metrics)
-        meta["distributed"] = {"world_size": info.world_size, "replica_digests": digests}
         train_state = _train_state(state, amp, loss_fn)
-        save_checkpoint(ckpt, model, meta, optimizer=optimizer, train_state=train_state)
+        save_kwargs = dict(kwargs)
+        T = getattr(loss_fn, "temperature", None)
+        finished = state.epoch == r.epochs
+        if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
+            folded_model = copy.deepcopy(model)
+            layer = fold_temperature(folded_model, T, to_device(probe, device), call_model)
+            weights = D.full_state_dict(folded_model)
+            train_state["folded_temperature"] = {"layer": layer, "temperature": T}
+            say(f"temperature {T:.4f} folded into {layer!r}: the checkpoint's logits are logits / T")
+        elif isinstance(T, float) and temperature_out:
+            save_kwargs["temperature"] = T
+        # final metadata: adds run totals and every rank's weight digest (proof the replicas agree)
+        meta = _metadata(cfg, splits, save_kwargs, metrics, outputs if temperature_out else list(cfg.deploy.outputs))
+        meta["distributed"] = {
+            "world_size": info.world_size,
+            "strategy": r.strategy,
+            "replica_digests": digests,
+            "param_numel": sum(v.numel() for k, v in weights.items() if k in dict(model.named_parameters())),
+            "rank0_param_numel_held": held,
+        }
+        if isinstance(T, float):
+            meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
+        if frozen:
+            meta["frozen"] = frozen
+        save_checkpoint(
+            ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+        )
+        _write_deploy_data(cfg, splits, out)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
     D.barrier(info)
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> None:
+    """One eval-mode forward on two held-out samples: a model that does not fit the data fails here in
+    one line (naming the shapes), not as a traceback in the first training step.
+
+    Raises:
+        ConfigError: the forward fails, or the model has fewer outputs than the data has classes.
+    """
+    few = probe[:2] if isinstance(probe, torch.Tensor) else type(probe)(t[:2] for t in probe)
+    shapes = [tuple(t.shape) for t in (few if isinstance(few, (tuple, list)) else [few])]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = call_model(model, few)
+    except (RuntimeError, IndexError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{cfg.source}: model {cfg.model.factory} with kwargs {dict(cfg.model.kwargs)} does not fit the data "
+            f"(inputs {shapes}): {first}",
+            hint="match model.kwargs (input size, vocab_size, max_length, num_classes) to the data",
+        ) from None
+    finally:
+        model.train(was_training)
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if logits.ndim != 2 or logits.shape[-1] < num_classes:
+        raise ConfigError(
+            f"{cfg.source}: model {cfg.model.factory} returns shape {tuple(logits.shape)} "
+            f"for {num_classes} classes in the data",
+            hint="set num_classes in model.kwargs to the number of classes",
+        )
+
+
+def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
+    """``<name>.calib.npz`` (training inputs, for precision.calib) and ``<name>.validate.npz`` (held-out
+    inputs, never trained or calibrated on, for validate.data), keyed by input name, in the deployed dims."""
+    import numpy as np
+
+    names = [spec["name"] for spec in _input_specs(cfg, splits)]
+    most = cfg.deploy.batch[2]
+    calib = splits.calibration or _inputs_of(splits.train, names, 128, plain=True)
+    held = splits.validation or _inputs_of(splits.test, names, most)
+    if calib:
+        np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **calib)  # type: ignore[arg-type]
+    if held:
+        np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in held.items()})  # type: ignore[arg-type]
+
+
+def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:
+    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``)."""
+    import numpy as np
+
+    if plain and getattr(dataset, "transform", None) is not None:
+        dataset = copy.copy(dataset)
+        dataset.transform = None
+    loader = torch.utils.data.DataLoader(dataset, batch_size=min(limit, 64))
+    parts: list[list[np.ndarray]] = [[] for _ in names]
+    seen = 0
+    for x, _ in loader:
+        xs = list(x) if isinstance(x, (tuple, list)) else [x]
+        if len(xs) != len(names) or not all(isinstance(t, torch.Tensor) for t in xs):
+            return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
+        for part, t in zip(parts, xs):
+            part.append(t.numpy())
+        seen += len(xs[0])
+        if seen >= limit:
+            break
+    return {n: np.concatenate(p)[:limit] for n, p in zip(names, parts)} if seen else {}
+
+
+def _count(dataset: Any, fallback: int | None) -> str:
+    try:
+        return str(len(dataset))
+    except TypeError:
+        return str(fallback) if fallback else "streamed"

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from edgedeploy.stages.checkpoint import read_state_dict
+from edgedeploy.modelio.checkpoint import read_state_dict
 
 # ---- parameter diff ---------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ device's Python (3.6 on JetPack 4.6 and up), so it imports nothing from edgedepl
 # ruff: noqa: UP006, UP035, UP045
 
 import ctypes
-import ctypes.util
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -27,6 +26,7 @@ Shape = Tuple[int, ...]
 # input name -> (min, opt, max) shapes; one dict per optimization profile
 Profile = Dict[str, Tuple[Shape, Shape, Shape]]
 
+_DRIVER_NAMES = ("libcuda.so.1", "libcuda.so")
 _OOM_MARKERS = ("out of memory", "outofmemory", "insufficient memory", "cudaerrormemoryallocation", "requested amount")
 
 
@@ -80,46 +80,71 @@ def version_tuple(version: str) -> Tuple[int, ...]:
     return tuple(out)
 
 
-def cuda_device(index: int = 0) -> Optional[Dict[str, str]]:
-    """Name and compute capability (``{"name": "Orin", "sm": "8.7"}``) of a CUDA device, via libcudart.
-
-    Returns None when no CUDA runtime library or no device is found. Uses ctypes only, so it
-    works on Jetson (no nvidia-smi there) and on desktops alike.
-    """
-    lib = None
-    names = [ctypes.util.find_library("cudart")] + [
-        "libcudart.so",
-        "libcudart.so.13",
-        "libcudart.so.12",
-        "libcudart.so.11.0",
-        "libcudart.so.10.2",
-    ]
-    for name in names:
-        if not name:
-            continue
+def _load_driver() -> Any:
+    """``libcuda.so.1`` through ctypes, or None where no NVIDIA driver is installed."""
+    for name in _DRIVER_NAMES:
         try:
-            lib = ctypes.CDLL(name)
-            break
+            return ctypes.CDLL(name)
         except OSError:
             continue
+    return None
+
+
+def cuda_device(index: int = 0, lib: Any = None) -> Optional[Dict[str, str]]:
+    """Name and compute capability (``{"name": "Orin", "sm": "8.7"}``) of a CUDA device, via the driver API.
+
+    Uses ``libcuda.so.1`` (the driver library, in the loader path wherever an NVIDIA driver is
+    installed, JetPack included) rather than ``libcudart``, which pip wheels keep under
+    site-packages where ``ctypes`` does not look. ``lib`` replaces the loaded library (tests).
+    Returns None when no driver library or no device is found.
+    """
+    lib = lib if lib is not None else _load_driver()
     if lib is None:
         return None
+    device = ctypes.c_int(0)
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76
-    if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, index) != 0:
+    name = ctypes.create_string_buffer(256)
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, ..._MINOR = 76 (cuda.h)
+    if (
+        lib.cuInit(0) != 0
+        or lib.cuDeviceGet(ctypes.byref(device), int(index)) != 0
+        or lib.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0
+        or lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0
+    ):
         return None
-    if lib.cudaDeviceGetAttribute(ctypes.byref(minor), 76, index) != 0:
-        return None
-    props = ctypes.create_string_buffer(4096)  # cudaDeviceProp starts with char name[256]; 4 KiB covers the struct
-    name = ""
-    if lib.cudaGetDeviceProperties(props, index) == 0:
-        name = props.raw[:256].split(b"\0", 1)[0].decode("utf-8", "replace")
-    return {"name": name, "sm": f"{major.value}.{minor.value}"}
+    text = name.value.decode("utf-8", "replace") if lib.cuDeviceGetName(name, 256, device) == 0 else ""
+    return {"name": text, "sm": f"{major.value}.{minor.value}"}
 
 
-def _looks_like_oom(messages: Sequence[str]) -> bool:
-    text = " ".join(messages).lower().replace(" ", "")
+def _looks_like_oom(errors: Sequence[str]) -> bool:
+    """Whether TensorRT's ERROR-level messages say the build ran out of memory.
+
+    Only errors count: TensorRT logs routine warnings such as "Skipping tactic ... due to
+    insufficient memory" during every large build, which are not why a build failed.
+    """
+    text = " ".join(errors).lower().replace(" ", "")
     return any(marker.replace(" ", "") in text for marker in _OOM_MARKERS)
+
+
+def trt_version_code(version: str) -> int:
+    """TensorRT's NV_TENSORRT_VERSION for ``version``: 8.5.2 -> 8502, 10.3.0 -> 100300 (10.x widened it)."""
+    parts = list(version_tuple(version)[:3]) + [0, 0, 0]
+    major, minor, patch = parts[0], parts[1], parts[2]
+    return major * (10000 if major >= 10 else 1000) + minor * 100 + patch
+
+
+def retarget_calib_cache(data: bytes, version: str) -> bytes:
+    """``data`` with its ``TRT-<code>-<algorithm>`` header rewritten to the running TensorRT's code.
+
+    The host writes the cache for the profile's version (``8.5`` -> ``TRT-8500-...``) while the
+    device runs e.g. 8.5.2 (``8502``); TensorRT ignores a cache whose header code differs and
+    calibrates again with no data here. The scales do not depend on the patch release.
+    """
+    head, sep, rest = data.partition(b"\n")
+    parts = head.decode("ascii", "replace").strip().split("-", 2)
+    if len(parts) != 3 or parts[0] != "TRT" or not parts[1].isdigit():
+        return data
+    return f"TRT-{trt_version_code(version)}-{parts[2]}".encode("ascii") + sep + rest
 
 
 def _set_workspace(config: "trt.IBuilderConfig", workspace_mib: int) -> None:
@@ -196,6 +221,7 @@ def build_serialized_engine(
     dla_core: Optional[int] = None,
     gpu_fallback: bool = True,
     log: Optional[Callable[[str], None]] = None,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> bytes:
     """Parse ``onnx_path`` and build a serialized TensorRT engine.
 
@@ -204,9 +230,12 @@ def build_serialized_engine(
         precision: ``fp32``, ``fp16`` or ``int8``. With ``strongly_typed`` the model's own types
             decide and no precision flag is set (the only mode in TensorRT 11).
         calib_cache: calibration cache for implicit INT8 (TensorRT <= 10).
-        fp32_layers: layer (ONNX node) names pinned to FP32 in weakly typed builds.
+        fp32_layers: layer (ONNX node) names pinned to FP32 in weakly typed builds; names with
+            no TensorRT layer are skipped with a warning (as trtexec does).
         timing_cache: file read before and written after the build (created when absent).
         dla_core: run on this DLA core, with GPU fallback when ``gpu_fallback``.
+        log: receives every TensorRT warning and error (verbose output).
+        warn: receives edgedeploy's own warnings (skipped pins); defaults to ``log``.
 
     Raises:
         TensorRTUnavailable: no TensorRT here.
@@ -218,6 +247,7 @@ def build_serialized_engine(
 
     major = version_tuple(trt.__version__)[0]
     messages: List[str] = []
+    errors: List[str] = []
     say = log or (lambda line: None)
 
     class Recorder(trt.ILogger):
@@ -228,6 +258,8 @@ def build_serialized_engine(
             if int(severity) <= int(trt.ILogger.Severity.WARNING):  # INTERNAL_ERROR=0 ... WARNING=2
                 messages.append(str(msg))
                 say(f"  tensorrt: {msg}")
+            if int(severity) <= int(trt.ILogger.Severity.ERROR):
+                errors.append(str(msg))
 
     logger = Recorder()
     builder = trt.Builder(logger)
@@ -242,16 +274,23 @@ def build_serialized_engine(
     _set_workspace(config, workspace_mib)
     if optimization_level is not None and hasattr(config, "builder_optimization_level"):  # 8.6+
         config.builder_optimization_level = int(optimization_level)
+    if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
+        # TF32 is on by default (TensorRT >= 7.1): FP32 layers on Ampere / Orin would run TF32
+        # math (10-bit mantissa) and miss FP32 tolerances. trtexec's FP32 line says --noTF32.
+        config.clear_flag(trt.BuilderFlag.TF32)
     if not strongly_typed:
         if precision == "fp16":
             config.set_flag(_builder_flag("FP16"))
         if precision == "int8":
             config.set_flag(_builder_flag("INT8"))
+            # INT8 alone leaves every layer without an INT8 kernel (and DLA's unquantized layers)
+            # in FP32; TensorRT's guide enables FP16 alongside INT8 ("mixed precision").
+            config.set_flag(_builder_flag("FP16"))
             if calib_cache:
                 with open(calib_cache, "rb") as fh:
-                    config.int8_calibrator = _cache_calibrator(fh.read())
-        if fp32_layers:
-            _pin_fp32(network, fp32_layers)
+                    cache_bytes = retarget_calib_cache(fh.read(), str(trt.__version__))
+                config.int8_calibrator = _cache_calibrator(cache_bytes)
+        if fp32_layers and _pin_fp32(network, fp32_layers, warn or say):
             config.set_flag(_builder_flag("OBEY_PRECISION_CONSTRAINTS"))
     for shapes in profiles:
         profile = builder.create_optimization_profile()
@@ -277,7 +316,7 @@ def build_serialized_engine(
         raise BuildOutOfMemoryError(f"host out of memory during the engine build ({exc})") from None
     if serialized is None:
         detail = "; ".join(messages[-5:]) or "no message from TensorRT"
-        if _looks_like_oom(messages):
+        if _looks_like_oom(errors):
             raise BuildOutOfMemoryError(f"engine build ran out of memory: {detail}")
         raise EngineBuildError(f"engine build failed: {detail}")
     if timing_cache and cache is not None:
@@ -285,9 +324,17 @@ def build_serialized_engine(
     return bytes(serialized)
 
 
-def _pin_fp32(network: "trt.INetworkDefinition", names: Sequence[str]) -> None:
+def _pin_fp32(network: "trt.INetworkDefinition", names: Sequence[str], say: Callable[[str], None]) -> int:
+    """Pin the named layers to FP32; returns how many were found.
+
+    Only float outputs get an output type: ``set_output_type(float32)`` on an INT32 / BOOL output
+    (shape arithmetic, comparisons) makes the build fail. A name with no TensorRT layer (a
+    Constant folded into weights, a node the parser renamed or fused) is skipped with a warning,
+    as trtexec's ``--layerPrecisions`` does, instead of aborting the build.
+    """
     import tensorrt as trt
 
+    floats = (trt.float32, trt.float16)
     wanted = set(names)
     found = set()
     for i in range(network.num_layers):
@@ -296,12 +343,15 @@ def _pin_fp32(network: "trt.INetworkDefinition", names: Sequence[str]) -> None:
             found.add(layer.name)
             layer.precision = trt.float32
             for j in range(layer.num_outputs):
-                layer.set_output_type(j, trt.float32)
+                if layer.get_output(j).dtype in floats:
+                    layer.set_output_type(j, trt.float32)
     missing = sorted(wanted - found)
     if missing:
-        raise EngineBuildError(
-            "FP32 pins name layers the TensorRT network does not have: {}".format(", ".join(missing[:10]))
+        say(
+            "warning: {} FP32 pin(s) name no TensorRT layer and are skipped (folded or renamed by the parser): "
+            "{}".format(len(missing), ", ".join(missing[:10]))
         )
+    return len(found)
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -323,8 +373,10 @@ class EngineSession:
         import_tensorrt()
         try:
             from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-        except ImportError as exc:
-            raise TensorRTUnavailable(f"polygraphy does not import ({exc}); pip install polygraphy") from None
+        except Exception as exc:  # ImportError, or SyntaxError from a polygraphy newer than this Python
+            raise TensorRTUnavailable(
+                f"polygraphy does not import ({type(exc).__name__}: {exc}); pip install polygraphy"
+            ) from None
         try:
             self._runner = TrtRunner(EngineFromBytes(engine_bytes))
             self._runner.activate()

@@ -116,7 +116,7 @@ class BuildPlan:
 
 def write_plan(plan: BuildPlan, folder: Path) -> Path:
     """Write ``plan.json`` into ``folder``; returns its path."""
-    from edgedeploy.pipeline.store import atomic_write_json
+    from edgedeploy.fileio.store import atomic_write_json
 
     path = folder / PLAN
     atomic_write_json(path, plan.to_dict())

@@ -12,7 +12,7 @@ from typing import Any
 
 from edgedeploy.device import complete_bundle as device
 from edgedeploy.errors import ArtifactIntegrityError, EngineCompatibilityError, InputError
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.fileio.hashing import sha256_file
 
 ENGINE_RECORD = device.ENGINE_RECORD
 engine_record = device.engine_record
@@ -70,7 +70,7 @@ def check_compatibility(record: dict[str, Any], trt_version: str | None, gpu: di
     problems = device.compat_problems(record, trt_version, gpu)
     if problems:
         raise EngineCompatibilityError(
-            "; ".join(problems), hint="rebuild the engine where it runs: python3 complete_bundle.py <bundle>"
+            "; ".join(problems), hint="rebuild the engine where it runs: python3 -I complete_bundle.py <bundle>"
         )
 
 

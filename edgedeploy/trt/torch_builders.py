@@ -35,6 +35,16 @@ def torch_tensorrt_settings(plan: BuildPlan) -> dict[str, Any]:
             "Torch-TensorRT cannot build from a TensorRT calibration cache",
             hint="use the ONNX route (complete_bundle.py) or a Q/DQ model",
         )
+    if plan.precision == "int8":
+        # The plan's INT8 lives in the Q/DQ ONNX model; Torch-TensorRT compiles the PyTorch model,
+        # which has no quantization, so enabled_precisions={float32} would build an FP32 engine
+        # labelled int8. Never downgrade silently.
+        raise TargetCapabilityError(
+            f"Torch-TensorRT cannot build the plan's INT8 ({plan.strategy}): it compiles the unquantized "
+            "PyTorch model, which would give an FP32 engine",
+            hint="build INT8 with the ONNX route (complete_bundle.py), or quantize the PyTorch model "
+            "(NVIDIA ModelOpt) before compiling",
+        )
     precisions = ["float32"] + (["float16"] if plan.precision == "fp16" else [])
     return {
         "inputs": [{"min_shape": i.min, "opt_shape": i.opt, "max_shape": i.max, "name": i.name} for i in plan.inputs],

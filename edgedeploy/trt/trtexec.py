@@ -41,15 +41,23 @@ def trtexec_args(plan: BuildPlan, *, trtexec: str = "trtexec") -> tuple[list[str
         argv += [f"--minShapes={_shapes(plan, 'min')}", f"--optShapes={_shapes(plan, 'opt')}"]
         argv += [f"--maxShapes={_shapes(plan, 'max')}"]
     argv.append(f"--memPoolSize=workspace:{plan.workspace_mib}" if v >= (8, 4) else f"--workspace={plan.workspace_mib}")
+    if plan.precision == "fp32":
+        # TF32 is on by default from TensorRT 7.1 (trtexec: --noTF32 to disable); FP32 engines must
+        # not run TF32 math on Ampere / Orin. The Python build clears BuilderFlag.TF32 likewise.
+        argv.append("--noTF32")
     if major < 11:
         if plan.strongly_typed:
             argv.append("--stronglyTyped")
         elif plan.strategy == "fp16-flag":
             argv.append("--fp16")
         elif plan.precision == "int8":
-            argv.append("--int8")
+            argv += ["--int8", "--fp16"]  # as the Python build: unquantized layers in FP16, not FP32
             if plan.calib_cache:
                 argv.append(f"--calib={plan.calib_cache}")
+                notes.append(
+                    f"{plan.calib_cache}'s header names TensorRT {plan.trt_version}; TensorRT ignores a cache "
+                    "from another patch release (complete_bundle.py rewrites the header, trtexec does not)"
+                )
     if plan.fp32_layers:
         if v >= (8, 4):
             argv.append("--layerPrecisions=" + ",".join(f"{name}:fp32" for name in plan.fp32_layers))

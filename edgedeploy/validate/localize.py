@@ -74,7 +74,7 @@ def record_calls(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> list[Cal
     """Run ``model`` on ``feeds`` with hooks on every module; one record per module call, in call order."""
     import torch
 
-    from edgedeploy.stages.reference import _flatten
+    from edgedeploy.modelio.torchutil import flatten as _flatten
 
     records: list[CallRecord] = []
     stack: list[int] = []

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy.artifacts import PRECISION_MODELS
 from edgedeploy.errors import ArtifactIntegrityError
-from edgedeploy.pipeline.hashing import sha256_bytes
+from edgedeploy.fileio.hashing import sha256_bytes
 
 TORCHSCRIPT = "model.ts"
-ONNX_MODELS = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
+ONNX_MODELS = PRECISION_MODELS
 ENGINE_FILES = ("model.engine", "model.plan")
 
 
@@ -159,7 +160,7 @@ def _torchscript_runner_class() -> type:
         def infer_impl(self, feed_dict: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
             import torch
 
-            from edgedeploy.stages.reference import _flatten
+            from edgedeploy.modelio.torchutil import flatten as _flatten
 
             args = [torch.from_numpy(np.ascontiguousarray(feed_dict[s.name])) for s in self._cfg.inputs]
             start = time.perf_counter()

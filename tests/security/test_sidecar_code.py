@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.config import config_from_dict, import_factory, load_config
+from edgedeploy.config import config_from_dict, load_config
 from edgedeploy.errors import CheckpointError, ConfigError
+from edgedeploy.modelio.usercode import import_factory
 
 HOSTILE = [
     ("os:system", {"command": "touch PWNED"}),
@@ -106,7 +107,7 @@ def test_sidecar_with_wrong_format_or_shape_is_refused(tmp_path):
 
 
 def test_weights_that_do_not_match_the_sidecar_hash_are_refused(tmp_path):
-    from edgedeploy.stages.checkpoint import verify_sidecar_hash
+    from edgedeploy.modelio.checkpoint import verify_sidecar_hash
 
     _sidecar(tmp_path, "edgedeploy.train.models:digits_cnn", {}, weights_sha256="0" * 64)
     with pytest.raises(CheckpointError, match="does not match the weights_sha256"):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
     ArtifactIntegrityError,
     DeployError,
@@ -25,11 +26,11 @@ from edgedeploy.errors import (
     PerformanceRegressionError,
     StageError,
 )
-from edgedeploy.pipeline.manifest import MANIFEST, verify_artifacts
-from edgedeploy.pipeline.parity import NON_FINITE
-from edgedeploy.pipeline.report import REPORT
+from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.policy import GatePolicy
 from edgedeploy.schema import dataclass_from_dict, read_toml
-from edgedeploy.validate.policy import GatePolicy
+from edgedeploy.stagenames import GATE, VALIDATE
+from edgedeploy.validate.parity import NON_FINITE
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
@@ -89,7 +90,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError("gate", message, hint="fix the build failure first; see its report")
+            return StageError(GATE, message, hint="fix the build failure first; see its report")
         err = _ERRORS[code](message, hint="see the failing checks listed above")
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -111,6 +112,9 @@ def load_policy(path: str | Path) -> GatePolicy:
     raw = read_toml(path, what="gate policy", hint="pass --policy PATH to a gate.toml")
     table = raw["gate"] if set(raw) == {"gate"} and isinstance(raw["gate"], dict) else raw
     policy: GatePolicy = dataclass_from_dict(GatePolicy, table, str(path))
+    from edgedeploy.config_ranges import policy_problems, raise_if_problems
+
+    raise_if_problems(policy_problems(policy), str(path))
     return _resolve_baseline(policy, path.resolve().parent)
 
 
@@ -157,6 +161,7 @@ def evaluate(
     checks: list[GateCheck] = []
     if folder is not None:
         checks.append(_integrity(folder))
+        checks.append(_binding(folder, report))
     if report.get("status") != "passed":
         err = report.get("error") or {}
         code = PARITY if err.get("exit_code") == ParityError.exit_code else BUILD
@@ -173,6 +178,37 @@ def _integrity(folder: Path) -> GateCheck:
     except ArtifactIntegrityError as exc:
         return GateCheck("integrity", "integrity", False, exc.message, INTEGRITY)
     return GateCheck("integrity", "integrity", True, f"{len(names)} artifacts match {MANIFEST}")
+
+
+def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
+    """The report, the manifest and the model they name belong together (see fileio.signing)."""
+    from edgedeploy.fileio.integrity import read_manifest
+    from edgedeploy.fileio.outdir import confined
+    from edgedeploy.fileio.signing import binding_problems
+
+    problems = binding_problems(report, read_manifest(folder) or {})
+    model = report.get("model") or {}
+    if not problems and str(model.get("artifact", "")).endswith("bundle.json"):
+        # a device bundle: its bundle.json (bound above) must in turn match every file in the bundle
+        from edgedeploy.device import complete_bundle as device
+
+        try:
+            device.verify_bundle(str(confined(folder, model["artifact"]).parent))
+        except (device.BundleError, ArtifactIntegrityError) as exc:
+            problems.append(exc.message)
+    if problems:
+        return GateCheck("binding", "integrity", False, "; ".join(problems), INTEGRITY)
+    return GateCheck("binding", "integrity", True, f"report, manifest and {model.get('artifact')} agree")
+
+
+def _signature(folder: Path, public_key: str | Path) -> GateCheck:
+    from edgedeploy.fileio.signing import verify_release
+
+    try:
+        verify_release(folder, public_key)
+    except ArtifactIntegrityError as exc:
+        return GateCheck("signature", "integrity", False, exc.message, INTEGRITY)
+    return GateCheck("signature", "integrity", True, f"every file of {folder} is as signed by {Path(public_key).name}")
 
 
 def _judged(report: dict[str, Any], policy: GatePolicy) -> list[dict[str, Any]]:
@@ -285,21 +321,59 @@ def _latency(report: dict[str, Any], policy: GatePolicy, baseline: dict[str, Any
 
 
 def run_gate(
-    report_path: str | Path, *, policy_path: str | Path | None = None, baseline_path: str | Path | None = None
+    report_path: str | Path,
+    *,
+    policy_path: str | Path | None = None,
+    baseline_path: str | Path | None = None,
+    verify_key: str | Path | None = None,
 ) -> GateResult:
     """``deploy gate``: load the report, policy and baseline, verify artifacts, evaluate.
 
+    With ``verify_key`` the output folder's ``release.sig`` must verify against that public key,
+    over every file in the folder (checked before anything in it is believed).
+
     Raises:
-        InputError: the report or the baseline is missing or unreadable.
+        InputError: the report, the baseline or the key is missing or unreadable.
         ConfigError: the policy file is invalid.
     """
+    signature = None
+    if verify_key is not None:
+        path = Path(report_path)
+        signature = _signature(path if path.is_dir() else path.parent, verify_key)
     report, folder = load_report(report_path)
     policy = load_policy(policy_path) if policy_path else GatePolicy()
     base = baseline_path or policy.baseline
-    baseline = load_report(base)[0] if base else None
+    baseline = load_baseline(base, policy) if base else None
     # a failed build publishes no manifest: judge the failure itself, not the missing files
     checked = folder if report.get("status") == "passed" else None
-    return evaluate(report, policy, folder=checked, baseline=baseline)
+    result = evaluate(report, policy, folder=checked, baseline=baseline)
+    return GateResult([signature, *result.checks]) if signature else result
+
+
+def load_baseline(path: str | Path, policy: GatePolicy) -> dict[str, Any]:
+    """The baseline report, refused when a latency it holds is no measurement (0, negative, NaN, inf).
+
+    A zero or NaN baseline would make every regression look like +0%, silently disabling the check.
+
+    Raises:
+        InputError: unreadable, or a backend's latency is not a positive finite number (named).
+    """
+    import math
+
+    baseline = load_report(path)[0]
+    key = f"{policy.latency_metric}_ms"
+    bad = []
+    for name, row in ((baseline.get("latency") or {}).get("backends") or {}).items():
+        value = row.get(key) if isinstance(row, dict) else None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        if not ok:
+            bad.append(f"{name} {key} = {value!r}")
+    if bad:
+        raise InputError(
+            f"baseline {path}: " + "; ".join(bad) + " is not a latency measurement",
+            hint="pass the report.json of a build whose latency was measured, or drop --baseline",
+        )
+    return baseline
 
 
 def policy_for_build(cfg: Any) -> GatePolicy | None:
@@ -316,31 +390,14 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-def gate_build(ctx: Any) -> None:
-    """The gate at the end of ``deploy build`` (before publishing), when the build has a policy.
-
-    Integrity is not checked here: the runner writes the manifest right after. The verdict goes into
-    ``ctx.metrics["gate"]`` (and so into report.json) whether it passes or not.
-
-    Raises:
-        ParityError, PerformanceRegressionError, StageError: a policy rule failed (all listed in the log).
-        InputError: the policy's baseline report is missing or unreadable.
-    """
-    policy = policy_for_build(ctx.cfg)
-    if policy is None:
-        return
-    validate = ctx.metrics.get("validate") or {}
-    report = {
+def judged_view(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a passing build's report the gate judges, from the stages' metrics so far
+    (the same ``parity`` / ``latency`` entries report.json gets)."""
+    validate = metrics.get(VALIDATE) or {}
+    not_run = {"status": "skipped", "reason": "validate stage did not run"}
+    return {
         "schema": "edgedeploy-report/1",
         "status": "passed",
-        "parity": validate.get("parity", {"status": "skipped", "reason": "validate stage did not run"}),
-        "latency": validate.get("latency", {"status": "skipped", "reason": "validate stage did not run"}),
+        "parity": validate.get("parity", not_run),
+        "latency": validate.get("latency", not_run),
     }
-    baseline = load_report(policy.baseline)[0] if policy.baseline else None
-    result = evaluate(report, policy, baseline=baseline)
-    ctx.metrics["gate"] = result.to_dict()
-    if ctx.log:
-        for check in result.failures:
-            ctx.log(f"  gate {check.line()}")
-    if not result.passed:
-        raise result.error()

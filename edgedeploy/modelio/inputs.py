@@ -14,14 +14,10 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "
 
 
 def random_input(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """One array for ``spec`` at ``shape``, uniform in the spec's value range."""
-    lo, hi = spec.range
-    dtype = _NP_DTYPES[spec.dtype]
-    if spec.dtype == "bool":
-        return rng.random(shape) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(int(lo), int(hi) + 1, size=shape, dtype=dtype)
-    return rng.uniform(lo, hi, size=shape).astype(dtype)
+    """One array for ``spec`` at ``shape``, drawn by its kind (``modelio.generators``; ranges inclusive)."""
+    from edgedeploy.modelio.generators import generate
+
+    return generate(spec, shape, rng)
 
 
 def feeds_at(cfg: DeployConfig, point: str, rng: np.random.Generator) -> dict[str, np.ndarray]:

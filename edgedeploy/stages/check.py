@@ -10,35 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import ONNX_MODEL, PREFLIGHT
 from edgedeploy.errors import UnsupportedOpsError
-from edgedeploy.onnxtools.opsupport import Finding, check_model, findings_table, module_files
-from edgedeploy.pipeline.context import BuildContext
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.export import ONNX_MODEL
-
-PREFLIGHT = "preflight.json"
-
-
-def raise_on_errors(findings: list[Finding], target_name: str) -> None:
-    """Raise once for all error findings.
-
-    Raises:
-        UnsupportedOpsError: at least one finding has severity ``error`` (all findings attached).
-    """
-    errors = [f for f in findings if f.severity == "error"]
-    if not errors:
-        return
-    listed = "; ".join(f"{f.node or '<model>'} ({f.op or '-'}): {f.message}" for f in errors[:5])
-    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
-    raise UnsupportedOpsError(
-        f"{len(errors)} operator problem(s) for target '{target_name}': {listed}{more}",
-        findings=[f.to_dict() for f in findings],
-        hint=errors[0].fix,
-    )
+from edgedeploy.onnxtools.opsupport import check_model, findings_table, module_files, raise_on_errors
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.stages.context import BuildContext
 
 
 class PreflightFromOnnx(Stage):
-    name = "check"
+    name = names.CHECK
     version = "2"
     consumes = (ONNX_MODEL,)
     produces = (PREFLIGHT,)
@@ -46,7 +27,7 @@ class PreflightFromOnnx(Stage):
     def config_key(self, ctx: BuildContext) -> Any:
         return {"target": ctx.target.capabilities(), "dla": ctx.cfg.build.dla_core, "precision": ctx.precision}
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         path = ctx.path(ONNX_MODEL)
         findings = check_model(path, ctx.target, dla_core=ctx.cfg.build.dla_core, precision=ctx.precision)
         if any(f.severity != "info" and f.op and not f.source for f in findings):
@@ -58,13 +39,19 @@ class PreflightFromOnnx(Stage):
         rows = [f.to_dict() for f in findings]
         (ctx.staging / PREFLIGHT).write_text(json.dumps({"target": ctx.target.name, "findings": rows}, indent=2))
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
-        ctx.metrics[self.name] = {"findings": rows, **counts}
+        metrics = {"findings": rows, **counts}
         if ctx.log and (counts["error"] or counts["warning"]):
             ctx.log(findings_table(findings))
         elif ctx.log and counts["info"]:
             ctx.log(f"  check: {counts['info']} restriction note(s) to review in {PREFLIGHT}")
-        raise_on_errors(findings, ctx.target.name)
-        for f in findings:
-            if f.severity == "warning":
-                ctx.warn(f"check: {f.op + ' ' if f.op else ''}{f.node + ': ' if f.node else ''}{f.message}")
-        return {"findings": rows, **counts}
+        try:
+            raise_on_errors(findings, ctx.target.name)
+        except UnsupportedOpsError as exc:
+            exc.partial = StageResult(metrics)
+            raise
+        warnings = [
+            f"check: {f.op + ' ' if f.op else ''}{f.node + ': ' if f.node else ''}{f.message}"
+            for f in findings
+            if f.severity == "warning"
+        ]
+        return StageResult(metrics, warnings=warnings)

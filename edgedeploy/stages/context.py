@@ -1,16 +1,14 @@
-"""What a running build knows: config, target, staging folder, inputs, lazily loaded model."""
+"""What a running build knows: config, target, staging folder, external inputs, lazily loaded model."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import ConfigError, InputError
-from edgedeploy.pipeline.hashing import sha256_file
+from edgedeploy.errors import InputError
+from edgedeploy.fileio.hashing import sha256_file, sha256_json
 from edgedeploy.targets import TargetProfile
 
 
@@ -23,9 +21,12 @@ class BuildContext:
     staging: Path
     out: Path
     external: dict[str, Path] = field(default_factory=dict)  # name -> file outside staging
+    # name -> several files hashed as one input (the user's model code: every module it imported)
+    groups: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> metrics
     warnings: list[str] = field(default_factory=list)
     log: Any = None  # callable(str) for progress lines
+    factory: Any = None  # the model factory, when the runner already loaded it
     _model: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
 
@@ -45,6 +46,10 @@ class BuildContext:
         Raises:
             InputError: the artifact does not exist.
         """
+        if name in self.groups:
+            if name not in self._sha:
+                self._sha[name] = sha256_json({str(f): self._file_sha(f, name) for f in self.groups[name]})
+            return self._sha[name]
         p = self.path(name)
         if name in self.external and name in self._sha:
             return self._sha[name]
@@ -54,6 +59,16 @@ class BuildContext:
         if name in self.external:
             self._sha[name] = sha
         return sha
+
+    @staticmethod
+    def _file_sha(path: Path, name: str) -> str:
+        if not path.is_file():
+            raise InputError(f"{name}: file not found: {path}")
+        return sha256_file(path)
+
+    def has_input(self, name: str) -> bool:
+        """True when external input ``name`` is configured for this build."""
+        return name in self.external or name in self.groups
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -68,35 +83,12 @@ class BuildContext:
             CheckpointError: the checkpoint is unreadable or does not fit the model.
         """
         if self._model is None:
-            from edgedeploy.stages.checkpoint import load_model
+            from edgedeploy.modelio.admission import dry_forward
+            from edgedeploy.modelio.checkpoint import load_model
 
-            self._model = load_model(self.cfg, self.external.get("checkpoint"))
+            # a Hugging Face folder's weights are loaded by its factory (from_pretrained), not as a state dict
+            checkpoint = None if self.cfg.model.hf else self.external.get("checkpoint")
+            model = load_model(self.cfg, checkpoint, self.factory)
+            dry_forward(model, self.cfg)  # the input spec fits forward(), before any stage traces or runs it
+            self._model = model
         return self._model
-
-
-def factory_source(cfg: DeployConfig) -> Path | None:
-    """The source file of the model factory's module, without importing it (for cache keys).
-
-    Raises:
-        ConfigError: the module cannot be found on the configured python path.
-    """
-    module_name = cfg.model.factory.partition(":")[0]
-    for p in reversed(cfg.model.python_path):
-        resolved = str(cfg.path(p))
-        if resolved not in sys.path:
-            sys.path.insert(0, resolved)
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(
-            f"{cfg.source}: key 'model.factory': cannot find module {module_name!r} ({exc})",
-            hint="check the module name and model.python_path",
-        ) from None
-    if spec is None:
-        raise ConfigError(
-            f"{cfg.source}: key 'model.factory': cannot find module {module_name!r}",
-            hint="check the module name and model.python_path",
-        ) from None
-    if spec.origin and spec.origin not in ("built-in", "frozen") and Path(spec.origin).is_file():
-        return Path(spec.origin)
-    return None

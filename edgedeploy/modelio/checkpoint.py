@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.config import DeployConfig, import_factory
+from edgedeploy.config import DeployConfig
 from edgedeploy.errors import CheckpointError, ConfigError
+from edgedeploy.modelio.usercode import import_factory
 
 _NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights")
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -82,15 +83,15 @@ def _short(exc: BaseException) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-def build_model(cfg: DeployConfig) -> Any:
-    """Call the configured factory with its kwargs.
+def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
+    """Call the configured factory (or ``factory``, already loaded) with its kwargs.
 
     Raises:
         ConfigError: the factory does not import, raises, or does not return an nn.Module.
     """
     import torch
 
-    factory = import_factory(cfg)
+    factory = factory or import_factory(cfg)
     try:
         model = factory(**cfg.model.kwargs)
     except Exception as exc:  # user code: report it as a config problem with the cause
@@ -114,7 +115,7 @@ def verify_sidecar_hash(checkpoint: Path) -> None:
     import json
 
     from edgedeploy.config import checkpoint_metadata_path
-    from edgedeploy.pipeline.hashing import sha256_file
+    from edgedeploy.fileio.hashing import sha256_file
 
     meta_path = checkpoint_metadata_path(Path(checkpoint))
     if not meta_path.is_file():
@@ -131,7 +132,7 @@ def verify_sidecar_hash(checkpoint: Path) -> None:
         )
 
 
-def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
+def load_model(cfg: DeployConfig, checkpoint: Path | None, factory: Any = None) -> Any:
     """The model from its factory with checkpoint weights loaded, in eval mode.
 
     Raises:
@@ -140,7 +141,7 @@ def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
     """
     if checkpoint is not None:
         verify_sidecar_hash(checkpoint)
-    model = build_model(cfg)
+    model = build_model(cfg, factory)
     if checkpoint is not None:
         state = read_state_dict(checkpoint)
         expected = model.state_dict()
@@ -163,5 +164,8 @@ def load_model(cfg: DeployConfig, checkpoint: Path | None) -> Any:
                 f"checkpoint {checkpoint} does not fit model {cfg.model.factory}: " + ", ".join(parts),
                 hint="check model.kwargs and that the checkpoint is for this model",
             )
+        from edgedeploy.modelio.admission import check_checkpoint_dtypes
+
+        check_checkpoint_dtypes(state, model, checkpoint)  # load_state_dict would cast int8/bool silently
         model.load_state_dict(state, strict=True)
     return model.eval()

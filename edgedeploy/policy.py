@@ -1,7 +1,7 @@
 """The release gate's policy: which checks must pass, per-precision minimums, latency budgets.
 
 Plain frozen dataclasses without imports from edgedeploy, so ``config.py`` can use them for the
-``[gate]`` table of deploy.toml and ``edgedeploy.gate`` for a standalone ``gate.toml``.
+``[gate]`` table of deploy.toml and ``edgedeploy.validate.gate`` for a standalone ``gate.toml``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Failure codes (``row["failure"]``), one per kind of problem, so reports and gate
 - ``outside tolerance``: some element breaks ``|cand - ref| <= atol + rtol * |ref|``;
 - ``cosine``: cosine similarity below ``min_cosine``;
 - ``top-k agreement``: top-1 agreement of a classifier output below ``min_topk_agreement``.
+
+A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
+never as ok): agreement between two constants says nothing about the model.
 """
 
 # ruff: noqa: UP006, UP035, UP045, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
@@ -130,7 +133,10 @@ def compare_output(
         classes = ref.shape[-1]
         k = min(topk, classes)
         ref_top = np.argsort(-r.reshape(-1, classes), axis=-1)[:, :k]
-        cand_top = np.argsort(-np.nan_to_num(c, nan=-np.inf).reshape(-1, classes), axis=-1)[:, :k]
+        # NaN ranks last. Not np.nan_to_num(c, nan=-np.inf): its keywords need numpy >= 1.17 and
+        # JetPack 4.6 ships numpy 1.13.3 (tests/test_device_numpy_compat.py keeps device code to 1.13)
+        ranked = np.where(np.isnan(c), -np.inf, c)
+        cand_top = np.argsort(-ranked.reshape(-1, classes), axis=-1)[:, :k]
         top1 = float((ref_top[:, 0] == cand_top[:, 0]).mean())
         row["top1_agreement"] = top1
         row["topk"] = k
@@ -139,6 +145,8 @@ def compare_output(
             failures.append(LOW_TOPK)
             reasons.append("{}: top-1 agreement {:.4f} < {}".format(LOW_TOPK, top1, min_topk_agreement))
     row["passed"] = not failures
+    # both sides constant (an all-masked batch, a dead output): agreement proves nothing
+    row["vacuous"] = bool(rf.size > 1 and np.ptp(rf) == 0 and cf.size > 1 and np.ptp(cf) == 0)
     if failures:
         row["failure"] = failures
         row["reason"] = "; ".join(reasons)

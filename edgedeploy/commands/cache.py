@@ -1,0 +1,47 @@
+"""``deploy cache prune``: bound the stage cache (least recently used entries go first)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cache", help="manage the stage cache (prune it to a size)")
+    csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    pr = csub.add_parser("prune", help="delete least recently used cache entries beyond --max-size")
+    where = pr.add_mutually_exclusive_group()
+    where.add_argument("--dir", default=None, help="cache folder (default $EDGEDEPLOY_CACHE_DIR, else <out>/.cache)")
+    where.add_argument("--out", default=None, help="a build output folder; prunes <out>/.cache")
+    pr.add_argument(
+        "--max-size", default=None, help="bound, e.g. 500M or 10G (default $EDGEDEPLOY_CACHE_MAX_SIZE, else 10G)"
+    )
+    pr.set_defaults(handler=run_prune)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.pipeline.cache import StageCache, max_cache_bytes, parse_size
+    from edgedeploy.pipeline.runner import CACHE_ENV
+
+    root = args.dir or (str(Path(args.out) / ".cache") if args.out else os.environ.get(CACHE_ENV))
+    if not root:
+        raise ConfigError("no cache folder given", hint=f"pass --dir DIR or --out OUT, or set {CACHE_ENV}")
+    try:
+        limit = parse_size(args.max_size) if args.max_size is not None else max_cache_bytes()
+    except ValueError:
+        raise ConfigError(f"--max-size {args.max_size!r} is not a size", hint="e.g. 500M, 10G") from None
+    cache = StageCache(Path(root))
+    removed, freed = cache.prune(limit)
+    left = sum(r[1] for r in cache.entries())
+    print(f"pruned {removed} entries ({_size(freed)}) from {root}; {_size(left)} left (bound {_size(limit)})")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

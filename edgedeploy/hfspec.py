@@ -1,0 +1,128 @@
+"""A Hugging Face model folder's spec, from its ``config.json`` alone (plain data; no torch, no transformers).
+
+``[model] hf = "path"`` is filled in at config load from here, so refusals stay fast: the input
+spec (``input_ids`` / ``attention_mask`` / ``token_type_ids`` with ``batch`` and ``sequence`` dims,
+or ``pixel_values``), the outputs, and the factory (``edgedeploy.modelio.hf:from_folder``).
+Values the config sets itself win. See docs/huggingface.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edgedeploy.errors import ConfigError
+
+FACTORY = "edgedeploy.modelio.hf:from_folder"
+TASKS = ("feature-extraction", "sequence-classification", "token-classification", "image-classification")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# model types whose forward takes token_type_ids (segment ids); other text models get ids + mask
+SEGMENT_TYPES = ("bert", "albert", "electra", "mpnet", "xlm", "layoutlm", "megatron-bert", "ernie", "convbert")
+VISION_KEYS = ("image_size", "num_channels")
+TEXT_DIMS = {"batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 64}}
+
+
+def read_folder_config(folder: Path, where: str) -> dict[str, Any]:
+    """The folder's ``config.json``.
+
+    Raises:
+        ConfigError: the folder or its config.json is missing or unreadable.
+    """
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{where}: key 'model.hf' = {str(folder)!r} has no config.json",
+            hint="point model.hf at a folder written by save_pretrained()",
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ConfigError(f"{path}: no 'model_type'; not a Hugging Face model config")
+    return data
+
+
+def weights_file(folder: Path) -> Path | None:
+    """The folder's weights file (safetensors preferred), if any."""
+    return next((folder / n for n in WEIGHT_FILES if (folder / n).is_file()), None)
+
+
+def is_vision(hf_cfg: dict[str, Any]) -> bool:
+    return "image_size" in hf_cfg and "vocab_size" not in hf_cfg
+
+
+def _image_size(hf_cfg: dict[str, Any]) -> int:
+    size = hf_cfg.get("image_size", 224)
+    return int(size[0] if isinstance(size, (list, tuple)) else size)
+
+
+def default_spec(hf_cfg: dict[str, Any], task: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """(inputs, dims, outputs) for a folder's config and task."""
+    outputs = ["embedding"] if task == "feature-extraction" else ["logits"]
+    if is_vision(hf_cfg):
+        size = _image_size(hf_cfg)
+        channels = int(hf_cfg.get("num_channels", 3))
+        inputs = [
+            {"name": "pixel_values", "shape": ["batch", channels, size, size], "range": [-1.0, 1.0], "kind": "image"}
+        ]
+        return inputs, {"batch": dict(TEXT_DIMS["batch"])}, outputs
+    vocab = int(hf_cfg.get("vocab_size", 2))
+    max_len = int(hf_cfg.get("max_position_embeddings") or hf_cfg.get("n_positions") or 512)
+    seq = dict(TEXT_DIMS["sequence"])
+    seq["max"] = min(seq["max"], max_len)
+    seq["opt"] = min(seq["opt"], seq["max"])
+    inputs = [
+        {"name": "input_ids", "shape": ["batch", "sequence"], "dtype": "int64", "range": [0, vocab - 1], "kind": "ids"},
+        {"name": "attention_mask", "shape": ["batch", "sequence"], "dtype": "int64", "range": [0, 1], "kind": "mask"},
+    ]
+    if hf_cfg["model_type"] in SEGMENT_TYPES:
+        types = max(1, int(hf_cfg.get("type_vocab_size", 2)))
+        inputs.append(
+            {
+                "name": "token_type_ids",
+                "shape": ["batch", "sequence"],
+                "dtype": "int64",
+                "range": [0, types - 1],
+                "kind": "ids",
+            }
+        )
+    return inputs, {"batch": dict(TEXT_DIMS["batch"]), "sequence": seq}, outputs
+
+
+def fill_from_folder(raw: dict[str, Any], base_dir: Path, where: str) -> None:
+    """Fill factory, kwargs, inputs, dims and outputs of a raw config from its ``model.hf`` folder (in place).
+
+    Raises:
+        ConfigError: missing folder / config.json / weights, an unknown task, or a factory set as well.
+    """
+    model = raw["model"]
+    folder = Path(model["hf"]).expanduser()
+    folder = folder if folder.is_absolute() else base_dir / folder
+    if not folder.is_dir():
+        raise ConfigError(f"{where}: key 'model.hf': folder not found: {folder}", hint="fix model.hf or --hf")
+    if model.get("factory") and model["factory"] != FACTORY:
+        raise ConfigError(f"{where}: set either model.hf or model.factory, not both")
+    hf_cfg = read_folder_config(folder, where)
+    task = model.get("task") or "feature-extraction"
+    if task not in TASKS:
+        raise ConfigError(
+            f"{where}: key 'model.task' = {task!r} is not supported", hint=f"use one of {', '.join(TASKS)}"
+        )
+    if weights_file(folder) is None:
+        raise ConfigError(
+            f"{where}: model.hf folder {folder} has no weights ({' or '.join(WEIGHT_FILES)})",
+            hint="save the model with save_pretrained()",
+        )
+    inputs, dims, outputs = default_spec(hf_cfg, task)
+    raw.setdefault("inputs", inputs)
+    raw.setdefault("outputs", outputs)
+    given = raw.setdefault("dims", {})
+    for name, d in dims.items():
+        given.setdefault(name, d)
+    model["factory"] = FACTORY
+    model["task"] = task
+    kwargs = model.setdefault("kwargs", {})
+    kwargs.update({"folder": str(folder.resolve()), "task": task, "inputs": [i["name"] for i in raw["inputs"]]})
+    model.setdefault("python_path", ["."])

@@ -1,0 +1,51 @@
+"""Typed generators for seeded inputs, one per ``InputSpec.kind``.
+
+Ranges are inclusive at both ends (``ids`` in ``[0, vocab_size - 1]``). Masks are prefix masks:
+each row is ones for a random length in ``[1, L]`` then zeros, and the first row is unmasked, so
+no sample is fully masked (a fully masked row makes many models output a constant, and a check of
+constants against constants proves nothing) and padding is exercised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+
+
+def kind_of(spec: Any) -> str:
+    """The spec's kind; an empty kind follows the dtype (bool → mask-free coin flips, ints → ids, floats → float)."""
+    if spec.kind:
+        return spec.kind
+    if spec.dtype == "bool":
+        return "bool"
+    return "ids" if np.issubdtype(NP_DTYPES[spec.dtype], np.integer) else "float"
+
+
+def prefix_mask(shape: tuple[int, ...], rng: np.random.Generator, dtype: Any) -> np.ndarray:
+    """Ones for a random prefix of the last axis (length >= 1), zeros after; row 0 is all ones."""
+    if not shape:
+        return np.ones((), dtype=dtype)
+    length = shape[-1]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    lengths = rng.integers(1, length + 1, size=rows) if length else np.zeros(rows, dtype=np.int64)
+    if rows:
+        lengths[0] = length
+    mask = np.arange(length)[None, :] < lengths[:, None]
+    return mask.reshape(shape).astype(dtype)
+
+
+def generate(spec: Any, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """One array for ``spec`` at ``shape``, drawn by the spec's kind."""
+    lo, hi = spec.range
+    dtype = NP_DTYPES[spec.dtype]
+    kind = kind_of(spec)
+    if kind == "mask":
+        return prefix_mask(shape, rng, dtype)
+    if kind == "bool":
+        return rng.random(shape) < 0.5
+    if kind == "ids" or np.issubdtype(dtype, np.integer):
+        return rng.integers(int(lo), int(hi) + 1, size=shape, dtype=np.int64).astype(dtype)
+    return rng.uniform(lo, hi, size=shape).astype(dtype)

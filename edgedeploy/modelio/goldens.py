@@ -1,0 +1,67 @@
+"""goldens.npz I/O: seeded inputs and the eager model's outputs, keyed ``point/sample/kind/name``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgedeploy.artifacts import GOLDENS  # noqa: F401  (re-exported for callers that name the file)
+from edgedeploy.errors import InputError, StageError
+from edgedeploy.modelio.torchutil import flatten
+
+
+def golden_key(point: str, sample: int, kind: str, name: str) -> str:
+    return f"{point}/{sample}/{kind}/{name}"
+
+
+def load_goldens(path: str | Path) -> dict[str, dict[int, dict[str, dict[str, np.ndarray]]]]:
+    """goldens.npz → {point: {sample: {"in": {...}, "out": {...}}}}.
+
+    Raises:
+        InputError: the file is missing or not a goldens archive.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"goldens file unreadable: {path} ({exc})") from None
+    out: dict[str, dict[int, dict[str, dict[str, np.ndarray]]]] = {}
+    for key, arr in arrays.items():
+        try:
+            point, sample, kind, name = key.split("/", 3)
+        except ValueError:
+            raise InputError(f"{path}: unexpected entry {key!r} (not an edgedeploy goldens file)") from None
+        out.setdefault(point, {}).setdefault(int(sample), {"in": {}, "out": {}})[kind][name] = arr
+    return out
+
+
+def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the eager model on numpy feeds; map its outputs onto the configured output names.
+
+    Raises:
+        StageError: the model's output count differs from the configured ``outputs``.
+    """
+    import torch
+
+    args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs]
+    with torch.inference_mode():
+        result = model(*args)
+    flat = flatten(result)
+    if len(flat) != len(cfg.outputs):
+        raise StageError(
+            "reference",
+            f"model returned {len(flat)} outputs, config names {len(cfg.outputs)} ({', '.join(cfg.outputs)})",
+            hint="make 'outputs' list one name per model output",
+        )
+    return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
+
+
+def store_goldens(
+    arrays: dict[str, np.ndarray], point: str, s: int, feeds: dict[str, np.ndarray], outs: dict[str, np.ndarray]
+) -> None:
+    for n, a in feeds.items():
+        arrays[golden_key(point, s, "in", n)] = a
+    for n, a in outs.items():
+        arrays[golden_key(point, s, "out", n)] = a

@@ -1,0 +1,123 @@
+"""Where a TracerWarning comes from: the user's own code, or library code (torch, transformers, ...).
+
+A TracerWarning means tracing froze a Python value into the graph. Raised at the user's line it
+is actionable ("use x.shape[0] instead of int(...)"); raised inside nn.LSTM or transformers'
+masking code it is not, and whether the frozen value matters is decided by running the trace at
+other shapes. So each warning is attributed to the innermost frame that is not torch's own
+machinery, and labelled ``user`` or ``library`` by where that frame's file lives.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TracerFinding:
+    """One TracerWarning: ``where`` is ``file:line``; ``user`` is False when that line is library code."""
+
+    where: str
+    message: str
+    user: bool
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(edgedeploy's own and the stdlib's folders: skipped, library folders: site-packages and torch)."""
+    import torch
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    stdlib = os.path.dirname(os.path.abspath(warnings.__file__)) + os.sep
+    libs = {os.path.dirname(os.path.abspath(torch.__file__)) + os.sep}
+    for key in ("purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            libs.add(os.path.abspath(path) + os.sep)
+    for path in sys.path:
+        if path.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+            libs.add(os.path.abspath(path) + os.sep)
+    return (here, stdlib), tuple(sorted(libs))
+
+
+def is_library_file(filename: str) -> bool:
+    """True for files of installed packages (site-packages, dist-packages, torch) and the stdlib."""
+    skip, libs = _dirs()
+    path = os.path.abspath(filename)
+    return path.startswith(libs) or path.startswith(skip[1]) or filename.startswith("<")
+
+
+def user_frame(stack: list[traceback.FrameSummary]) -> str | None:
+    """``file:line`` of the innermost frame outside installed packages, the stdlib and edgedeploy, if any."""
+    skip, libs = _dirs()
+    for frame in reversed(stack):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(skip + libs) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+def attribute(stack: list[traceback.FrameSummary], filename: str, lineno: int, message: Any) -> TracerFinding:
+    """Attribute one warning: the frame that raised it (``filename:lineno``) decides user vs library.
+
+    The warning's own frame is where the Python value was frozen (``int(t)``, ``if t:``); when that
+    line is in an installed package the user cannot change it, so it is a library finding, and the
+    user's innermost frame (their call into the library) is named alongside for context.
+    """
+    text = " ".join(str(message).split())[:200]
+    skip, _ = _dirs()
+    origin = os.path.abspath(filename)
+    if origin.startswith(skip[0]):  # raised by edgedeploy's own calls: blame the user's frame
+        origin = ""
+    if origin and is_library_file(filename):
+        caller = user_frame(stack)
+        where = f"{filename}:{lineno}" + (f" (called from {caller})" if caller else "")
+        return TracerFinding(where, text, user=False)
+    where = (f"{filename}:{lineno}" if origin else None) or user_frame(stack) or f"{filename}:{lineno}"
+    return TracerFinding(where, text, user=True)
+
+
+class TracerWarnings:
+    """Context manager collecting TracerWarnings (deduplicated) as :class:`TracerFinding`."""
+
+    def __init__(self) -> None:
+        self.findings: list[TracerFinding] = []
+        self._ctx: Any = None
+
+    @property
+    def user(self) -> list[TracerFinding]:
+        return [f for f in self.findings if f.user]
+
+    @property
+    def library(self) -> list[TracerFinding]:
+        return [f for f in self.findings if not f.user]
+
+    def __enter__(self) -> TracerWarnings:
+        import torch
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notices are not the user's concern
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        previous = warnings.showwarning
+
+        def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            if issubclass(category, torch.jit.TracerWarning):
+                found = attribute(traceback.extract_stack()[:-1], filename, lineno, message)
+                if found not in self.findings:
+                    self.findings.append(found)
+            else:
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.__exit__(*exc)

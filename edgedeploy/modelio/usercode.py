@@ -1,0 +1,251 @@
+"""The one loader of user code: model factories and calibration callables.
+
+A module that lives in ``model.python_path`` is loaded by file location under a name unique to
+that file (``edgedeploy_user_<hash>_<name>``), so two projects that both have a ``tinynet.py`` get
+two modules in one process. ``sys.path`` holds the project roots only while the module executes
+(so its own ``import helper`` works) and is restored afterwards. Every module that the load
+imported from outside the standard library, site-packages and edgedeploy itself is recorded: those
+files are the user's code, hashed into the cache key and listed in the manifest. Modules this
+loader imported are dropped from ``sys.modules`` when the next build starts (:func:`forget`), so an
+edited helper is imported afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import site
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from edgedeploy.config import DeployConfig
+from edgedeploy.errors import ConfigError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_LOADED: set[str] = set()  # sys.modules names this loader added (dropped by forget())
+
+
+@dataclass(frozen=True)
+class LoadedCode:
+    """A loaded user module and the user source files the load imported (the module's own first)."""
+
+    module: ModuleType
+    files: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class LoadedFactory:
+    """The model factory callable and the user source files loading it imported."""
+
+    factory: Any
+    files: tuple[Path, ...]
+
+
+def find_in_roots(module_name: str, roots: list[Path]) -> Path | None:
+    """The source file of ``module_name`` under one of ``roots``, found without importing anything."""
+    rel = Path(*module_name.split("."))
+    for root in roots:
+        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {str(_PACKAGE_DIR)}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(os.path.realpath(p))
+    try:
+        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
+    except AttributeError:  # virtualenv's old site module
+        pass
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+def is_user_file(path: str | Path) -> bool:
+    """True for a Python source file outside the standard library, site-packages and edgedeploy."""
+    if not os.path.isabs(str(path)) or not os.path.isfile(str(path)):
+        return False  # built-in and synthetic modules (torch._classes says "_classes.py")
+    real = os.path.realpath(str(path))
+    if not real.endswith(".py"):
+        return False
+    parts = Path(real).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not real.startswith(_library_dirs())
+
+
+def forget() -> None:
+    """Drop every module this loader imported from ``sys.modules`` (a new build imports them afresh)."""
+    for name in sorted(_LOADED):
+        sys.modules.pop(name, None)
+    _LOADED.clear()
+    importlib.invalidate_caches()
+
+
+def _unique_name(file: Path) -> str:
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    return f"edgedeploy_user_{digest}_{file.stem}"
+
+
+def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
+    """Import ``module_name``: by file location when it lives under ``roots``, else by name.
+
+    ``sys.path`` is prefixed with ``roots`` only for the duration of the import.
+
+    Raises:
+        Exception: whatever the module raises while it executes (callers wrap it in their error).
+    """
+    importlib.invalidate_caches()  # a file written since the last import must be seen
+    file = find_in_roots(module_name, roots)
+    before = set(sys.modules)
+    saved = list(sys.path)
+    sys.path[:0] = [str(r) for r in roots]
+    try:
+        if file is not None and file.name != "__init__.py" and "." not in module_name:
+            name = _unique_name(file)
+            spec = importlib.util.spec_from_file_location(name, file)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {file}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # classes must be findable by __module__ (inspect, TorchScript)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    finally:
+        sys.path[:] = saved
+        new = set(sys.modules) - before
+        _LOADED.update(n for n in new if is_user_file(getattr(sys.modules.get(n), "__file__", None) or ""))
+    own = getattr(module, "__file__", None)
+    files = [Path(own).resolve()] if own else []
+    for n in sorted(new):
+        f = getattr(sys.modules.get(n), "__file__", None)
+        if f and is_user_file(f) and Path(f).resolve() not in files:
+            files.append(Path(f).resolve())
+    return LoadedCode(module=module, files=tuple(files))
+
+
+def load_factory(cfg: DeployConfig) -> LoadedFactory:
+    """Load the ``module:callable`` model factory named in the config, with the files it imported.
+
+    A factory that came from a checkpoint sidecar is checked before anything runs: its module
+    must be a file inside ``model.python_path`` (or the package's own zoo), and the callable must
+    be a function or class defined in that module (not, say, ``os.system`` re-exported there).
+
+    Raises:
+        ConfigError: the module does not import, has no such callable, or a sidecar factory
+            resolves outside the allowed roots.
+    """
+    module_name, _, attr = cfg.model.factory.partition(":")
+    roots = [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
+    origin = getattr(cfg, "factory_origin", "config")  # train configs name their factory themselves
+    where = f"{cfg.source}: key 'model.factory'"
+    expected: Path | None = None
+    if origin == "sidecar":
+        where = f"{cfg.source}: model.factory from the checkpoint sidecar"
+        expected = find_in_roots(module_name, roots)
+        found = None
+        if expected is None and "." not in module_name:
+            spec = importlib.util.find_spec(module_name)
+            found = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if expected is None:
+            raise ConfigError(
+                f"{where}: module {module_name!r} resolves to {found}, outside model.python_path",
+                hint="set model.factory in the config if you trust it",
+            )
+    if origin != "sidecar":
+        module_source(cfg, cfg.model.factory, "model.factory")  # "cannot find module" before running anything
+    try:
+        loaded = load_module(module_name, roots)
+    except Exception as exc:  # any import-time failure is the user's factory
+        raise ConfigError(
+            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
+            hint="check the module name and model.python_path",
+        ) from None
+    module = loaded.module
+    if origin == "sidecar" and loaded.files[:1] != (expected,):
+        raise ConfigError(
+            f"{where}: module {module_name!r} resolves to {loaded.files[:1]}, outside model.python_path",
+            hint="set model.factory in the config if you trust it",
+        )
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{where}: module {module_name!r} has no callable {attr!r}")
+    if origin != "config" and not (
+        (inspect.isfunction(factory) or inspect.isclass(factory)) and factory.__module__ == module.__name__
+    ):
+        raise ConfigError(
+            f"{where}: {cfg.model.factory!r} is not a function or class defined in {module_name!r}",
+            hint="a sidecar may only name the project's own model builders; set model.factory in the config",
+        )
+    return LoadedFactory(factory=factory, files=loaded.files)
+
+
+def import_factory(cfg: DeployConfig) -> Any:
+    """The model factory callable (see :func:`load_factory`).
+
+    Raises:
+        ConfigError: as :func:`load_factory`.
+    """
+    return load_factory(cfg).factory
+
+
+def load_callable(cfg: DeployConfig, spec: str, key: str) -> Any:
+    """Load a ``module:callable`` named by config key ``key`` (e.g. ``precision.calib_callable``).
+
+    Raises:
+        ConfigError: the module does not import or has no such callable.
+    """
+    module_name, _, attr = spec.partition(":")
+    roots = [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
+    try:
+        fn = getattr(load_module(module_name, roots).module, attr)
+    except Exception as exc:  # user code: any import-time failure is theirs
+        raise ConfigError(f"{cfg.source}: key '{key}': cannot load {spec!r} ({type(exc).__name__}: {exc})") from None
+    return fn
+
+
+def module_source(cfg: DeployConfig, spec: str, key: str) -> Path | None:
+    """The source file of the module in ``spec`` (``module:callable``), without importing it (for cache keys).
+
+    Raises:
+        ConfigError: the module cannot be found on ``model.python_path`` or the installed packages.
+    """
+    module_name = spec.partition(":")[0]
+    roots = [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
+    found = find_in_roots(module_name, roots)
+    if found is not None:
+        return found
+    try:
+        mspec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(
+            f"{cfg.source}: key '{key}': cannot find module {module_name!r} ({exc})",
+            hint="check the module name and model.python_path",
+        ) from None
+    if mspec is None:
+        raise ConfigError(
+            f"{cfg.source}: key '{key}': cannot find module {module_name!r}",
+            hint="check the module name and model.python_path",
+        )
+    if mspec.origin and mspec.origin not in ("built-in", "frozen") and Path(mspec.origin).is_file():
+        return Path(mspec.origin)
+    return None
+
+
+def factory_source(cfg: DeployConfig) -> Path | None:
+    """The source file of the model factory's module, without importing it.
+
+    Raises:
+        ConfigError: the module cannot be found on the configured python path.
+    """
+    return module_source(cfg, cfg.model.factory, "model.factory")

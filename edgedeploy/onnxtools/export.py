@@ -1,0 +1,163 @@
+"""Export helpers over torch.onnx: opset choice, exporter order, dynamic axes, the ONNX checker, one export call."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from edgedeploy.errors import StageError, TargetCapabilityError
+from edgedeploy.modelio.torchutil import quiet_torch, root_cause
+from edgedeploy.onnxtools.shapes import export_dynamic_shapes
+
+# protobuf cannot serialise a message of 2 GiB; keep a margin for the graph itself
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**27
+
+
+EXPORTER_OPSETS = {"torchscript": (7, 20), "dynamo": (18, 23)}
+
+
+def choose_opset(cfg: Any, target: Any, exporter: str | None = None) -> int:
+    """The opset to export.
+
+    Default: the target's export opset (``target.export_opset``: its ceiling, or lower where the
+    parser lacks an op that a lower opset decomposes) capped by the exporter's highest.
+    ``export.opset`` overrides it, but never above the target's ceiling.
+
+    Raises:
+        TargetCapabilityError: ``export.opset`` is above what the target's runtime parses.
+    """
+    if cfg.export.opset is not None:
+        if cfg.export.opset > target.max_opset:
+            raise TargetCapabilityError(
+                f"export.opset = {cfg.export.opset} is above what target '{target.name}' parses "
+                f"(max opset {target.max_opset})",
+                hint=f"drop export.opset or set it to {target.max_opset} or lower",
+            )
+        return cfg.export.opset
+    cap = EXPORTER_OPSETS[exporter][1] if exporter else max(hi for _, hi in EXPORTER_OPSETS.values())
+    return min(target.export_opset, cap)
+
+
+def exporter_order(cfg: Any, target: Any) -> list[str]:
+    """Exporters to try, in order. auto: the one that emits the opset natively first, the other as fallback."""
+    if cfg.export.exporter != "auto":
+        return [cfg.export.exporter]
+    opset = choose_opset(cfg, target)
+    lo, hi = EXPORTER_OPSETS["dynamo"]
+    return ["dynamo", "torchscript"] if lo <= opset <= hi else ["torchscript", "dynamo"]
+
+
+def dynamic_axes(cfg: Any, outputs: dict[str, dict[int, str]] | None = None) -> dict[str, dict[int, str]]:
+    """``torch.onnx.export`` dynamic_axes: the inputs' named dims, and ``outputs`` (axis → name per output).
+
+    Without ``outputs`` every output's leading axis follows the first input's leading named dim.
+    """
+    axes: dict[str, dict[int, str]] = {s.name: cfg.dynamic_dims(s) for s in cfg.inputs if cfg.dynamic_dims(s)}
+    if outputs is not None:
+        return {**axes, **outputs}
+    first = cfg.inputs[0]
+    lead = first.shape[0] if first.shape and isinstance(first.shape[0], str) else None
+    if lead is not None:
+        for name in cfg.outputs:
+            axes[name] = {0: lead}
+    return axes
+
+
+def check_onnx(path: Any, cfg: Any, stage: str = "export") -> Any:
+    """Run the ONNX checker and strict shape inference; verify named dims are symbolic on the inputs.
+
+    Returns the shape-inferred model.
+
+    Raises:
+        StageError: the checker fails, shape inference fails, or a named dim was baked.
+    """
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=False)
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(path)), strict_mode=True)
+    except Exception as exc:  # onnx raises several unrelated exception types
+        raise StageError(stage, f"ONNX model fails the checker: {' '.join(str(exc).split())[:300]}") from None
+    by_name = {i.name: i for i in model.graph.input}
+    baked = []
+    for spec in cfg.inputs:
+        graph_in = by_name.get(spec.name)
+        if graph_in is None:
+            raise StageError(
+                stage,
+                f"exported model has no input named {spec.name!r}",
+                hint="input names in the config must match the model's forward() arguments",
+            )
+        dims = graph_in.type.tensor_type.shape.dim
+        for axis, want in cfg.dynamic_dims(spec).items():
+            d = cfg.dims[want]
+            if axis < len(dims) and not dims[axis].dim_param and d.min < d.max:
+                baked.append(f"{spec.name} axis {axis} ('{want}') is fixed at {dims[axis].dim_value}")
+    if baked:
+        raise StageError(
+            stage,
+            "dynamic dims were baked into the graph: " + "; ".join(baked),
+            hint="remove shape-dependent Python logic on those axes",
+        )
+    return model
+
+
+class ExportFailed(Exception):
+    """One exporter failed; the message is the cause in one line."""
+
+
+def export_proto(
+    exporter: str, model: Any, args: tuple[Any, ...], cfg: Any, opset: int, out_axes: dict[str, dict[int, str]]
+) -> Any:
+    """Export with one exporter; return the ModelProto. ``out_axes``: dynamic output axes (TorchScript exporter).
+
+    Raises:
+        ExportFailed: the exporter raised, or could not reach the requested opset.
+    """
+    import os
+    import tempfile
+
+    import onnx
+    import torch
+
+    input_names = [s.name for s in cfg.inputs]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # exporter deprecation notices are not the user's concern
+            if exporter == "dynamo":
+                with quiet_torch():
+                    program = torch.onnx.export(
+                        model,
+                        args,
+                        dynamo=True,
+                        input_names=input_names,
+                        output_names=list(cfg.outputs),
+                        dynamic_shapes=export_dynamic_shapes(cfg),
+                        opset_version=opset,
+                        optimize=True,
+                        verbose=False,
+                    )
+                if program is None:  # only when given a file name, which is not the case here
+                    raise RuntimeError("torch.onnx.export returned no program")
+                proto = program.model_proto
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "model.onnx")
+                    torch.onnx.export(
+                        model,
+                        args,
+                        path,
+                        dynamo=False,
+                        input_names=input_names,
+                        output_names=list(cfg.outputs),
+                        dynamic_axes=dynamic_axes(cfg, out_axes),
+                        opset_version=opset,
+                        do_constant_folding=True,
+                    )
+                    proto = onnx.load(path)
+    except Exception as exc:  # exporter errors name unsupported aten ops, specialised dims etc.
+        raise ExportFailed(root_cause(exc)) from None
+    got = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if got != opset:
+        raise ExportFailed(f"produced opset {got}, not the requested {opset} (version conversion failed)")
+    return proto

@@ -1,0 +1,43 @@
+"""The one ONNX Runtime session factory (CPU provider), so every caller gets the same options and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgedeploy.errors import StageError
+
+
+def ort_session(path: str | Path, *, threads: int | None = None, optimize: bool = True, stage: str = "build") -> Any:
+    """A CPU ONNX Runtime session for ``path``.
+
+    Args:
+        threads: intra-op threads (default: ONNX Runtime's choice).
+        optimize: all graph optimizations on; ``False`` keeps every tensor name (for analysis).
+        stage: the stage named in the error.
+
+    Raises:
+        StageError: ONNX Runtime refuses the model.
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own untyped exceptions
+        raise StageError(stage, f"ONNX Runtime cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def onnxruntime_version() -> str | None:
+    """Installed ONNX Runtime version, or None when it does not import (the runtime's environment probe)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return str(ort.__version__)

@@ -1,0 +1,522 @@
+"""INT8 for transformer graphs: quantize the weight MatMuls / Gemms, keep softmax, LayerNorm, GELU and mask
+arithmetic in float.
+
+Quantizing a transformer like a CNN (every op, static ranges) breaks it: attention masks carry -1e9 / finfo.min
+constants whose INT8 scale is ~1e36, softmax and LayerNorm outputs lose their small values, and a single
+calibrated range cannot follow activations that change with every sentence. What works (and what the field
+ships) is INT8 where the FLOPs are, the MatMuls with constant weights, per-channel symmetric int8 weights:
+
+- **onnxruntime** (cpu): dynamic quantization (``onnxruntime.quantization.quantize_dynamic``): activations are
+  quantized per call from their actual range (``DynamicQuantizeLinear`` + ``MatMulInteger``, fused by ORT into
+  ``DynamicQuantizeMatMul``), so no calibrated activation range can be wrong;
+- **tensorrt**: static Q/DQ on the MatMul inputs and weights only (S8S8, symmetric, calibrated); TensorRT has
+  no dynamic INT8, and runs everything without Q/DQ in float.
+
+Which one a target gets is data (:data:`TRANSFORMER_SCHEMES`, keyed by the target's runtime). Options:
+SmoothQuant-style smoothing (Xiao et al. 2023: divide each activation channel by ``s_j = max|X_j|^a /
+max|W_j|^(1-a)`` and multiply the weight rows by it, so outlier channels stop dominating the activation scale),
+and automatic FP32 fallback of the most sensitive MatMuls until the held-out score meets the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from edgedeploy.errors import StageError
+from edgedeploy.precision import ranges as rng
+from edgedeploy.precision.heldout import held_out_score, split_held_out
+
+WEIGHT_OPS = ("MatMul", "Gemm")
+_LAYERNORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
+_GELU_OPS = {"Gelu", "FastGelu", "BiasGelu", "Erf"}
+
+
+@dataclass(frozen=True)
+class TransformerScheme:
+    """How one runtime runs INT8 transformer MatMuls.
+
+    Attributes:
+        name: short name for reports.
+        activations: ``dynamic`` (quantized per call by the runtime) or ``calibrated`` (static Q/DQ ranges).
+        activation_type / weight_type: ``onnxruntime.quantization.QuantType`` member names.
+        why: the reason this runtime gets this scheme (goes into precision.json).
+    """
+
+    name: str
+    activations: Literal["dynamic", "calibrated"]
+    activation_type: str
+    weight_type: str
+    why: str
+
+
+TRANSFORMER_SCHEMES: dict[str, TransformerScheme] = {
+    "onnxruntime": TransformerScheme(
+        "dynamic-matmul",
+        "dynamic",
+        "QUInt8",
+        "QInt8",
+        "ONNX Runtime quantizes MatMul activations per call (DynamicQuantizeMatMul): no calibrated activation "
+        "range, per-channel int8 weights; measured 0.99+ cosine and ~2x FP32 speed on a real BERT-class model",
+    ),
+    "tensorrt": TransformerScheme(
+        "qdq-matmul",
+        "calibrated",
+        "QInt8",
+        "QInt8",
+        "TensorRT has no dynamic INT8: symmetric int8 Q/DQ on MatMul inputs and weights only (explicit "
+        "quantization); softmax, LayerNorm, GELU and mask arithmetic stay float",
+    ),
+}
+
+
+def scheme_for(runtime: str) -> TransformerScheme:
+    """The transformer INT8 scheme of the target's runtime."""
+    return TRANSFORMER_SCHEMES[runtime]
+
+
+# ---- detection ----------------------------------------------------------------------------------------
+
+
+def _constant_names(model: Any) -> set[str]:
+    names = {i.name for i in model.graph.initializer}
+    names |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return names
+
+
+def weight_matmuls(model: Any) -> list[str]:
+    """Names of the MatMul / Gemm nodes whose second input is a constant 2-D weight."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = []
+    for n in model.graph.node:
+        if n.op_type in WEIGHT_OPS and len(n.input) > 1 and n.input[1] in inits and len(inits[n.input[1]].dims) == 2:
+            out.append(n.name)
+    return out
+
+
+def transformer_evidence(model: Any) -> dict[str, int]:
+    """Op counts that tell a transformer from a CNN (for the report and :func:`looks_like_transformer`)."""
+    consts = _constant_names(model)
+    ops = [n.op_type for n in model.graph.node]
+    layernorm = sum(o in _LAYERNORM_OPS for o in ops)
+    # LayerNorm exported as primitives: ReduceMean -> Sub -> Pow -> ReduceMean -> Add -> Sqrt -> Div (2 means each)
+    layernorm += sum(o == "ReduceMean" for o in ops) // 2 if "Sqrt" in ops else 0
+    return {
+        "weight_matmuls": len(weight_matmuls(model)),
+        "activation_matmuls": sum(
+            n.op_type == "MatMul" and not any(i in consts for i in n.input[:2]) for n in model.graph.node
+        ),
+        "softmax": ops.count("Softmax"),
+        "layernorm": layernorm,
+        "gelu": sum(o in _GELU_OPS for o in ops),
+        "conv": ops.count("Conv") + ops.count("ConvTranspose"),
+    }
+
+
+def looks_like_transformer(evidence: dict[str, int]) -> bool:
+    """Attention (activation x activation MatMul and Softmax) plus LayerNorm, with more weight MatMuls than
+    convolutions (a ViT's single patch-embedding conv still counts as a transformer; a CNN with one attention
+    block does not)."""
+    e = evidence
+    return bool(e["activation_matmuls"] and e["softmax"] and e["layernorm"] and e["weight_matmuls"] > max(e["conv"], 1))
+
+
+# ---- graph rewrites ------------------------------------------------------------------------------------
+
+
+def gemms_to_matmuls(model: Any) -> list[str]:
+    """Rewrite ``Gemm(A, W, C)`` with a constant ``W`` as ``MatMul(A, W') + C`` in place (ORT's dynamic
+    quantizer has no integer Gemm). Only plain Gemms (alpha = beta = 1, no transA) are rewritten; the
+    MatMul keeps the Gemm's name. Returns the rewritten node names."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    done = []
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    for n in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        plain = attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and not attrs.get("transA", 0)
+        if n.op_type != "Gemm" or not plain or len(n.input) < 2 or n.input[1] not in inits:
+            model.graph.node.append(n)
+            continue
+        w = numpy_helper.to_array(inits[n.input[1]])
+        weight = n.input[1]
+        if attrs.get("transB", 0):
+            weight = f"{n.input[1]}_T"
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), weight))
+        has_bias = len(n.input) > 2 and n.input[2]
+        mm_out = f"{n.output[0]}_matmul" if has_bias else n.output[0]
+        model.graph.node.append(helper.make_node("MatMul", [n.input[0], weight], [mm_out], name=n.name))
+        if has_bias:
+            model.graph.node.append(helper.make_node("Add", [mm_out, n.input[2]], [n.output[0]], name=f"{n.name}_bias"))
+        done.append(n.name)
+    return done
+
+
+def isolate_matmul_inputs(model: Any, nodes: Sequence[str]) -> int:
+    """Give the MatMuls ``nodes`` their own copy (``Identity``) of an input that other nodes also read, in place.
+
+    ORT's static Q/DQ quantizer puts one Q/DQ pair on a tensor for all its readers, so the residual ``Add`` that
+    reads a LayerNorm output beside Q/K/V would compute on INT8 values; after this, only the MatMuls do.
+    Returns the number of inputs isolated.
+    """
+    from onnx import helper
+
+    wanted = set(nodes)
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in model.graph.output}
+    done = 0
+    for tensor, users in list(readers.items()):
+        mine = [n for n in users if n.name in wanted and n.input[0] == tensor]
+        if not mine or (len(mine) == len(users) and tensor not in outputs):
+            continue
+        copy = f"{tensor}_to_matmul"
+        first = min(list(model.graph.node).index(n) for n in mine)
+        model.graph.node.insert(first, helper.make_node("Identity", [tensor], [copy], name=f"{copy}_identity"))
+        for n in mine:
+            n.input[0] = copy
+        done += 1
+    return done
+
+
+# ---- quantization ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TransformerQuantizer:
+    """Quantizes the weight MatMuls of one float transformer model in the target runtime's scheme.
+
+    ``calib_batches`` feed the static ranges (``calibrated`` schemes); ORT's range cache in ``workdir`` is
+    reused by every later call, so fallback tries cost one quantization each.
+    """
+
+    float_model: Path
+    workdir: Path
+    scheme: TransformerScheme
+    calib_batches: Sequence[dict[str, np.ndarray]] = ()
+    per_channel: bool = True
+    reduce_range: bool = False
+    _ranges_json: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._ranges_json = self.workdir / "ort_matmul_ranges.json"
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        """Tensor name -> (lo, hi) of the static ranges (calibrated schemes, after one :meth:`quantize`)."""
+        if not self._ranges_json.is_file():
+            return {}
+        from onnxruntime.quantization.calibrate import load_tensors_data
+
+        data = load_tensors_data(self._ranges_json)
+        out = {}
+        for name in data:
+            lo, hi = data[name].range_value
+            out[name] = (float(np.asarray(lo).min()), float(np.asarray(hi).max()))
+        return out
+
+    def quantize(self, out: Path, nodes: Sequence[str]) -> Path:
+        """Write the model with exactly ``nodes`` quantized (an empty list: the float model).
+
+        Raises:
+            StageError: onnxruntime.quantization fails (message names the cause).
+        """
+        if not nodes:
+            shutil.copyfile(self.float_model, out)
+            return out
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+        from edgedeploy.precision.data import OrtCalibrationReader
+
+        quiet = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # ORT logs advice (pre-processing) through the root logger
+        try:
+            if self.scheme.activations == "dynamic":
+                quantize_dynamic(
+                    str(self.float_model),
+                    str(out),
+                    op_types_to_quantize=["MatMul"],
+                    per_channel=self.per_channel,
+                    reduce_range=self.reduce_range,
+                    weight_type=getattr(QuantType, self.scheme.weight_type),
+                    nodes_to_quantize=list(nodes),
+                    extra_options={"MatMulConstBOnly": True},
+                )
+            else:
+                reader = None if self._ranges_json.is_file() else OrtCalibrationReader(self.calib_batches)
+                quantize_static(
+                    str(self.float_model),
+                    str(out),
+                    calibration_data_reader=reader,
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=list(WEIGHT_OPS),
+                    per_channel=self.per_channel,
+                    reduce_range=self.reduce_range,
+                    activation_type=getattr(QuantType, self.scheme.activation_type),
+                    weight_type=getattr(QuantType, self.scheme.weight_type),
+                    nodes_to_quantize=list(nodes),
+                    extra_options={
+                        "ActivationSymmetric": True,
+                        "WeightSymmetric": True,
+                        "MatMulConstBOnly": True,
+                        "QuantizeBias": False,
+                        # Q/DQ on the MatMul inputs only, no requantized outputs (see isolate_matmul_inputs)
+                        "OpTypesToExcludeOutputQuantization": list(WEIGHT_OPS),
+                    },
+                    calibration_cache_path=str(self._ranges_json),
+                )
+        except Exception as exc:  # onnxruntime.quantization raises assorted exception types
+            raise StageError(
+                "precision",
+                f"transformer INT8 quantization failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                hint="list the failing node in precision.keep_fp32, or set precision.int8_recipe = 'cnn'",
+            ) from None
+        finally:
+            logging.getLogger().setLevel(quiet)
+        return out
+
+
+def host_has_int8_dot() -> bool | None:
+    """Whether this host's CPU multiplies int8 without int16 saturation (x86 VNNI / AMX, Arm dot product).
+
+    None when unknown (no /proc/cpuinfo).
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return None
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"} & set(flags))
+
+
+# ---- judging and fallback ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TransformerResult:
+    """What the transformer INT8 path decided (all plain data for precision.json)."""
+
+    model: Path
+    quantized: list[str]
+    kept_float: dict[str, str]
+    tries: list[dict[str, Any]]
+    sensitivity: list[dict[str, Any]]
+    met: bool
+
+
+def quantize_with_fallback(
+    q: TransformerQuantizer,
+    *,
+    out: Path,
+    candidates: Sequence[str],
+    pinned: dict[str, str],
+    reference: Path,
+    calib: Sequence[dict[str, np.ndarray]],
+    held_out: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+    accuracy_target: float,
+    max_tries: int,
+    run: Callable[[Path, Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]],
+    log: Callable[[str], None] | None = None,
+) -> TransformerResult:
+    """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target``, keep
+    the most sensitive MatMuls in float (try ``t``: the top ``2**(t-1)``, at most ``max_tries`` tries).
+
+    Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
+    the outputs); scores are always on ``held_out``, against the float model ``reference``.
+    """
+    from edgedeploy.precision.analysis import output_error
+
+    say = log or (lambda _line: None)
+    ref_held = run(reference, held_out)
+    active = [n for n in candidates if n not in pinned]
+    model = q.quantize(q.workdir / "tf0.int8.onnx", active)
+    score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
+    tries = [{"try": 0, "float_matmuls": len(candidates) - len(active), **_brief(score)}]
+    chosen, kept = model, dict(pinned)
+    sensitivity: list[dict[str, Any]] = []
+    if score["score"] < accuracy_target and max_tries > 0 and active:
+        probe = list(calib[:4])
+        ref_probe = run(reference, probe)
+        say(
+            f"INT8 held-out {score['metric']} {score['score']:.4f} < target {accuracy_target}: measuring the "
+            f"sensitivity of {len(active)} MatMuls"
+        )
+        for i, node in enumerate(active):
+            m = q.quantize(q.workdir / f"only{i}.int8.onnx", [node])
+            sensitivity.append({"node": node, "output_error": output_error(ref_probe, run(m, probe))})
+            m.unlink(missing_ok=True)
+        sensitivity.sort(key=lambda r: r["output_error"], reverse=True)
+        for t in range(1, max_tries + 1):
+            top = sensitivity[: 2 ** (t - 1)]
+            trial = {
+                **pinned,
+                **{
+                    r["node"]: f"INT8 sensitive: quantized alone it gives {r['output_error']:.3g} relative output error"
+                    for r in top
+                },  # fmt: skip
+            }
+            model = q.quantize(q.workdir / f"tf{t}.int8.onnx", [n for n in candidates if n not in trial])
+            score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
+            tries.append({"try": t, "float_matmuls": len(trial), **_brief(score)})
+            say(
+                f"INT8 fallback try {t}: {len(trial)} MatMul(s) in float, "
+                f"held-out {score['metric']} {score['score']:.4f}"
+            )
+            chosen, kept = model, trial
+            if score["score"] >= accuracy_target or len(top) == len(sensitivity):
+                break
+    shutil.copyfile(chosen, out)
+    return TransformerResult(
+        model=out,
+        quantized=[n for n in candidates if n not in kept],
+        kept_float=kept,
+        tries=tries,
+        sensitivity=sensitivity[:20],
+        met=tries[-1]["score"] >= accuracy_target,
+    )
+
+
+def _brief(score: dict[str, Any]) -> dict[str, Any]:
+    first = next(iter(score["outputs"].values()))
+    row = {"metric": score["metric"], "score": score["score"], "samples": score["samples"]}
+    if "min" in first:
+        row["min"] = min(o.get("min", o["value"]) for o in score["outputs"].values())
+    return row
+
+
+# ---- the recipe ------------------------------------------------------------------------------------------
+
+
+def choose_recipe(setting: str, model: Any) -> tuple[str, dict[str, int]]:
+    """(``cnn`` or ``transformer``, the graph evidence) for ``precision.int8_recipe`` = ``setting``."""
+    evidence = transformer_evidence(model)
+    if setting != "auto":
+        return setting, evidence
+    return ("transformer" if looks_like_transformer(evidence) else "cnn"), evidence
+
+
+def quantize_transformer(
+    float_model: Path,
+    out: Path,
+    workdir: Path,
+    *,
+    scheme: TransformerScheme,
+    batches: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str] = (),
+    accuracy_target: float = 0.99,
+    max_tries: int = 4,
+    keep_fp32: Sequence[str] = (),
+    smoothquant_alpha: float = 0.0,
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> tuple[TransformerResult, dict[str, Any], TransformerQuantizer]:
+    """The transformer INT8 recipe on ``float_model``, written to ``out``.
+
+    Steps: Gemm -> MatMul (dynamic schemes); hold out every 4th batch; ranges of every float tensor on the
+    calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and the weight
+    MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
+    batches against ``float_model``.
+
+    Returns:
+        the result, the plan entries for precision.json, and the quantizer (for its static ranges).
+
+    Raises:
+        StageError: quantization or range calibration fails.
+    """
+    import onnx
+
+    from edgedeploy.precision.analysis import run_model
+    from edgedeploy.precision.smoothquant import smooth
+
+    model = onnx.load(str(float_model))
+    for i, n in enumerate(model.graph.node):
+        n.name = n.name or f"{n.op_type}_{i}"  # quantizers select nodes by name
+    rewritten = gemms_to_matmuls(model) if scheme.activations == "dynamic" else []
+    base = workdir / "tf.float.onnx"
+    onnx.save(model, str(base))
+    candidates = weight_matmuls(model)
+    if not candidates:
+        raise StageError(
+            "precision",
+            "transformer INT8 found no MatMul or Gemm with a constant 2-D weight to quantize",
+            hint="use precision.int8_recipe = 'cnn' (or 'auto') for this model",
+        )
+    calib, held = split_held_out(batches)
+    channel = {n.input[0] for n in model.graph.node if n.name in set(candidates)} if smoothquant_alpha else set()
+    stats = rng.collect_ranges(base, calib, workdir, channel_tensors=channel)
+    absurd = rng.absurd_ranges(stats, model)
+    touching = rng.nodes_touching(absurd, model, WEIGHT_OPS)
+    pinned = {n: "listed in precision.keep_fp32" for n in keep_fp32}
+    for node, tensor in touching.items():
+        if node in candidates and node not in pinned:
+            pinned[node] = f"reads or writes {tensor}: {absurd[tensor]['why']}"
+    smoothing: dict[str, Any] = {"status": "off"}
+    quant_input = base
+    if smoothquant_alpha > 0:
+        rows = smooth(model, stats, [c for c in candidates if c not in pinned], smoothquant_alpha)
+        quant_input = workdir / "tf.smoothed.onnx"
+        onnx.save(model, str(quant_input))
+        smoothing = {"status": "on", "alpha": smoothquant_alpha, "activations": len(rows), "smoothed": rows[:50]}
+    if scheme.activations == "calibrated" and isolate_matmul_inputs(model, candidates):
+        quant_input = workdir / "tf.isolated.onnx"
+        onnx.save(model, str(quant_input))
+    q = TransformerQuantizer(quant_input, workdir, scheme, calib, per_channel=per_channel, reduce_range=reduce_range)
+    result = quantize_with_fallback(
+        q,
+        out=out,
+        candidates=candidates,
+        pinned=pinned,
+        reference=base,
+        calib=calib,
+        held_out=held,
+        classifier_outputs=classifier_outputs,
+        accuracy_target=accuracy_target,
+        max_tries=max_tries,
+        run=run_model,
+        log=log,
+    )
+    if not result.quantized:  # an "INT8" artifact with every MatMul in float would be FP32 under another name
+        out.unlink(missing_ok=True)
+        raise StageError(
+            "precision",
+            f"transformer INT8 kept all {len(candidates)} weight MatMuls in float "
+            f"({len(pinned)} pinned: keep_fp32 or absurd ranges; the rest by fallback), so nothing is INT8",
+            hint="build fp32 instead, or shorten precision.keep_fp32",
+        )
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    plan = {
+        "scheme": {
+            "name": scheme.name,
+            "activations": scheme.activations,
+            "why": scheme.why,
+            "per_channel": per_channel,
+            "reduce_range": reduce_range,
+        },
+        "weight_matmuls": len(candidates),
+        "quantized_matmuls": len(result.quantized),
+        "gemms_rewritten_as_matmul": rewritten,
+        "held_out": {
+            "batches": len(held),
+            "calibration_batches": len(calib),
+            "disjoint": len(batches) >= 2,
+            "rule": "every 4th calibration batch is held out: never used for ranges, smoothing or sensitivity",
+        },
+        "absurd_ranges": [
+            {"tensor": t, **info, "consumers": consumers.get(t, [])[:8]} for t, info in sorted(absurd.items())
+        ],
+        "smoothquant": smoothing,
+    }
+    return result, plan, q

@@ -1,0 +1,149 @@
+"""A device bundle is data: files dropped into it never run, unlisted files are refused, names stay inside it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TOML, write_tiny_project
+
+from edgedeploy.api import build
+from edgedeploy.cli import main
+from edgedeploy.device import complete_bundle as device
+from edgedeploy.fileio.hashing import sha256_file
+
+PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('pwned')\n"
+
+
+@pytest.fixture(scope="module")
+def built_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hijack-project")
+    name = f"tinynet_{uuid.uuid4().hex[:8]}"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
+    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    result = build(cfg, log=lambda _: None, build__target="jetson-orin")
+    return result.out / "bundle"
+
+
+@pytest.fixture
+def bundle(built_bundle, tmp_path):
+    dest = tmp_path / "bundle"
+    shutil.copytree(built_bundle, dest)
+    return dest
+
+
+def run_script(bundle: Path, *args: str, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run the bundle's own script the way the README says (plain ``python3 complete_bundle.py .``)."""
+    cmd = [sys.executable, *python_flags, "complete_bundle.py", ".", "--runner", "onnxruntime", *args]
+    return subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=120)
+
+
+def _relist(bundle: Path, *names: str) -> None:
+    """Forge bundle.json so it lists ``names`` with their real hashes (an attacker without the pin)."""
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    for n in names:
+        manifest["files"][n] = sha256_file(bundle / n)
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+
+
+def test_the_untouched_bundle_still_passes_as_documented(bundle):
+    pinned = sha256_file(bundle / "bundle.json")
+    for flags in ((), ("-I",)):
+        proc = run_script(bundle, "--bundle-sha256", pinned, python_flags=flags)
+        assert proc.returncode == 0, proc.stderr
+        assert "PASSED" in proc.stderr
+    (bundle / "validation.json").unlink()  # the device step's own outputs are allowed beside the listed files
+
+
+@pytest.mark.parametrize("module", ["argparse", "numpy", "hashlib", "json"])
+def test_a_dropped_module_never_runs_and_the_unlisted_file_is_refused(bundle, tmp_path, module):
+    marker = tmp_path / f"PWNED-{module}"
+    (bundle / f"{module}.py").write_text(PAYLOAD.format(marker=str(marker)))
+    proc = run_script(bundle, "--bundle-sha256", sha256_file(bundle / "bundle.json"))
+    assert not marker.exists(), proc.stderr
+    assert proc.returncode == device.EXIT_INTEGRITY, proc.stderr
+    assert f"{module}.py is not listed in bundle.json" in proc.stderr
+
+
+def test_a_module_listed_in_a_forged_manifest_is_still_never_imported(bundle, tmp_path):
+    """Without the pin bundle.json can be forged; the script's folder still never reaches sys.path."""
+    marker = tmp_path / "PWNED"
+    for module in ("numpy", "onnxruntime"):
+        (bundle / f"{module}.py").write_text(PAYLOAD.format(marker=str(marker)))
+    _relist(bundle, "numpy.py", "onnxruntime.py")
+    proc = run_script(bundle)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+
+
+def test_deploy_bundle_verify_refuses_unlisted_files(bundle, capsys):
+    assert main(["bundle", "verify", str(bundle)]) == 0
+    (bundle / "argparse.py").write_text("raise SystemExit('pwned')\n")
+    (bundle / "sub").mkdir()
+    (bundle / "sub" / "x.bin").write_bytes(b"x")
+    assert main(["bundle", "verify", str(bundle)]) == device.EXIT_INTEGRITY
+    err = capsys.readouterr().err
+    assert "argparse.py is not listed" in err
+    assert "sub/x.bin is not listed" in err
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "a/../../x", "a\\..\\x", ""])
+def test_bundle_json_names_are_confined_to_the_bundle(bundle, name):
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["files"][name] = "0" * 64
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    with pytest.raises(device.IntegrityFailed, match="not a plain relative name"):
+        device.verify_bundle(str(bundle))
+
+
+def test_a_listed_symlink_out_of_the_bundle_is_refused(bundle, tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    (bundle / "link.txt").symlink_to(outside)
+    _relist(bundle, "link.txt")
+    with pytest.raises(device.IntegrityFailed, match="is a link"):
+        device.verify_bundle(str(bundle))
+
+
+@pytest.mark.parametrize("key", ["onnx", "calib_cache", "engine", "timing_cache"])
+def test_plan_names_are_confined_too(bundle, key):
+    plan = json.loads((bundle / "plan.json").read_text())
+    plan[key] = "../../escape.onnx"
+    (bundle / "plan.json").write_text(json.dumps(plan))
+    _relist(bundle, "plan.json")
+    proc = run_script(bundle)
+    assert proc.returncode == device.EXIT_INTEGRITY, proc.stderr
+    assert "not a plain relative name" in proc.stderr
+
+
+def test_standalone_helpers_load_only_after_verification(bundle):
+    """Run as the bundle's own copy, trt_adapter/parity come from verified bytes, never from sys.path."""
+    code = (
+        "import runpy, sys; sys.modules['edgedeploy'] = None; sys.argv = ['complete_bundle.py'];"
+        "g = runpy.run_path('complete_bundle.py', run_name='bundle_script');"
+        "err = g['IntegrityFailed']\n"
+        "try:\n    g['sibling']('parity')\nexcept err as exc:\n    print('REFUSED', exc.message)\n"
+        "g['verify_bundle']('.')\nprint('LOADED', g['sibling']('parity').__file__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=bundle, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED parity.py: not a verified file of this bundle" in proc.stdout
+    assert f"LOADED {bundle.resolve() / 'parity.py'}" in proc.stdout
+
+
+def test_verify_only_checks_before_trtexec_sh_runs_bundle_content(bundle):
+    proc = subprocess.run(
+        [sys.executable, "-I", "complete_bundle.py", ".", "--verify-only"], cwd=bundle, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (bundle / "validation.json").exists()
+    (bundle / "trtexec.sh").write_text("#!/bin/sh\ntouch PWNED\n")
+    proc = subprocess.run(
+        [sys.executable, "-I", "complete_bundle.py", ".", "--verify-only"], cwd=bundle, capture_output=True, text=True
+    )
+    assert proc.returncode == device.EXIT_INTEGRITY and "trtexec.sh sha256 differs" in proc.stderr

@@ -1,0 +1,65 @@
+"""Refusals that depend only on config, target and data presence happen before any model is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgedeploy.config import config_from_dict
+from edgedeploy.errors import InputError, TargetCapabilityError
+from edgedeploy.pipeline.runner import run_build
+
+
+def _cfg(tmp_path: Path, **sections: dict[str, Any]) -> Any:
+    raw: dict[str, Any] = {
+        # a factory that cannot be imported: any refusal raised before it is touched is an early one
+        "model": {"factory": "no_such_module_anywhere:build"},
+        "inputs": [{"name": "x", "shape": ["batch", 3], "range": [-1.0, 1.0]}],
+        "dims": {"batch": {"min": 1, "opt": 2, "max": 4}},
+        "outputs": ["y"],
+        "build": {"out": str(tmp_path / "out")},
+    }
+    for key, value in sections.items():
+        raw.setdefault(key, {}).update(value)
+    return config_from_dict(raw, source="deploy.toml", base_dir=tmp_path)
+
+
+def test_int8_without_calibration_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="INT8 needs calibration data"):
+        run_build(_cfg(tmp_path, precision={"mode": "int8"}), log=lambda _l: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_precision_the_target_refuses_is_refused_first(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, precision={"mode": "fp16"}, build={"target": "cpu"})
+    with pytest.raises(TargetCapabilityError, match="cannot run fp16"):
+        run_build(cfg, log=lambda _l: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_or_text_data_without_hf_folder_is_refused_first(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="validate.data: file not found"):
+        run_build(_cfg(tmp_path, validate={"data": "missing.npz"}), log=lambda _l: None)
+    (tmp_path / "s.txt").write_text("the cat\n")
+    cfg = _cfg(tmp_path, precision={"mode": "int8", "calib": "s.txt"})
+    with pytest.raises(InputError, match="needs a Hugging Face model folder"):
+        run_build(cfg, log=lambda _l: None)
+
+
+def test_cli_refusal_imports_no_torch(tmp_path: Path) -> None:
+    cfg = tmp_path / "deploy.toml"
+    cfg.write_text(
+        'outputs = ["y"]\n[model]\nfactory = "m:build"\n[[inputs]]\nname = "x"\nshape = [1, 3]\n'
+        '[precision]\nmode = "int8"\n'
+    )
+    script = (
+        "import sys\nfrom edgedeploy.cli import main\n"
+        f"rc = main(['build', '--config', {str(cfg)!r}])\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "NO-TORCH 3" in res.stdout, res.stdout + res.stderr[-2000:]

@@ -1,0 +1,72 @@
+"""Runtime backends are a registry: a toy runtime added in one place is built by the pipeline."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_tiny_project
+
+from edgedeploy import runtimes
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import PRECISION_MODELS, deploy_model_name
+from edgedeploy.config import load_config
+from edgedeploy.errors import ConfigError
+from edgedeploy.pipeline.runner import run_build
+from edgedeploy.stages.base import Stage, StageResult
+from edgedeploy.targets import load_target_file
+
+
+class ToyArtifactFromOnnx(Stage):
+    """The toy runtime's artifact: the precision model's bytes, reversed."""
+
+    name = names.BUILD
+    consumes = tuple(dict.fromkeys(PRECISION_MODELS.values()))
+    produces = ("model.toy",)
+
+    def run(self, ctx: Any) -> StageResult:
+        data = ctx.path(deploy_model_name(ctx.precision)).read_bytes()
+        (ctx.staging / "model.toy").write_bytes(data[::-1])
+        return StageResult({"artifact": "model.toy", "bytes": len(data)}, notes=["built by the toy runtime"])
+
+
+@pytest.fixture
+def toy_runtime() -> Iterator[runtimes.RuntimeBackend]:
+    backend = runtimes.register(
+        runtimes.RuntimeBackend(
+            name="toyrt",
+            build_stage=f"{__name__}:ToyArtifactFromOnnx",
+            preflight="edgedeploy.onnxtools.opsupport:onnxruntime_preflight",
+            qdq_flavour="onnxruntime",
+            validation_backends=("onnxruntime",),
+            probe="edgedeploy.onnxtools.ort:onnxruntime_version",
+            builds_here=True,
+        )
+    )
+    yield backend
+    runtimes.unregister("toyrt")
+
+
+def test_a_registered_toy_runtime_is_built_by_the_pipeline(tmp_path: Path, toy_runtime: Any) -> None:
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[targets.toy-box]\nbase = "cpu"\nruntime = "toyrt"\ndescription = "a toy"\n')
+    assert load_target_file(targets)["toy-box"].builds_here
+    cfg_path = write_tiny_project(tmp_path / "proj")
+    cfg = load_config(cfg_path, {"build.target": "toy-box", "build.targets_file": str(targets)})
+    result = run_build(cfg, log=lambda _: None)
+    assert result.ok
+    toy = (result.out / "model.toy").read_bytes()
+    assert toy[::-1] == (result.out / "model.onnx").read_bytes()
+    report = json.loads((result.out / "report.json").read_text())
+    assert report["runtime"] == "toyrt" and report["metrics"]["build"]["artifact"] == "model.toy"
+    assert "built by the toy runtime" in report["notes"]
+
+
+def test_an_unregistered_runtime_is_refused_naming_the_file(tmp_path: Path) -> None:
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[targets.toy-box]\nbase = "cpu"\nruntime = "toyrt"\n')
+    with pytest.raises(ConfigError, match="runtime 'toyrt' must be one of onnxruntime, tensorrt"):
+        load_target_file(targets)

@@ -1,0 +1,77 @@
+"""Lightning: a real Trainer.fit with the GradMonitor callback, and the adapter's deployable checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip("lightning")
+
+
+def _loaders():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(96, 64, generator=g)
+    y = (x[:, :32].mean(1) > x[:, 32:].mean(1)).long()
+    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16, shuffle=True, generator=g)
+    return train, DataLoader(TensorDataset(x[64:], y[64:]), batch_size=32)
+
+
+def test_trainer_fit_runs_the_grad_monitor_and_writes_a_deployable_checkpoint(tmp_path):
+    import lightning.pytorch as pl
+
+    from edgedeploy.config import config_from_dict
+    from edgedeploy.modelio.checkpoint import load_model
+    from edgedeploy.train.lightning import deploy_checkpoint_callback, lightning_module
+    from edgedeploy.train.models import mlp
+    from edgedeploy.train.monitors import GradientFlowMonitor, lightning_callback
+
+    torch.manual_seed(0)
+    net = mlp(64, [16], 2)
+    net.body[1].weight.requires_grad_(False)  # frozen: the monitor must not expect a gradient there
+    unused = torch.nn.Linear(3, 3)
+    net.add_module("unused", unused)  # a branch forward never calls: the monitor reports it
+    monitor = GradientFlowMonitor(vanishing=1e-12, exploding=1e6, every=2, log=lambda _l: None)
+    ckpt = tmp_path / "model.safetensors"
+    kwargs = {"in_features": 64, "hidden": [16], "num_classes": 2}
+    inputs = [{"name": "x", "shape": ["batch", 64], "dtype": "float32", "range": [0.0, 1.0]}]
+    trainer = pl.Trainer(
+        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=0.5,
+        gradient_clip_algorithm="norm", accumulate_grad_batches=2,
+        callbacks=[
+            lightning_callback(monitor),
+            deploy_checkpoint_callback(
+                ckpt, factory="edgedeploy.train.models:mlp", factory_kwargs=kwargs, inputs=inputs
+            ),
+        ],
+    )  # fmt: skip
+    module = lightning_module(net, lr=0.01)
+    train, val = _loaders()
+    trainer.fit(module, train, val)
+    assert trainer.global_step == 2 * 64 // 16 // 2  # accumulate_grad_batches=2 -> 4 optimizer steps
+    # the callback ran inside Trainer.fit, on real gradients: norms for every trained layer, the dead branch flagged
+    assert monitor.reports, "GradMonitor never ran"
+    last = monitor.reports[-1]
+    assert set(last.layer_norms) == {"model.body.1", "model.head"} and all(v > 0 for v in last.layer_norms.values())
+    assert last.layers("no_grad") == ["model.unused"]
+    # the checkpoint: plain keys the factory loads, sidecar the deploy side reads
+    weights = load_file(str(ckpt))
+    assert set(weights) == set(net.state_dict())
+    assert torch.equal(weights["head.weight"], net.head.weight.detach())
+    meta = json.loads(ckpt.with_suffix(".meta.json").read_text())
+    assert meta["trainer"] == "lightning" and 0.0 <= meta["metrics"]["val_accuracy"] <= 1.0
+    del weights["unused.weight"], weights["unused.bias"]
+    from safetensors.torch import save_file
+
+    save_file(weights, str(ckpt))  # the zoo model has no dead branch: drop it as a user would
+    meta.pop("weights_sha256")
+    ckpt.with_suffix(".meta.json").write_text(json.dumps(meta))
+    cfg = config_from_dict({"model": {"checkpoint": str(ckpt)}, "build": {"target": "cpu"}})
+    deployed = load_model(cfg, ckpt)
+    x = torch.rand(4, 64)
+    net.eval()
+    assert torch.allclose(deployed(x), net(x), atol=1e-6)

@@ -1,0 +1,277 @@
+"""The device side (adapter + complete_bundle.py + trt_runner.py) against a fake ``tensorrt`` per version.
+
+The fakes (tests/trt_fakes.py) raise AttributeError on any member a TensorRT release lacks, so a
+call that does not exist in 8.2, 8.5, 10.3, 10.13 or 11 fails here. They prove the call shape, not
+numerics: the "engine" is the ONNX model run by ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from trt_fakes import VERSIONS, FakeLibCuda, make_tensorrt, members_for, stub_members
+
+from edgedeploy.device import complete_bundle as device
+from edgedeploy.device import trt_runner
+from edgedeploy.trt import adapter
+from edgedeploy.trt.plan import BuildPlan, InputProfile
+
+TARGET_OF = {"8.2": ("jetson-nano", "5.3"), "8.5": ("jetson-xavier", "7.2"), "10.3": ("jetson-orin", "8.7")}
+TARGET_OF.update({"10.13": ("desktop", "8.9"), "11": ("desktop-trt11", "8.9")})
+W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10.0 - 0.5
+
+
+def tiny_onnx(path: Path) -> None:
+    """x[batch,4] -> Constant W -> MatMul -> Relu = logits[batch,3]; ArgMax = label (int64)."""
+    nodes = [
+        helper.make_node("Constant", [], ["w"], name="const_w", value=numpy_helper.from_array(W, "w")),
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
+        helper.make_node("Relu", ["mm"], ["logits"], name="relu"),
+        helper.make_node("ArgMax", ["logits"], ["label"], name="argmax", axis=1, keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def make_bundle(folder: Path, version: str, precision: str = "fp32", **plan_fields) -> Path:
+    """A hand-made bundle (model, goldens, plan, manifest) for the target that ships ``version``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target, sm = TARGET_OF[version]
+    tiny_onnx(folder / "model.onnx")
+    strategy = {"fp32": "fp32", "fp16": "fp16-flag", "int8": "int8-calib-cache"}[precision]
+    plan = BuildPlan(
+        target=target,
+        trt_version=version if version != "11" else "11.5",
+        sm=sm,
+        precision=precision,
+        strategy=strategy,
+        onnx="model.onnx",
+        strongly_typed=version == "11",
+        inputs=(InputProfile("x", (1, 4), (2, 4), (4, 4)),),
+        workspace_mib=64,
+        **plan_fields,
+    )
+    (folder / "plan.json").write_text(json.dumps(plan.to_dict()))
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for point, batch in (("min", 1), ("opt", 2), ("max", 4)):
+        x = rng.standard_normal((batch, 4)).astype(np.float32)
+        logits = np.maximum(x @ W, 0)
+        arrays.update({f"{point}/0/in/x": x, f"{point}/0/out/logits": logits})
+        arrays[f"{point}/0/out/label"] = logits.argmax(1)
+    np.savez(folder / "goldens.npz", **arrays)
+    files = [p.name for p in folder.iterdir() if p.is_file()]
+    manifest = {
+        "schema": device.BUNDLE_SCHEMA,
+        "plan": "plan.json",
+        "goldens": "goldens.npz",
+        "files": {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in files},
+        "validation": {"tolerance": {"atol": 1e-5, "rtol": 1e-5}, "classifier_outputs": ["logits"]},
+    }
+    (folder / "bundle.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture
+def fake_device(monkeypatch, tmp_path):
+    """Install a fake TensorRT of a version plus a fake libcuda.so.1; polygraphy fails to import with SyntaxError."""
+    bad = tmp_path / "py36site" / "polygraphy"
+    bad.mkdir(parents=True)
+    # what pip's polygraphy 0.53 does on Python 3.6: `from __future__ import annotations` is a SyntaxError there
+    (bad / "__init__.py").write_text("raise SyntaxError('future feature annotations is not defined')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "py36site"))
+    for name in [m for m in sys.modules if m == "polygraphy" or m.startswith("polygraphy.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def install(version: str, sm: str) -> tuple:
+        lib = FakeLibCuda(name=f"Fake SM {sm}", sm=sm)
+        trt = make_tensorrt(version, lib)
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        monkeypatch.setattr(adapter, "_load_driver", lambda: lib)
+        monkeypatch.setattr(trt_runner, "load_driver", lambda names=(): lib)
+        # in the package, complete_bundle.py sits beside trt_runner.py and loads that file as `trt_runner`
+        monkeypatch.setattr(device.sibling("trt_runner"), "load_driver", lambda names=(): lib)
+        return trt, lib
+
+    return install
+
+
+def run_device_step(bundle: Path, lines: list[str], *extra: str) -> dict:
+    args = device.parser().parse_args([str(bundle), "--latency-iters", "2", *extra])
+    return device.run(args, lines.append)
+
+
+def test_the_fakes_implement_only_what_some_release_declares():
+    trt = make_tensorrt("10.13")
+    stubs, old = stub_members(), members_for("8.5")
+    for api, implemented in trt._implemented.items():
+        known = stubs[api] | old.get(api, set())
+        assert implemented <= known, f"the fake invents {api}.{sorted(implemented - known)}"
+
+
+def test_fakes_refuse_calls_their_version_lacks():
+    old, new, v11 = make_tensorrt("8.2"), make_tensorrt("10.13"), make_tensorrt("11")
+    assert not hasattr(old, "MemoryPoolType") and hasattr(new, "MemoryPoolType")
+    assert not hasattr(v11.BuilderFlag, "FP16") and hasattr(new.BuilderFlag, "FP16")
+    assert not hasattr(v11, "IInt8EntropyCalibrator2")
+    config = old.Builder(old.Logger()).create_builder_config()
+    with pytest.raises(AttributeError, match="TensorRT 8.2.1.8 has no IBuilderConfig.set_memory_pool_limit"):
+        config.set_memory_pool_limit(None, 1)
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_device_step_builds_and_validates_against_each_tensorrt_version(version, fake_device, tmp_path):
+    target, sm = TARGET_OF[version]
+    trt, lib = fake_device(version, sm)
+    bundle = make_bundle(tmp_path / "b", version)
+    lines: list[str] = []
+    result = run_device_step(bundle, lines)
+    assert result["status"] == "passed", lines
+    want_api = "bindings (execute_v2)" if version == "8.2" else "named tensors (execute_async_v3)"
+    assert result["runner"] == f"tensorrt ({want_api})"
+    assert result["engine"]["tensorrt"] == VERSIONS[version] and result["engine"]["gpu"]["sm"] == sm
+    assert {"cuMemAlloc_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemFree_v2"} <= set(lib.calls)
+    used = set(trt._state.calls)
+    if version == "8.2":
+        assert {"IExecutionContext.execute_v2", "IExecutionContext.set_binding_shape"} <= used
+        assert "IBuilderConfig.max_workspace_size=" in used
+    else:
+        assert {"IExecutionContext.execute_async_v3", "IExecutionContext.set_tensor_address"} <= used
+    if version != "8.2":  # polygraphy's SyntaxError was caught and said so
+        assert any("SyntaxError" in line and "trt_runner.py" in line for line in lines)
+    header = json.loads((bundle / "model.engine").read_bytes()[8:].split(b"\n", 1)[0])
+    assert "TF32" not in header["flags"], "FP32 builds must clear TF32"
+
+
+@pytest.mark.parametrize("version", ["8.5", "10.3"])
+def test_int8_calibration_cache_from_the_host_is_retargeted_to_the_installed_patch_release(
+    version, fake_device, tmp_path
+):
+    trt, _ = fake_device(version, TARGET_OF[version][1])
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    # the host writes the profile's short version: 8.5 -> TRT-8500, 10.3 -> TRT-100300
+    short = "TRT-8500" if version == "8.5" else "TRT-100300"
+    (bundle / "calib.cache").write_text(f"{short}-EntropyCalibration2\nx: 3c010a14\nlogits: 3c010a14\n")
+    make_bundle(bundle, version, "int8", calib_cache="calib.cache")
+    lines: list[str] = []
+    assert run_device_step(bundle, lines)["status"] == "passed", lines
+    header = json.loads((bundle / "model.engine").read_bytes()[8:].split(b"\n", 1)[0])
+    assert {"INT8", "FP16"} <= set(header["flags"]), "INT8 builds enable FP16 too"
+    assert adapter.retarget_calib_cache(b"TRT-8500-EntropyCalibration2\na: 1\n", "8.5.2.2") == (
+        b"TRT-8502-EntropyCalibration2\na: 1\n"
+    )
+
+
+def test_pins_skip_integer_outputs_and_names_without_a_layer(fake_device, tmp_path):
+    fake_device("8.5", "7.2")
+    bundle = make_bundle(tmp_path / "b", "8.5", "fp16", fp32_layers=("argmax", "const_w", "relu"))
+    lines: list[str] = []
+    assert run_device_step(bundle, lines)["status"] == "passed", lines
+    assert any("1 FP32 pin(s) name no TensorRT layer" in line and "const_w" in line for line in lines)
+
+
+def test_only_error_messages_decide_out_of_memory(fake_device, tmp_path):
+    trt, _ = fake_device("10.3", "8.7")
+    onnx_path = tmp_path / "m.onnx"
+    tiny_onnx(onnx_path)
+    kw = dict(profiles=[], precision="fp32", strongly_typed=False, workspace_mib=64)
+    trt._state.build_failure = [
+        (2, "Skipping tactic 0x0000000000000001 due to insufficient memory on requested size of 1073741824"),
+        (1, "Error Code 4: Internal Error (Network has dynamic or shape inputs, but no optimization profile)"),
+    ]
+    with pytest.raises(adapter.EngineBuildError) as exc:
+        adapter.build_serialized_engine(str(onnx_path), **kw)
+    assert not isinstance(exc.value, adapter.BuildOutOfMemoryError)
+    trt._state.build_failure = [(1, "Error Code 1: Cuda Runtime (out of memory)")]
+    with pytest.raises(adapter.BuildOutOfMemoryError):
+        adapter.build_serialized_engine(str(onnx_path), **kw)
+
+
+def test_cuda_device_uses_the_driver_library():
+    lib = FakeLibCuda(name="Orin", sm="8.7")
+    assert adapter.cuda_device(lib=lib) == {"name": "Orin", "sm": "8.7"}
+    assert lib.calls[0] == "cuInit"
+    assert trt_runner.device_info(lib) == {"name": "Orin", "sm": "8.7"}
+
+
+def test_polygraphy_failing_with_syntax_error_is_a_clear_unavailable(fake_device):
+    fake_device("10.3", "8.7")
+    with pytest.raises(adapter.TensorRTUnavailable, match="SyntaxError"):
+        adapter.EngineSession(b"not an engine")
+
+
+def test_device_step_args_parse_unchanged():
+    assert isinstance(device.parser().parse_args(["."]), argparse.Namespace)
+
+
+def test_polygraphy_that_imports_but_cannot_run_here_falls_back_to_the_bundled_runner(
+    fake_device, tmp_path, monkeypatch
+):
+    """The real polygraphy (installed in the test venv) against the fake: it fails to run, the step still passes."""
+    fake_device("10.13", "8.9")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "py36site" not in p])
+    for name in [m for m in sys.modules if m == "polygraphy" or m.startswith("polygraphy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    pytest.importorskip("polygraphy.backend.trt")
+    bundle = make_bundle(tmp_path / "b", "10.13")
+    lines: list[str] = []
+    result = run_device_step(bundle, lines)
+    assert result["status"] == "passed" and result["runner"] == "tensorrt (named tensors (execute_async_v3))"
+    assert any(line.startswith("note: ") and "trt_runner.py instead" in line for line in lines)
+
+
+NANO_DEVICE = """
+import ctypes, runpy, sys
+sys.path.insert(0, {tests!r})
+from trt_fakes import FakeLibCuda, make_tensorrt
+lib = FakeLibCuda(name="NVIDIA Tegra X1", sm="5.3")
+sys.modules["tensorrt"] = make_tensorrt("8.2", lib)
+real_cdll = ctypes.CDLL
+ctypes.CDLL = lambda name, *a, **k: lib if "libcuda" in str(name) else real_cdll(name, *a, **k)
+for blocked in ("torch", "edgedeploy", "polygraphy"):  # what a Nano does not have
+    sys.modules[blocked] = None
+sys.argv = [{script!r}, {bundle!r}, "--latency-iters", "1"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_nano_bundle_validates_an_engine_with_its_own_copies_and_no_polygraphy(tmp_path):
+    """The bundle's copied scripts, in a process without torch, edgedeploy or polygraphy, on the fake 8.2."""
+    import shutil
+    import subprocess
+
+    from edgedeploy.stages.build_trt import DEVICE_CODE
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for name, src in DEVICE_CODE.items():
+        shutil.copy(src, bundle / name)
+    make_bundle(bundle, "8.2")  # manifest lists the copies too
+    code = NANO_DEVICE.format(
+        tests=str(Path(__file__).parent), script=str(bundle / "complete_bundle.py"), bundle=str(bundle)
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "runner: TensorRT 8.2.1.8 on NVIDIA Tegra X1" in proc.stderr
+    assert "PASSED" in proc.stderr
+    record = json.loads((bundle / "validation.json").read_text())
+    assert record["runner"] == "tensorrt (bindings (execute_v2))"

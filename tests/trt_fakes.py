@@ -1,0 +1,729 @@
+"""A stand-in ``tensorrt`` module per TensorRT version, and a stand-in CUDA driver library, for tests.
+
+What it proves: that the device code calls only what each TensorRT release has, in the shape
+(positional / keyword, property vs method) that release takes. Every object is strict: reading or
+writing a public member its version lacks raises ``AttributeError`` the way the real bindings do.
+It does not prove numerics: the "engine" is the ONNX model run by ONNX Runtime.
+
+Where the member lists come from:
+
+- 10.13: the installed ``tensorrt-stubs`` 10.13 (generated from the real bindings), parsed here;
+  10.3 uses the same lists (the members the device code calls all exist in 10.3: ``execute_async_v3``,
+  ``set_input_shape``, ``set_tensor_address``, ``set_memory_pool_limit`` since 8.5, ``builder_optimization_level``
+  since 8.6, ``STRONGLY_TYPED`` since 9.x);
+- 11.x: the 10.13 lists minus "Removed Python APIs and Replacements" of NVIDIA's 10.x -> 11.x migration
+  guide (precision builder flags, calibrators, ``int8_calibrator``, ``platform_has_fast_fp16/int8``,
+  ``EXPLICIT_BATCH``);
+- 8.2 / 8.5: written out below from the TensorRT 8.2 / 8.5 Python API reference
+  (``python/src/infer/pyCore.cpp``, ``pyFoundationalTypes.cpp`` on NVIDIA/TensorRT release/8.2 and
+  release/8.5) for the classes the device code touches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import re
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"FAKETRT1"
+
+# ---- member lists ---------------------------------------------------------------------------
+
+_API_82: dict[str, set[str]] = {
+    "Builder": {
+        "create_network", "create_builder_config", "create_optimization_profile", "build_engine",
+        "build_serialized_network", "is_network_supported", "platform_has_tf32", "platform_has_fast_fp16",
+        "platform_has_fast_int8", "max_DLA_batch_size", "num_DLA_cores", "max_batch_size", "error_recorder",
+        "gpu_allocator", "logger", "reset",
+    },
+    "IBuilderConfig": {
+        "min_timing_iterations", "avg_timing_iterations", "int8_calibrator", "max_workspace_size", "flags",
+        "set_flag", "get_flag", "clear_flag", "reset", "add_optimization_profile", "num_optimization_profiles",
+        "set_calibration_profile", "get_calibration_profile", "default_device_type", "DLA_core", "can_run_on_DLA",
+        "set_device_type", "get_device_type", "is_device_type_set", "reset_device_type", "engine_capability",
+        "profiling_verbosity", "algorithm_selector", "set_tactic_sources", "get_tactic_sources",
+        "create_timing_cache", "set_timing_cache", "get_timing_cache", "profile_stream", "set_quantization_flag",
+        "get_quantization_flag", "clear_quantization_flag", "quantization_flags",
+    },
+    "INetworkDefinition": {
+        "num_layers", "get_layer", "num_inputs", "get_input", "num_outputs", "get_output", "name",
+        "has_implicit_batch_dimension", "has_explicit_precision", "mark_output", "unmark_output",
+    },
+    "ILayer": {
+        "name", "type", "num_inputs", "num_outputs", "precision", "precision_is_set", "reset_precision",
+        "get_input", "get_output", "set_input", "set_output_type", "get_output_type", "output_type_is_set",
+        "reset_output_type",
+    },
+    "ITensor": {
+        "name", "shape", "dtype", "broadcast_across_batch", "location", "is_network_input", "is_network_output",
+        "is_shape_tensor", "is_execution_tensor", "dynamic_range", "set_dynamic_range", "reset_dynamic_range",
+        "allowed_formats",
+    },
+    "OnnxParser": {
+        "parse", "parse_with_weight_descriptors", "parse_from_file", "supports_operator", "supports_model",
+        "num_errors", "get_error", "clear_errors",
+    },
+    "Runtime": {"deserialize_cuda_engine", "DLA_core", "num_DLA_cores", "error_recorder", "gpu_allocator"},
+    "ICudaEngine": {
+        "num_bindings", "max_batch_size", "has_implicit_batch_dimension", "num_layers", "max_workspace_size",
+        "device_memory_size", "refittable", "name", "num_optimization_profiles", "engine_capability",
+        "tactic_sources", "profiling_verbosity", "error_recorder", "get_binding_index", "get_binding_name",
+        "binding_is_input", "get_binding_shape", "get_binding_dtype", "get_location", "is_shape_binding",
+        "is_execution_binding", "get_binding_bytes_per_component", "get_binding_components_per_element",
+        "get_binding_format", "get_binding_format_desc", "get_binding_vectorized_dim", "get_profile_shape",
+        "get_profile_shape_input", "create_execution_context", "create_execution_context_without_device_memory",
+        "serialize", "create_engine_inspector",
+    },
+    "IExecutionContext": {
+        "execute", "execute_async", "execute_v2", "execute_async_v2", "debug_sync", "profiler", "engine", "name",
+        "device_memory", "active_optimization_profile", "all_binding_shapes_specified",
+        "all_shape_inputs_specified", "error_recorder", "enqueue_emits_profile", "report_to_profiler",
+        "get_strides", "set_optimization_profile_async", "get_binding_shape", "set_binding_shape", "get_shape",
+        "set_shape_input",
+    },
+    "IOptimizationProfile": {"set_shape", "get_shape", "set_shape_input", "get_shape_input", "extra_memory_target"},
+    "ITimingCache": {"serialize", "combine", "reset"},
+    "IHostMemory": {"dtype", "nbytes"},
+    "BuilderFlag": {
+        "FP16", "INT8", "DEBUG", "GPU_FALLBACK", "STRICT_TYPES", "REFIT", "DISABLE_TIMING_CACHE", "TF32",
+        "SPARSE_WEIGHTS", "SAFETY_SCOPE", "OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS", "DIRECT_IO",
+        "REJECT_EMPTY_ALGORITHMS",
+    },
+    "NetworkDefinitionCreationFlag": {"EXPLICIT_BATCH", "EXPLICIT_PRECISION"},
+    "DeviceType": {"GPU", "DLA"},
+    "module": {
+        "Builder", "Runtime", "Logger", "ILogger", "OnnxParser", "BuilderFlag", "NetworkDefinitionCreationFlag",
+        "DeviceType", "DataType", "Dims", "IInt8Calibrator", "IInt8EntropyCalibrator2", "float32", "float16",
+        "int8", "int32", "bool", "nptype", "volume", "__version__",
+    },
+}  # fmt: skip
+
+_ADDED_85: dict[str, set[str]] = {
+    "ICudaEngine": {"num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_shape", "get_tensor_dtype",
+                    "get_tensor_profile_shape", "get_tensor_location", "get_tensor_format"},
+    "IExecutionContext": {"set_input_shape", "get_tensor_shape", "set_tensor_address", "get_tensor_address",
+                          "execute_async_v3", "infer_shapes", "get_tensor_strides"},
+    "IBuilderConfig": {"set_memory_pool_limit", "get_memory_pool_limit", "set_preview_feature", "get_preview_feature"},
+    "module": {"MemoryPoolType", "TensorIOMode", "PreviewFeature", "uint8"},
+    "MemoryPoolType": {"WORKSPACE", "DLA_MANAGED_SRAM", "DLA_LOCAL_DRAM", "DLA_GLOBAL_DRAM"},
+    "TensorIOMode": {"NONE", "INPUT", "OUTPUT"},
+}  # fmt: skip
+
+_REMOVED_11: dict[str, set[str]] = {
+    "BuilderFlag": {"FP16", "INT8", "FP8", "BF16", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
+                    "PREFER_PRECISION_CONSTRAINTS", "DIRECT_IO"},
+    "IBuilderConfig": {"int8_calibrator", "set_calibration_profile", "get_calibration_profile",
+                       "set_quantization_flag", "get_quantization_flag", "quantization_flags",
+                       "clear_quantization_flag"},
+    "Builder": {"platform_has_fast_fp16", "platform_has_fast_int8"},
+    "NetworkDefinitionCreationFlag": {"EXPLICIT_BATCH"},
+    "module": {"IInt8Calibrator", "IInt8EntropyCalibrator", "IInt8EntropyCalibrator2", "IInt8LegacyCalibrator",
+               "IInt8MinMaxCalibrator"},
+}  # fmt: skip
+
+VERSIONS = {"8.2": "8.2.1.8", "8.5": "8.5.2.2", "10.3": "10.3.0.30", "10.13": "10.13.0.35", "11": "11.5.0.4"}
+
+
+@functools.cache
+def _stub_members() -> dict[str, frozenset[str]]:
+    return {k: frozenset(v) for k, v in _parse_stubs().items()}
+
+
+def stub_members() -> dict[str, set[str]]:
+    """Class -> public member names of the installed tensorrt-stubs (10.13), plus ``module``."""
+    return {k: set(v) for k, v in _stub_members().items()}
+
+
+def _parse_stubs() -> dict[str, set[str]]:
+    """Class -> public member names of the installed tensorrt-stubs (10.13), plus ``module``."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    src = (site / "tensorrt_bindings" / "tensorrt.pyi").read_text().splitlines()
+    classes: dict[str, set[str]] = {}
+    current: set[str] | None = None
+    for line in src:
+        m = re.match(r"^class (\w+)", line)
+        if m:
+            current = classes.setdefault(m.group(1), set())
+            continue
+        if current is None:
+            continue
+        for pattern in (r"^    def (\w+)", r"^    (\w+):", r":ivar (\w+):"):
+            m = re.search(pattern, line)
+            if m and not m.group(1).startswith("_"):
+                current.add(m.group(1))
+    init = (site / "tensorrt" / "__init__.pyi").read_text()
+    classes["module"] = set(re.findall(r"^from tensorrt_bindings(?:\.tensorrt)? import (\w+)", init, re.M))
+    classes["module"] |= set(re.findall(r"'(\w+)'", src[3])) | {"__version__", "nptype", "volume"}
+    return classes
+
+
+def members_for(version: str) -> dict[str, set[str]]:
+    """Public members per class for ``version`` (a key of :data:`VERSIONS`)."""
+    if version in ("8.2", "8.5"):
+        out = {k: set(v) for k, v in _API_82.items()}
+        if version == "8.5":
+            for k, v in _ADDED_85.items():
+                out.setdefault(k, set()).update(v)
+        return out
+    out = stub_members()
+    if version == "11":
+        for k, v in _REMOVED_11.items():
+            out[k] = out.get(k, set()) - v
+    return out
+
+
+# ---- the fake CUDA driver (ctypes level) ---------------------------------------------------
+
+
+class FakeLibCuda:
+    """Stands in for ``ctypes.CDLL("libcuda.so.1")``: same function names and argument kinds, host memory."""
+
+    def __init__(self, name: str = "Fake Orin", sm: str = "8.7") -> None:
+        self.name, self.sm = name, sm
+        self.memory: dict[int, Any] = {}
+        self.next = 0x10000
+        self.calls: list[str] = []
+        self.initialized = False
+        self.context_current = False
+
+    def _rec(self, name: str) -> None:
+        self.calls.append(name)
+
+    def cuInit(self, flags: int) -> int:
+        self._rec("cuInit")
+        self.initialized = True
+        return 0
+
+    def cuDeviceGet(self, ref: Any, index: int) -> int:
+        self._rec("cuDeviceGet")
+        assert self.initialized and isinstance(ref._obj, ctypes.c_int)
+        ref._obj.value = int(index)
+        return 0 if index == 0 else 101  # CUDA_ERROR_INVALID_DEVICE
+
+    def cuDeviceGetAttribute(self, ref: Any, attr: int, device: Any) -> int:
+        self._rec("cuDeviceGetAttribute")
+        major, minor = (int(p) for p in self.sm.split("."))
+        ref._obj.value = {75: major, 76: minor}[attr]
+        return 0
+
+    def cuDeviceGetName(self, buf: Any, length: int, device: Any) -> int:
+        self._rec("cuDeviceGetName")
+        buf.value = self.name.encode()[: length - 1]
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ref: Any, device: Any) -> int:
+        self._rec("cuDevicePrimaryCtxRetain")
+        assert isinstance(ref._obj, ctypes.c_void_p)
+        ref._obj.value = 0xC0
+        return 0
+
+    def cuCtxSetCurrent(self, ctx: Any) -> int:
+        self._rec("cuCtxSetCurrent")
+        self.context_current = isinstance(ctx, ctypes.c_void_p) and ctx.value == 0xC0
+        return 0
+
+    def cuDevicePrimaryCtxRelease(self, device: Any) -> int:
+        self._rec("cuDevicePrimaryCtxRelease")
+        return 0
+
+    def cuMemAlloc_v2(self, ref: Any, size: ctypes.c_size_t) -> int:
+        self._rec("cuMemAlloc_v2")
+        assert self.context_current, "cuMemAlloc without a current context"
+        assert isinstance(ref._obj, ctypes.c_uint64) and isinstance(size, ctypes.c_size_t)
+        ptr, self.next = self.next, self.next + size.value + 256
+        self.memory[ptr] = ctypes.create_string_buffer(size.value)
+        ref._obj.value = ptr
+        return 0
+
+    def cuMemFree_v2(self, ptr: ctypes.c_uint64) -> int:
+        self._rec("cuMemFree_v2")
+        del self.memory[ptr.value]
+        return 0
+
+    def cuMemcpyHtoD_v2(self, dst: ctypes.c_uint64, src: ctypes.c_void_p, n: ctypes.c_size_t) -> int:
+        self._rec("cuMemcpyHtoD_v2")
+        buf = self.memory[dst.value]
+        assert n.value <= len(buf), "copy larger than the allocation"
+        ctypes.memmove(buf, src.value, n.value)
+        return 0
+
+    def cuMemcpyDtoH_v2(self, dst: ctypes.c_void_p, src: ctypes.c_uint64, n: ctypes.c_size_t) -> int:
+        self._rec("cuMemcpyDtoH_v2")
+        buf = self.memory[src.value]
+        assert n.value <= len(buf), "copy larger than the allocation"
+        ctypes.memmove(dst.value, buf, n.value)
+        return 0
+
+    def cuStreamCreate(self, ref: Any, flags: int) -> int:
+        self._rec("cuStreamCreate")
+        ref._obj.value = 0x5000
+        return 0
+
+    def cuStreamSynchronize(self, stream: ctypes.c_void_p) -> int:
+        self._rec("cuStreamSynchronize")
+        return 0
+
+    def cuStreamDestroy_v2(self, stream: ctypes.c_void_p) -> int:
+        self._rec("cuStreamDestroy_v2")
+        return 0
+
+    def read(self, ptr: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        count = int(np.prod(shape)) if shape else 1
+        return np.frombuffer(self.memory[ptr], dtype=dtype, count=count).reshape(shape).copy()
+
+    def write(self, ptr: int, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array).tobytes()
+        ctypes.memmove(self.memory[ptr], data, len(data))
+
+
+# ---- the fake tensorrt module -----------------------------------------------------------------
+
+
+class _Value(int):
+    """An enum member: an int with a name (what pybind11 enums give)."""
+
+    def __new__(cls, value: int, name: str, kind: str) -> _Value:
+        obj = int.__new__(cls, value)
+        obj.name, obj.kind = name, kind
+        return obj
+
+    def __repr__(self) -> str:
+        return f"<{self.kind}.{self.name}: {int(self)}>"
+
+
+class _Enum:
+    def __init__(self, kind: str, names: list[str], allowed: set[str], version: str) -> None:
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_members", {n: _Value(i, n, kind) for i, n in enumerate(names)})
+        object.__setattr__(self, "_allowed", allowed)
+        object.__setattr__(self, "_version", version)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._allowed and name in self._members:
+            return self._members[name]
+        raise AttributeError(f"TensorRT {self._version} has no {self._kind}.{name}")
+
+
+class FakeState:
+    """What a fake module records and how it behaves (failures to inject)."""
+
+    def __init__(self, version: str, cuda: FakeLibCuda) -> None:
+        self.key = version
+        self.version = VERSIONS[version]
+        self.allowed = members_for(version)
+        self.cuda = cuda
+        self.calls: list[str] = []
+        self.build_failure: list[tuple[int, str]] | None = None  # (severity, message) lines, then None
+        self.configs: list[Any] = []
+
+
+def _strict(state: FakeState, api: str) -> type:
+    class Strict:
+        _api = api
+
+        def __getattribute__(self, name: str) -> Any:
+            if not name.startswith("_"):
+                if name not in state.allowed.get(api, set()):
+                    raise AttributeError(f"TensorRT {state.version} has no {api}.{name}")
+                state.calls.append(f"{api}.{name}")
+            return object.__getattribute__(self, name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if not name.startswith("_"):
+                if name not in state.allowed.get(api, set()):
+                    raise AttributeError(f"TensorRT {state.version} has no {api}.{name}")
+                state.calls.append(f"{api}.{name}=")
+            object.__setattr__(self, name, value)
+
+    return Strict
+
+
+def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.ModuleType:
+    """A fake ``tensorrt`` module for ``version`` (``"8.2"``, ``"8.5"``, ``"10.3"``, ``"10.13"``, ``"11"``)."""
+    import onnx
+    import onnxruntime as ort
+
+    state = FakeState(version, cuda or FakeLibCuda())
+    allowed = state.allowed
+    major = int(version.split(".")[0])
+    mod = types.ModuleType("tensorrt")
+    dtype_names = ["float32", "float16", "int8", "int32", "bool", "uint8", "int64"]
+    dtypes = {n: _Value(i, n, "DataType") for i, n in enumerate(dtype_names)}
+    np_of = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "int32": np.int32, "bool": np.bool_,
+             "uint8": np.uint8, "int64": np.int64}  # fmt: skip
+    onnx_to_trt = {1: "float32", 10: "float16", 3: "int8", 6: "int32", 9: "bool", 2: "uint8"}
+    onnx_to_trt[7] = "int64" if major >= 10 else "int32"  # INT64 narrowed before TensorRT 9
+    severity = {"INTERNAL_ERROR": 0, "ERROR": 1, "WARNING": 2, "INFO": 3, "VERBOSE": 4}
+
+    def enum(kind: str, names: list[str]) -> _Enum:
+        return _Enum(kind, names, allowed.get(kind, set()), state.version)
+
+    flag_names = sorted(set(_API_82["BuilderFlag"]) | stub_members()["BuilderFlag"] - {"Members", "name", "value"})
+    BuilderFlag = enum("BuilderFlag", flag_names)
+    CreationFlag = enum("NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED", "EXPLICIT_PRECISION"])
+    MemoryPoolType = enum("MemoryPoolType", ["WORKSPACE", "DLA_MANAGED_SRAM", "DLA_LOCAL_DRAM", "DLA_GLOBAL_DRAM"])
+    TensorIOMode = enum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"])
+    DeviceType = enum("DeviceType", ["GPU", "DLA"])
+
+    class Severity:
+        pass
+
+    for name, value in severity.items():
+        setattr(Severity, name, _Value(value, name, "Severity"))
+
+    class ILogger:
+        def __init__(self) -> None:
+            pass
+
+    ILogger.Severity = Severity
+    for name in severity:
+        setattr(ILogger, name, getattr(Severity, name))
+
+    class Logger(ILogger):
+        def __init__(self, min_severity: Any = None) -> None:
+            ILogger.__init__(self)
+            self.min_severity = min_severity
+
+        def log(self, sev: Any, msg: str) -> None:
+            return None
+
+    class Dims(tuple):
+        pass
+
+    class IInt8Calibrator:
+        def __init__(self) -> None:
+            pass
+
+    class IInt8EntropyCalibrator2(IInt8Calibrator):
+        pass
+
+    def log(logger: Any, sev: str, msg: str) -> None:
+        logger.log(getattr(Severity, sev), msg)
+
+    class ITensor(_strict(state, "ITensor")):
+        def __init__(self, name: str, dtype: Any, shape: tuple[int, ...] = ()) -> None:
+            self.name, self.dtype, self.shape = name, dtype, shape
+
+    class ILayer(_strict(state, "ILayer")):
+        def __init__(self, name: str, outputs: list[ITensor], failures: list[str]) -> None:
+            self.name = name
+            self._outputs = outputs
+            self._failures = failures
+            self.precision = dtypes["float32"]
+
+        @property
+        def num_outputs(self) -> int:
+            return len(self._outputs)
+
+        def get_output(self, index: int) -> ITensor:
+            return self._outputs[index]
+
+        def set_output_type(self, index: int, dtype: Any) -> None:
+            have = self._outputs[index].dtype
+            if have.name in ("int32", "int64", "bool", "int8", "uint8") and dtype.name in ("float32", "float16"):
+                self._failures.append(f"{self.name}: setOutputType({dtype.name}) on a {have.name} output")
+
+    class INetworkDefinition(_strict(state, "INetworkDefinition")):
+        def __init__(self, flags: int) -> None:
+            self._flags = flags
+            self._layers: list[ILayer] = []
+            self._failures: list[str] = []
+            self._onnx = b""
+
+        @property
+        def num_layers(self) -> int:
+            return len(self._layers)
+
+        def get_layer(self, index: int) -> ILayer:
+            return self._layers[index]
+
+    class OnnxParser(_strict(state, "OnnxParser")):
+        def __init__(self, network: INetworkDefinition, logger: Any) -> None:
+            self._network, self._logger, self._errors = network, logger, []
+
+        def parse_from_file(self, path: str) -> bool:
+            model = onnx.load(path)
+            inferred = onnx.shape_inference.infer_shapes(model)
+            g = inferred.graph
+            types_ = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
+            for i, node in enumerate(model.graph.node):
+                if node.op_type == "Constant":  # the parser turns Constant nodes into weights, not layers
+                    continue
+                outs = [ITensor(o, dtypes[onnx_to_trt.get(types_.get(o, 1), "float32")]) for o in node.output]
+                self._network._layers.append(ILayer(node.name or f"node_{i}", outs, self._network._failures))
+            self._network._onnx = model.SerializeToString()
+            return True
+
+        @property
+        def num_errors(self) -> int:
+            return len(self._errors)
+
+        def get_error(self, index: int) -> str:
+            return self._errors[index]
+
+    class IOptimizationProfile(_strict(state, "IOptimizationProfile")):
+        def __init__(self) -> None:
+            self._shapes: dict[str, tuple[Any, Any, Any]] = {}
+
+        def set_shape(self, name: str, lo: Any, opt: Any, hi: Any) -> None:
+            assert all(isinstance(d, Dims) for d in (lo, opt, hi)), "set_shape takes Dims"
+            self._shapes[name] = (tuple(lo), tuple(opt), tuple(hi))
+
+    class ITimingCache(_strict(state, "ITimingCache")):
+        def __init__(self, data: bytes) -> None:
+            self._data = bytes(data)
+
+        def serialize(self) -> bytes:
+            return b"fake-timing-cache"
+
+    class IHostMemory(_strict(state, "IHostMemory")):
+        def __init__(self, data: bytes) -> None:
+            self._data = data
+
+        def __bytes__(self) -> bytes:
+            return self._data
+
+        @property
+        def nbytes(self) -> int:
+            return len(self._data)
+
+    class IBuilderConfig(_strict(state, "IBuilderConfig")):
+        def __init__(self) -> None:
+            self._flags = {"TF32"}  # TensorRT's default: TF32 on
+            self._profiles: list[IOptimizationProfile] = []
+            self._workspace = None
+            self._calibrator = None
+            self._cache = None
+            state.configs.append(self)
+
+        def set_flag(self, flag: Any) -> None:
+            self._flags.add(flag.name)
+
+        def clear_flag(self, flag: Any) -> None:
+            self._flags.discard(flag.name)
+
+        def get_flag(self, flag: Any) -> bool:
+            return flag.name in self._flags
+
+        def set_memory_pool_limit(self, pool: Any, size: int) -> None:
+            assert pool.name == "WORKSPACE"
+            self._workspace = int(size)
+
+        def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+            self._profiles.append(profile)
+            return len(self._profiles) - 1
+
+        def create_timing_cache(self, data: bytes) -> ITimingCache:
+            return ITimingCache(data)
+
+        def set_timing_cache(self, cache: ITimingCache, ignore_mismatch: bool) -> bool:
+            self._cache = cache
+            return True
+
+        def get_timing_cache(self) -> ITimingCache:
+            return self._cache
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+            if name == "max_workspace_size":
+                object.__setattr__(self, "_workspace", int(value))
+            if name == "int8_calibrator":
+                object.__setattr__(self, "_calibrator", value)
+
+    class Builder(_strict(state, "Builder")):
+        def __init__(self, logger: Any) -> None:
+            self._logger = logger
+
+        def create_network(self, flags: int = 0) -> INetworkDefinition:
+            return INetworkDefinition(int(flags))
+
+        def create_builder_config(self) -> IBuilderConfig:
+            return IBuilderConfig()
+
+        def create_optimization_profile(self) -> IOptimizationProfile:
+            return IOptimizationProfile()
+
+        def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> Any:
+            if state.build_failure is not None:
+                for sev, msg in state.build_failure:
+                    self._logger.log(_Value(sev, "", "Severity"), msg)
+                return None
+            if network._failures:
+                for msg in network._failures:
+                    log(self._logger, "ERROR", msg)
+                return None
+            if "INT8" in config._flags and config._calibrator is not None:
+                cache = bytes(config._calibrator.read_calibration_cache() or b"")
+                want = f"TRT-{_version_code(state.version)}-"
+                if not cache.decode("ascii", "replace").startswith(want):
+                    # TensorRT ignores a cache from another version and calibrates: get_batch gives no data
+                    log(self._logger, "WARNING", f"Calibration cache header mismatch (want {want}); recalibrating")
+                    if config._calibrator.get_batch(["x"]) is None:
+                        log(self._logger, "ERROR", "Calibration failure occurred with no scaling factors detected.")
+                        return None
+            header = {
+                "version": state.version,
+                "flags": sorted(config._flags),
+                "workspace": config._workspace,
+                "profiles": [{k: list(map(list, v)) for k, v in p._shapes.items()} for p in config._profiles],
+            }
+            return IHostMemory(MAGIC + json.dumps(header).encode() + b"\n" + network._onnx)
+
+    class IExecutionContext(_strict(state, "IExecutionContext")):
+        def __init__(self, engine: ICudaEngine) -> None:
+            self._engine = engine
+            self._shapes: dict[str, tuple[int, ...]] = {}
+            self._addresses: dict[str, int] = {}
+
+        def _out_shapes(self) -> dict[str, tuple[int, ...]]:
+            e = self._engine
+            feeds = {n: np.zeros(self._shapes[n], dtype=e._ort_in_types[n]) for n in e._inputs}
+            return {n: tuple(a.shape) for n, a in zip(e._outputs, e._session.run(e._outputs, feeds))}
+
+        def _run(self, addresses: dict[str, int]) -> bool:
+            e = self._engine
+            feeds = {}
+            for n in e._inputs:
+                host = state.cuda.read(addresses[n], np_of[e._dtypes[n].name], self._shapes[n])
+                feeds[n] = host.astype(e._ort_in_types[n])
+            for n, arr in zip(e._outputs, e._session.run(e._outputs, feeds)):
+                state.cuda.write(addresses[n], arr.astype(np_of[e._dtypes[n].name]))
+            return True
+
+        # bindings API (TensorRT < 10)
+        def set_binding_shape(self, index: int, shape: Any) -> bool:
+            self._shapes[self._engine._names[index]] = tuple(shape)
+            return True
+
+        def get_binding_shape(self, index: int) -> Dims:
+            name = self._engine._names[index]
+            if name in self._engine._inputs:
+                return Dims(self._shapes.get(name, self._engine._declared[name]))
+            return Dims(self._out_shapes()[name])
+
+        @property
+        def all_binding_shapes_specified(self) -> bool:
+            return all(n in self._shapes for n in self._engine._inputs)
+
+        def execute_v2(self, bindings: list[int]) -> bool:
+            assert isinstance(bindings, list) and all(isinstance(b, int) for b in bindings)
+            return self._run(dict(zip(self._engine._names, bindings)))
+
+        # named tensors (TensorRT >= 8.5)
+        def set_input_shape(self, name: str, shape: Any) -> bool:
+            self._shapes[name] = tuple(shape)
+            return True
+
+        def get_tensor_shape(self, name: str) -> Dims:
+            if name in self._engine._inputs:
+                return Dims(self._shapes.get(name, self._engine._declared[name]))
+            return Dims(self._out_shapes()[name])
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            assert isinstance(ptr, int) and ptr in state.cuda.memory
+            self._addresses[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream_handle: int) -> bool:
+            assert isinstance(stream_handle, int)
+            return self._run(self._addresses)
+
+    class ICudaEngine(_strict(state, "ICudaEngine")):
+        def __init__(self, onnx_bytes: bytes) -> None:
+            self._session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+            ort_np = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+                      "tensor(float16)": np.float16, "tensor(bool)": np.bool_}  # fmt: skip
+            ins, outs = self._session.get_inputs(), self._session.get_outputs()
+            self._inputs = [i.name for i in ins]
+            self._outputs = [o.name for o in outs]
+            self._names = self._inputs + self._outputs
+            self._ort_in_types = {i.name: ort_np[i.type] for i in ins}
+            trt_of = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bool)": "bool",
+                      "tensor(int32)": "int32", "tensor(int64)": "int64" if major >= 10 else "int32"}  # fmt: skip
+            self._dtypes = {t.name: dtypes[trt_of[t.type]] for t in list(ins) + list(outs)}
+            self._declared = {i.name: tuple(d if isinstance(d, int) else -1 for d in i.shape) for i in ins}
+
+        def create_execution_context(self) -> IExecutionContext:
+            return IExecutionContext(self)
+
+        @property
+        def num_bindings(self) -> int:
+            return len(self._names)
+
+        def get_binding_name(self, index: int) -> str:
+            return self._names[index]
+
+        def get_binding_index(self, name: str) -> int:
+            return self._names.index(name)
+
+        def binding_is_input(self, index: Any) -> bool:
+            return self._names[index] in self._inputs
+
+        def get_binding_shape(self, index: int) -> Dims:
+            return Dims(self._declared.get(self._names[index], ()))
+
+        def get_binding_dtype(self, index: int) -> Any:
+            return self._dtypes[self._names[index]]
+
+        @property
+        def num_io_tensors(self) -> int:
+            return len(self._names)
+
+        def get_tensor_name(self, index: int) -> str:
+            return self._names[index]
+
+        def get_tensor_mode(self, name: str) -> Any:
+            return TensorIOMode.INPUT if name in self._inputs else TensorIOMode.OUTPUT
+
+        def get_tensor_dtype(self, name: str) -> Any:
+            return self._dtypes[name]
+
+    class Runtime(_strict(state, "Runtime")):
+        def __init__(self, logger: Any) -> None:
+            self._logger = logger
+
+        def deserialize_cuda_engine(self, data: bytes) -> ICudaEngine | None:
+            if not bytes(data).startswith(MAGIC):
+                log(self._logger, "ERROR", "The engine plan file is not compatible with this version of TensorRT")
+                return None
+            header, _, onnx_bytes = bytes(data)[len(MAGIC) :].partition(b"\n")
+            if json.loads(header)["version"] != state.version:
+                log(self._logger, "ERROR", "The engine plan file is generated on an incompatible TensorRT version")
+                return None
+            return ICudaEngine(onnx_bytes)
+
+    def nptype(dtype: Any) -> Any:
+        return np_of[dtype.name]
+
+    def volume(shape: Any) -> int:
+        return int(np.prod(list(shape)))
+
+    everything = {
+        "Builder": Builder, "Runtime": Runtime, "Logger": Logger, "ILogger": ILogger, "OnnxParser": OnnxParser,
+        "BuilderFlag": BuilderFlag, "NetworkDefinitionCreationFlag": CreationFlag, "MemoryPoolType": MemoryPoolType,
+        "TensorIOMode": TensorIOMode, "DeviceType": DeviceType, "Dims": Dims, "IInt8Calibrator": IInt8Calibrator,
+        "IInt8EntropyCalibrator2": IInt8EntropyCalibrator2, "nptype": nptype, "volume": volume,
+        "__version__": state.version, **dtypes,
+    }  # fmt: skip
+    for name, value in everything.items():
+        if name in allowed["module"]:
+            setattr(mod, name, value)
+    mod._state = state
+    mod._implemented = {  # the members this fake implements, per class (checked against the stubs)
+        cls._api: {n for n in vars(cls) if not n.startswith("_")}
+        for cls in (ITensor, ILayer, INetworkDefinition, OnnxParser, IOptimizationProfile, ITimingCache,
+                    IHostMemory, IBuilderConfig, Builder, IExecutionContext, ICudaEngine, Runtime)
+    }  # fmt: skip
+    return mod
+
+
+def _version_code(version: str) -> int:
+    parts = [int(p) for p in version.split(".")[:3]] + [0, 0, 0]
+    return parts[0] * (10000 if parts[0] >= 10 else 1000) + parts[1] * 100 + parts[2]

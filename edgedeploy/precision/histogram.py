@@ -55,8 +55,8 @@ def collect(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir:
                 continue
             v = v[np.isfinite(v)]
             if v.size:
-                h = hists.setdefault(name, TensorHistogram())
-                h.lo, h.hi = min(h.lo, float(v.min())), max(h.hi, float(v.max()))
+                span = hists.setdefault(name, TensorHistogram())
+                span.lo, span.hi = min(span.lo, float(v.min())), max(span.hi, float(v.max()))
     for values in intermediates(model_path, batches, workdir):
         for name, v in values.items():
             h = hists.get(name)

@@ -214,6 +214,8 @@ def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
     assert (lo, hi) == (min(hists[tensor].lo, 0.0), hists[tensor].hi)
     assert ranges["percentile"][tensor][1] < hi and ranges["entropy"][tensor][1] < hi
     assert ranges["percentile"][tensor] != ranges["entropy"][tensor]
+    exact = histogram.choose_ranges(hists, "entropy", exact=["logits"])  # outputs are never clipped
+    assert exact["logits"] == ranges["minmax"]["logits"] and exact[tensor] == ranges["entropy"][tensor]
     scales = {}
     for m in ranges:
         work = tmp_path / m

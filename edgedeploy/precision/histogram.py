@@ -108,13 +108,22 @@ def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTRO
     return absmax * best_i / n
 
 
-def choose_ranges(hists: dict[str, TensorHistogram], method: str) -> dict[str, tuple[float, float]]:
-    """Tensor name -> (lo, hi) for ``method`` (``minmax``, ``percentile`` or ``entropy``)."""
+def choose_ranges(
+    hists: dict[str, TensorHistogram], method: str, exact: Sequence[str] = ()
+) -> dict[str, tuple[float, float]]:
+    """Tensor name -> (lo, hi) for ``method`` (``minmax``, ``percentile`` or ``entropy``).
+
+    ``exact`` tensors (the graph outputs) always keep min/max: clipping a model output flattens its largest
+    values into ties, which turns a classifier's arg-max into noise.
+    """
     out = {}
+    keep = set(exact)
     for name, h in hists.items():
         if not np.isfinite(h.lo):
             continue
-        if method == "percentile":
+        if name in keep:
+            out[name] = (h.lo, h.hi)
+        elif method == "percentile":
             out[name] = percentile_range(h)
         elif method == "entropy":
             t = entropy_threshold(h.abs_counts, h.absmax)

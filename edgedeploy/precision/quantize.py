@@ -134,8 +134,11 @@ class Quantizer:
 
         if self._ranges_json.is_file():
             return
+        import onnx
+
         hists = histogram.collect(self.float_model, batches, self.workdir)
-        histogram.write_ort_cache(histogram.choose_ranges(hists, self.method), self._ranges_json)
+        outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
+        histogram.write_ort_cache(histogram.choose_ranges(hists, self.method, exact=outputs), self._ranges_json)
 
     def quantize(
         self,

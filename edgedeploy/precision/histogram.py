@@ -86,6 +86,7 @@ def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTRO
     """TensorRT's entropy calibration: the clip value ``t`` minimizing KL(P || Q), P the |x| histogram clipped
     at ``t`` (outliers added to the last bin), Q that histogram merged into ``levels`` bins and expanded back."""
     hist = abs_counts.astype(np.float64)
+    hist[0] = 0.0  # exact zeros (ReLU's dead half) would dominate the divergence and pull the threshold to 0
     n = len(hist)
     if hist.sum() == 0 or absmax <= 0:
         return absmax

@@ -105,8 +105,10 @@ class PrecisionSection:
     calib_layout: Literal["NCHW", "NHWC"] = "NCHW"  # layout of image-folder tensors
     calib_samples: int = 64
     per_channel: bool = True
+    # 7-bit weights for ONNX Runtime: "auto" = 8-bit on VNNI/AMX CPUs (and TensorRT), else measure both
+    reduce_range: bool | Literal["auto"] = "auto"
     accuracy_target: float = 0.99
-    max_fallback_tries: int = 4
+    max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()
     # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
     int8_recipe: Int8Recipe = field(

@@ -13,7 +13,7 @@ from test_calib_cache import export_onnx
 from test_calib_data import make_cfg, photo_folder
 
 from edgedeploy.precision import analysis
-from edgedeploy.precision.fp16 import convert_fp16
+from edgedeploy.precision.fp16 import mixed_fp16
 from edgedeploy.precision.quantize import QDQ_FLAVOURS, Quantizer, flavour_for, preprocess, quantize_with_fallback
 
 
@@ -93,7 +93,14 @@ def test_fp16_overflow_is_flagged_and_pinned(tmp_path: Path) -> None:
     pins = analysis.fp16_pins(findings)
     assert set(pins) == {"/c1/Conv", "/Mul"} and "FP16 overflow" in pins["/c1/Conv"]
 
-    fp16 = onnx.load(str(convert_fp16(path, tmp_path / "fp16.onnx", keep_fp32=list(pins))))
+    # simulated FP16 (weights and layer outputs rounded to FP16): without the pins the output is Inf
+    unpinned = mixed_fp16(path, tmp_path / "unpinned.onnx", simulate=True)
+    assert unpinned["fp32_nodes"] == []
+    assert not np.isfinite(analysis.run_model(tmp_path / "unpinned.onnx", batches)[0]["logits"]).all()
+    info = mixed_fp16(path, tmp_path / "fp16.onnx", keep_fp32=list(pins))
+    assert set(info["fp32_nodes"]) == {"/c1/Conv", "/Mul"} and info["casts"] >= 2
+    fp16 = onnx.load(str(tmp_path / "fp16.onnx"))
+    onnx.checker.check_model(fp16, full_check=True)
     inits = {i.name: i.data_type for i in fp16.graph.initializer}
     nodes = {n.name: n for n in fp16.graph.node}
     assert inits[nodes["/c1/Conv"].input[1]] == onnx.TensorProto.FLOAT  # pinned: FP32 weights
@@ -170,7 +177,54 @@ def test_qdq_flavour_per_runtime(tmp_path: Path, runtime: str) -> None:
     else:
         assert flavour.name == "U8S8" and all(z.dtype == np.uint8 for z in act_zps)
         assert np.int32 in dq_inputs  # int32 biases for ONNX Runtime's integer kernels
-        assert max(int(np.abs(w).max()) for w in weights) <= 64  # 7-bit weights: no vpmaddubsw saturation
+        assert max(int(np.abs(w).max()) for w in weights) == 127  # 8-bit weights unless reduce_range says 7
+        q7 = Quantizer(path, tmp_path, flavour, reduce_range=True).quantize(tmp_path / "q7.onnx", batches)
+        inits7 = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(q7)).graph.initializer}
+        assert max(int(np.abs(w).max()) for w in inits7.values() if w.dtype == np.int8) <= 64  # 7-bit weights
+
+
+def test_reduce_range_follows_the_cpu_and_the_config() -> None:
+    from edgedeploy.precision.quantize import cpu_int8_flags, reduce_range_choices
+
+    vnni = "processor: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_int8 amx_tile\n"
+    assert cpu_int8_flags(vnni) == ("avx512_vnni", "amx_int8")
+    assert cpu_int8_flags("flags : fpu sse2 avx2 fma\n") == ()
+    assert reduce_range_choices("auto", "onnxruntime", ("avx512_vnni",))[0] == [False]  # 8-bit on VNNI
+    choices, why = reduce_range_choices("auto", "onnxruntime", ())
+    assert choices == [False, True] and "measured" in why  # no VNNI: both measured, the better kept
+    assert reduce_range_choices("auto", "tensorrt", ())[0] == [False]
+    assert reduce_range_choices(True, "onnxruntime", ("avx512_vnni",))[0] == [True]  # explicit wins
+
+
+def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
+    """minmax, percentile and entropy pick different ranges for a heavy-tailed activation, and different
+    QDQ models (onnxruntime's own Entropy calibrator returns the min/max model byte for byte here)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgedeploy.precision import histogram
+
+    batches = photo_batches(32, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "m.onnx")
+    hists = histogram.collect(path, batches, tmp_path)
+    assert "image" in hists  # the graph input is calibrated too
+    ranges = {m: histogram.choose_ranges(hists, m) for m in ("minmax", "percentile", "entropy")}
+    tensor = "/Mul_output_0"  # one channel 1000x the others: a long tail
+    lo, hi = ranges["minmax"][tensor]
+    assert (lo, hi) == (min(hists[tensor].lo, 0.0), hists[tensor].hi)
+    assert ranges["percentile"][tensor][1] < hi and ranges["entropy"][tensor][1] < hi
+    assert ranges["percentile"][tensor] != ranges["entropy"][tensor]
+    exact = histogram.choose_ranges(hists, "entropy", exact=["logits"])  # outputs are never clipped
+    assert exact["logits"] == ranges["minmax"]["logits"] and exact[tensor] == ranges["entropy"][tensor]
+    scales = {}
+    for m in ranges:
+        work = tmp_path / m
+        work.mkdir()
+        q = Quantizer(path, work, flavour_for("onnxruntime"), method=m).quantize(work / "q.onnx", batches)
+        model = onnx.load(str(q))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        scales[m] = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert len({scales[m][tensor] for m in scales}) == 3
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):
@@ -191,20 +245,20 @@ def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | 
 
 
 def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
-    import onnx
 
     from edgedeploy.stages.precision import PrecisionFromOnnx
 
     ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", overflow_net())
     stage = PrecisionFromOnnx()
-    assert set(stage.outputs(ctx)) == {"model.fp16.onnx", "precision.json"}
+    assert set(stage.outputs(ctx)) == {"precision.json"}  # no second ONNX graph: FP32 graph + flag + pins
     metrics = stage.run(ctx)
     plan = json.loads((ctx.staging / "precision.json").read_text())
-    assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32"
+    assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32" and plan["onnx"] == "model.onnx"
     assert {p["node"] for p in plan["fp32_layers"]} == {"/c1/Conv", "/Mul"}
+    assert all(p["pin_output_type"] for p in plan["fp32_layers"])
+    assert not (ctx.staging / "model.fp16.onnx").exists()
+    assert plan["host_check"]["score"] > 0.999 and plan["library_warnings"] == []
     assert metrics["calibration"]["kind"] == "images" and len(metrics["calibration"]["source_sha256"]) == 64
-    fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
-    assert all(i.data_type == onnx.TensorProto.FLOAT for i in fp16.graph.initializer)  # FP32 graph + flag
     assert any("pinned to FP32" in w for w in ctx.warnings)
     assert not [p for p in ctx.staging.iterdir() if p.name.startswith("precision-")]  # temp folder cleaned
 
@@ -219,9 +273,38 @@ def test_stage_fp16_typed_onnx_for_trt11(tmp_path: Path) -> None:
     plan = json.loads((ctx.staging / "precision.json").read_text())
     assert plan["strategy"] == "typed-onnx" and plan["onnx_dtype"] == "float16"
     fp16 = onnx.load(str(ctx.staging / "model.fp16.onnx"))
+    onnx.checker.check_model(fp16, full_check=True)
     types = {i.data_type for i in fp16.graph.initializer}
     assert onnx.TensorProto.FLOAT16 in types and onnx.TensorProto.FLOAT in types  # pinned nodes stay FP32
     assert plan["host_check"]["score"] > 0.999
+    got = analysis.run_model(ctx.staging / "model.fp16.onnx", photo_batches(8, 4))  # loads and runs in ORT
+    assert np.isfinite(got[0]["logits"]).all()
+
+
+def test_stage_fp16_names_the_layer_to_pin_when_fp16_still_overflows(tmp_path: Path) -> None:
+    """FP16 trouble the FP32 range analysis cannot see: a tiny divisor flushes to 0 in FP16, so the pinned
+    division gives Inf. The simulated host check catches it and the hint names the layer that makes the divisor."""
+    import torch
+    from torch import nn
+
+    from edgedeploy.errors import StageError
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    class TinyDivisor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, image):
+            small = torch.sigmoid(self.conv(image)) * 1e-9  # ~1e-9: FP16 flushes it to 0
+            return (image.mean((1, 2, 3)).unsqueeze(1) / small.mean((2, 3))) * 1e-9
+
+    torch.manual_seed(0)
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", TinyDivisor())
+    with pytest.raises(StageError) as err:
+        PrecisionFromOnnx().run(ctx)
+    assert "NaN/Inf" in str(err.value)
+    assert "/ReduceMean_1" in (err.value.hint or "") and "precision.keep_fp32" in err.value.hint  # the divisor
 
 
 def test_stage_int8_trt_writes_calibration_cache(tmp_path: Path) -> None:
@@ -261,3 +344,41 @@ def test_fp16_underflow_is_flagged_not_pinned(tmp_path: Path) -> None:
     assert "/Mul_output_0" in {f["tensor"] for f in under}
     assert all(f["issue"] != "overflow" for f in findings)
     assert analysis.fp16_pins(findings) == {}
+
+
+def test_a_layer_kept_in_float_stays_float_when_onnxruntime_loads_it(tmp_path: Path) -> None:
+    """onnxruntime's WeightBiasQuantization transformer quantizes the float weights of a Conv whose input comes
+    from a DequantizeLinear: a layer the fallback kept in float would be re-quantized at load time. The
+    quantizer feeds such layers the float tensor (re-inserting a Relu folded into the Q range)."""
+    import onnx
+    import onnxruntime as ort
+
+    batches = photo_batches(16, 8)
+    path = export_onnx(overflow_net(), batches[0]["image"], tmp_path / "m.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    out = q.quantize(tmp_path / "q.onnx", batches, exclude=["/c2/Conv"])
+    model = onnx.load(str(out))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    conv2 = next(n for n in model.graph.node if n.name == "/c2/Conv")
+    assert producers[conv2.input[0]].op_type == "Relu"  # the folded Relu restored for the float reader
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
+    loaded = onnx.load(str(tmp_path / "loaded.onnx"))
+    producers = {o: n for n in loaded.graph.node for o in n.output}
+    conv2 = next(n for n in loaded.graph.node if n.name == "/c2/Conv")
+    assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear" for i in conv2.input[1:])
+    ref = analysis.run_model(q.float_model, batches)
+    assert analysis.accuracy(ref, analysis.run_model(out, batches), [])["score"] > 0.99
+
+
+def test_int8_that_needs_every_layer_in_float_is_refused_not_shipped_as_int8(tmp_path: Path) -> None:
+    from edgedeploy.errors import StageError
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    ctx = _stage_ctx(tmp_path, "cpu", "int8", outlier_net(), {"accuracy_target": 0.9999999, "max_fallback_tries": 12})
+    with pytest.raises(StageError) as err:
+        PrecisionFromOnnx().run(ctx)
+    assert "only with every Conv/Gemm/MatMul back in float" in str(err.value) and "FP32 model" in str(err.value)
+    assert "lower precision.accuracy_target" in (err.value.hint or "")

@@ -153,3 +153,76 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
     )
     plan = json.loads((result.out / "precision.json").read_text())
     assert plan["kept_float"] == prec["kept_float"]
+
+
+def test_jetson_orin_int8_that_passes_on_the_host_passes_its_own_dry_run(tiny_project: Path, tmp_path: Path) -> None:
+    """The issue's case: a host INT8 build for jetson-orin said PASSED and its bundle's dry run then failed on
+    the goldens. Now candidates are judged on held-out real samples and vetoed when they would fail the device
+    check, and the goldens carry those held-out samples, so a passing build's dry run passes."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from edgedeploy.modelio.goldens import load_goldens
+    from edgedeploy.precision.data import HELDOUT_POINT
+
+    cfg = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=16, size=40)
+    out = tmp_path / "orin-int8"
+    result = edgedeploy.build(
+        cfg,
+        log=lambda _: None,
+        build__target="jetson-orin",
+        build__out=str(out),
+        precision__mode="int8",
+        precision__calib=str(calib),
+    )
+    assert result.report["status"] == "passed" and not result.ok  # passed here; validated on the device
+    prec = json.loads((out / "precision.json").read_text())
+    assert prec["judged_on"]["heldout_batches"] >= 1 and prec["judged_on"]["calibration_batches"] >= 1
+    assert prec["weights"]["bits"] == 8  # TensorRT: full 8-bit weights
+    assert prec["accuracy"]["met"] and "vetoed" not in prec["accuracy"]
+    bundle = out / "bundle"
+    goldens = load_goldens(bundle / "goldens.npz")
+    held = goldens[HELDOUT_POINT]
+    assert held and all(np.abs(pair["in"]["image"]).max() <= 1.0 for pair in held.values())  # real photo crops
+    proc = subprocess.run(
+        [sys.executable, "complete_bundle.py", ".", "--runner", "onnxruntime"],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PASSED" in proc.stderr
+    validation = json.loads((bundle / "validation.json").read_text())
+    assert any(c["shape"] == HELDOUT_POINT for c in validation["checks"])  # the device check saw real data
+
+
+def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp_path: Path) -> None:
+    """A candidate meeting the held-out target but failing a golden at tolerance.int8 is not accepted."""
+    import numpy as np
+    from test_precision import _stage_ctx, outlier_net
+
+    from edgedeploy.modelio.goldens import golden_key
+    from edgedeploy.stages.precision import _golden_cases, _goldens_veto
+
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "int8", outlier_net(), {"accuracy_target": 0.5})
+    feeds = {"image": np.full((1, 3, 16, 16), 0.5, np.float32)}
+    wrong = {"logits": np.ones((1, 10), np.float32)}  # nothing the model can produce: the golden must fail
+    np.savez(
+        ctx.staging / "goldens.npz",
+        **{golden_key("opt", 0, "in", "image"): feeds["image"], golden_key("opt", 0, "out", "logits"): wrong["logits"]},
+    )
+    cases = _golden_cases(ctx)
+    assert [c[0] for c in cases] == ["opt"]
+    reason = _goldens_veto(ctx, ctx.staging / "model.onnx", cases)
+    assert reason and "golden opt logits fails tolerance.int8" in reason
+    from edgedeploy.errors import StageError
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    with pytest.raises(StageError) as err:
+        PrecisionFromOnnx().run(ctx)
+    assert "tolerance.int8" in str(err.value)  # every try's veto is in the table
+    assert "validate.data" in (err.value.hint or "") and "[tolerance.int8]" in err.value.hint

@@ -91,10 +91,11 @@ def test_fp16_routes_follow_the_precision_stage_and_the_tensorrt_version(files):
     flag = make_plan(_cfg("fp16"), get_target("jetson-xavier"), fp16, precision_info=pins)
     assert (flag.strategy, flag.onnx, flag.strongly_typed, flag.fp32_layers) == (
         "fp16-flag",
-        "model.fp16.onnx",
+        "model.onnx",  # the FP32 graph: a stale model.fp16.onnx next to it is never built from
         False,
         ("a", "b"),
     )
+    assert flag.fp32_output_layers == ()  # no entry says its output is float: precision pins only
     typed = make_plan(_cfg("fp16"), get_target("desktop-trt11"), fp16, precision_info={"onnx_dtype": "float16"})
     assert (typed.strategy, typed.strongly_typed, typed.fp32_layers) == ("fp16-typed", True, ())
     with pytest.raises(StageError, match="no FP16 builder flag"):
@@ -163,7 +164,18 @@ def test_trtexec_flags_follow_each_tensorrt_version(files):
     assert {"--layerPrecisions=a:fp32,b:fp32", "--precisionConstraints=obey", "--builderOptimizationLevel=3"} <= set(
         argv
     )
-    assert notes == []
+    assert notes == [] and not any(a.startswith("--layerOutputTypes") for a in argv)
+    # output types only for the pins whose one output is float (an ArgMax's int64 output cannot be fp32)
+    info = {
+        "fp32_layers": [
+            {"node": "conv", "why": "overflow", "pin_output_type": True},
+            {"node": "argmax", "why": "x", "pin_output_type": False},
+        ]
+    }
+    mixed = make_plan(_cfg("fp16"), get_target("jetson-orin"), {}, precision_info=info)
+    argv, _ = trtexec_args(mixed)
+    assert {"--layerPrecisions=argmax:fp32,conv:fp32", "--layerOutputTypes=conv:fp32"} <= set(argv)
+    assert BuildPlan.from_dict(json.loads(json.dumps(mixed.to_dict()))) == mixed
 
     t11 = make_plan(_cfg("int8"), get_target("desktop-trt11"), {"model.int8.onnx": files["qdq"]})
     argv, _ = trtexec_args(t11)

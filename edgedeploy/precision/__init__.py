@@ -3,5 +3,5 @@ activation-range and sensitivity analysis with automatic fallback, TensorRT cali
 
 Domain layer (2): may import plain data (errors, config, artifacts, runtimes), the tools (``fileio``,
 ``modelio``, ``onnxtools``) and ``validate`` (parity metrics, latency); never ``stages`` or ``pipeline``.
-Every heavy dependency (onnxruntime, onnxconverter_common, tensorrt, PIL) is imported inside functions.
+Every heavy dependency (onnxruntime, tensorrt, PIL) is imported inside functions.
 """

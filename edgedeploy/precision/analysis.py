@@ -39,8 +39,8 @@ def _augmented(model_path: Path, workdir: Path) -> Path:
     return out
 
 
-def _intermediates(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path):
-    """Yield, per batch, {tensor name: flat float array} of every float tensor in the model."""
+def intermediates(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path):
+    """Yield, per batch, {tensor name: array} of every float tensor in the model (inputs, intermediates, outputs)."""
     sess = ort_session(_augmented(model_path, workdir), optimize=False, stage="precision")
     names = [o.name for o in sess.get_outputs() if o.name.endswith(_SAVED_SUFFIX)]
     for b in batches:
@@ -79,7 +79,7 @@ class TensorStats:
 def tensor_ranges(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path) -> dict[str, TensorStats]:
     """Range statistics of every float tensor (graph inputs, intermediates, outputs) on ``batches``."""
     stats: dict[str, TensorStats] = {}
-    for values in _intermediates(model_path, batches, workdir):
+    for values in intermediates(model_path, batches, workdir):
         for name, v in values.items():
             stats.setdefault(name, TensorStats()).update(v)
     return stats

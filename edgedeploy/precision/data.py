@@ -387,3 +387,23 @@ def _arrays_sha(batches: tuple[dict[str, np.ndarray], ...]) -> str:
             a = np.ascontiguousarray(b[k])
             h.update(k.encode() + str(a.dtype).encode() + str(a.shape).encode() + a.tobytes())
     return h.hexdigest()
+
+
+HELDOUT_FRACTION = 0.25
+HELDOUT_POINT = "calib-heldout"  # goldens point of the calibration samples held out of calibration
+
+
+def split_heldout(
+    batches: Sequence[dict[str, np.ndarray]], fraction: float = HELDOUT_FRACTION
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """(calibration, held-out) batches: the last ``fraction`` of the batches (at least one) is held out.
+
+    INT8 builds calibrate on the first part and are judged on the held-out part, never on the samples they
+    calibrated on. With a single batch nothing can be held out: ``([batch], [])``. The reference stage uses the
+    same split to put the held-out samples into the goldens, so the device check sees real data too.
+    """
+    n = len(batches)
+    if n < 2:
+        return list(batches), []
+    k = max(1, round(n * fraction))
+    return list(batches[: n - k]), list(batches[n - k :])

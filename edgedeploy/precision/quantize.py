@@ -15,7 +15,6 @@ import numpy as np
 
 from edgedeploy.errors import StageError
 from edgedeploy.precision import analysis
-from edgedeploy.precision.data import OrtCalibrationReader
 
 
 @dataclass(frozen=True)
@@ -51,13 +50,12 @@ QDQ_FLAVOURS: dict[str, QdqFlavour] = {
         "QInt8",
         False,
         True,
-        "x86 ONNX Runtime's fast INT8 kernels take uint8 activations; 7-bit weights (reduce_range) avoid their "
-        "int16 saturation on CPUs without VNNI",
-        reduce_range=True,
+        "x86 ONNX Runtime's fast INT8 kernels take uint8 activations; 8-bit weights where the CPU has VNNI/AMX, "
+        "7-bit (reduce_range) only where measured to agree better (int16 saturation of vpmaddubsw without VNNI)",
     ),
 }
 
-CALIB_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+CALIB_METHODS = ("minmax", "entropy", "percentile")  # ranges chosen by edgedeploy.precision.histogram
 
 
 def flavour_for(runtime: str) -> QdqFlavour:
@@ -69,6 +67,42 @@ def flavour_for(runtime: str) -> QdqFlavour:
     from edgedeploy import runtimes
 
     return QDQ_FLAVOURS[runtimes.get(runtime).qdq_flavour]
+
+
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_int8_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The VNNI / AMX flags of this CPU from ``/proc/cpuinfo`` (empty off Linux or without them).
+
+    With any of them, ONNX Runtime's U8S8 kernels multiply with ``vpdpbusd`` / AMX tiles, which accumulate
+    in int32: full 8-bit weights cannot saturate, so 7-bit weights only lose precision.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ()
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[-1].split())
+    return tuple(f for f in VNNI_FLAGS if f in flags)
+
+
+def reduce_range_choices(setting: bool | str, runtime: str, cpu_flags: Sequence[str]) -> tuple[list[bool], str]:
+    """Which weight widths to try for ``precision.reduce_range`` (``"auto"``, true, false) and why.
+
+    ``auto``: 8-bit weights on TensorRT and on CPUs with VNNI/AMX; on x86 without them both 8-bit and 7-bit
+    are quantized and the one that agrees better on the held-out data is kept (measured, not assumed).
+    """
+    if isinstance(setting, bool):
+        return [setting], f"precision.reduce_range = {str(setting).lower()}"
+    if runtime != "onnxruntime":
+        return [False], "TensorRT: 8-bit weights"
+    if cpu_flags:
+        return [False], f"8-bit weights: this CPU has {', '.join(cpu_flags)} (int32 accumulation, no saturation)"
+    return [False, True], "no VNNI/AMX on this CPU: 8-bit and 7-bit weights measured, the better one kept"
 
 
 @dataclass
@@ -84,10 +118,27 @@ class Quantizer:
     flavour: QdqFlavour
     method: str = "minmax"
     per_channel: bool = True
+    reduce_range: bool | None = None  # None: the flavour's default
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self._ranges_json = self.workdir / "ort_ranges.json"
+
+    def calibrate(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
+        """Observe every tensor on ``batches`` and store the ranges ``method`` picks (once; later calls reuse them).
+
+        The histograms are ours (:mod:`edgedeploy.precision.histogram`): onnxruntime's entropy calibrator
+        collapses to min/max on real CNNs, so the three methods would otherwise give the same model.
+        """
+        from edgedeploy.precision import histogram
+
+        if self._ranges_json.is_file():
+            return
+        import onnx
+
+        hists = histogram.collect(self.float_model, batches, self.workdir)
+        outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
+        histogram.write_ort_cache(histogram.choose_ranges(hists, self.method, exact=outputs), self._ranges_json)
 
     def quantize(
         self,
@@ -104,7 +155,8 @@ class Quantizer:
         """
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-        reader = None if self._ranges_json.is_file() else OrtCalibrationReader(batches)
+        self.calibrate(batches)
+        reduce_range = self.flavour.reduce_range if self.reduce_range is None else self.reduce_range
         extra = {
             "ActivationSymmetric": self.flavour.activation_symmetric,
             "WeightSymmetric": True,
@@ -116,15 +168,15 @@ class Quantizer:
             quantize_static(
                 str(self.float_model),
                 str(out),
-                calibration_data_reader=reader,
+                calibration_data_reader=None,
                 quant_format=QuantFormat.QDQ,
                 per_channel=self.per_channel,
-                reduce_range=self.flavour.reduce_range,
+                reduce_range=reduce_range,
                 activation_type=getattr(QuantType, self.flavour.activation_type),
                 weight_type=getattr(QuantType, self.flavour.weight_type),
                 nodes_to_quantize=list(only) if only is not None else None,
                 nodes_to_exclude=list(exclude),
-                calibrate_method=getattr(CalibrationMethod, CALIB_METHODS[self.method]),
+                calibrate_method=CalibrationMethod.MinMax,  # the cache holds the ranges our method chose
                 extra_options=extra,
                 calibration_cache_path=str(self._ranges_json),
             )
@@ -132,10 +184,11 @@ class Quantizer:
             raise StageError(
                 "precision",
                 f"INT8 quantization failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                hint="try precision.calib_method = 'minmax' or list the failing node in precision.keep_fp32",
+                hint="list the node named in the message in precision.keep_fp32",
             ) from None
         finally:
             logging.getLogger().setLevel(quiet)
+        bypass_qdq_into_float_nodes(out, self.float_model)
         return out
 
     def ranges(self) -> dict[str, tuple[float, float]]:
@@ -148,6 +201,69 @@ class Quantizer:
             lo, hi = data[name].range_value
             out[name] = (float(np.asarray(lo).min()), float(np.asarray(hi).max()))
         return out
+
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
+    """Feed every float Conv/Gemm/MatMul the float tensor itself instead of a DequantizeLinear output.
+
+    ONNX Runtime's ``WeightBiasQuantization`` graph transformer (on at every optimization level above
+    "disable all") quantizes the float weights of any such node whose input comes from a DequantizeLinear,
+    per tensor. A node kept in float for accuracy would be silently re-quantized when the artifact is loaded:
+    on EfficientNet-Lite0 keeping the 16 depthwise convs in float *lowered* top-1 agreement from 85 % to 50 %.
+    Reading the unquantized tensor (the QuantizeLinear's input) keeps the node float, and exact. Where the
+    quantizer folded a Relu/Clip into that QuantizeLinear's range, the activation (from ``float_model``) is
+    re-inserted for the float reader.
+
+    Returns the number of inputs rewired (the model at ``path`` is rewritten only when there are any).
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    original = onnx.load(str(float_model), load_external_data=False)
+    float_producers = {o: n for n in original.graph.node for o in n.output}
+    float_inits = {i.name: i for i in original.graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    have = {i.name for i in graph.initializer}
+    dq_outputs = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    new_nodes: list[Any] = []
+    restored: dict[str, str] = {}
+    rewired = 0
+    for node in graph.node:
+        if node.op_type in WEIGHTED_OPS and node.input and node.input[0] in dq_outputs:
+            weights_dq = len(node.input) > 1 and node.input[1] in dq_outputs
+            q = producers.get(producers[node.input[0]].input[0])
+            if not weights_dq and q is not None and q.op_type == "QuantizeLinear":
+                x = q.input[0]
+                act = float_producers.get(x)
+                now = producers.get(x)
+                if act is not None and now is not None and act.op_type != now.op_type:  # activation folded into Q
+                    if x not in restored:
+                        restored[x] = f"{x}__float_act"
+                        copy = onnx.NodeProto()
+                        copy.CopyFrom(act)
+                        copy.name = f"{act.name}__float"
+                        copy.input[0] = x
+                        copy.output[0] = restored[x]
+                        for extra in copy.input[1:]:
+                            if extra and extra not in have and extra in float_inits:
+                                graph.initializer.append(float_inits[extra])
+                                have.add(extra)
+                        new_nodes.append(copy)
+                    x = restored[x]
+                node.input[0] = x
+                rewired += 1
+        new_nodes.append(node)
+    if rewired:
+        used = {i for n in new_nodes for i in n.input} | {o.name for o in graph.output}
+        keep = [n for n in new_nodes if n.op_type != "DequantizeLinear" or n.output[0] in used]
+        del graph.node[:]
+        graph.node.extend(keep)
+        onnx.save(model, str(path))
+    return rewired
 
 
 def preprocess(model_path: Path, out: Path) -> Path:
@@ -175,6 +291,8 @@ class FallbackResult:
     met: bool
     target: float
     latency: dict[str, Any]
+    final: dict[str, Any] = field(default_factory=dict)  # the chosen try's row
+    candidates: int = 0  # nodes the naive model quantized (beyond keep_fp32)
 
 
 def layer_sensitivity(
@@ -209,56 +327,89 @@ def quantize_with_fallback(
     classifier_outputs: Sequence[str],
     accuracy_target: float,
     max_tries: int,
+    eval_batches: Sequence[dict[str, np.ndarray]] | None = None,
     keep_fp32: Sequence[str] = (),
+    extra_check: Callable[[Path], str | None] | None = None,
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
     log: Callable[[str], None] | None = None,
 ) -> FallbackResult:
-    """Quantize everything, then exclude the most sensitive nodes until ``accuracy_target`` is met.
+    """Quantize everything, then keep the fewest most-sensitive nodes in float that meet ``accuracy_target``.
 
-    The score is top-1 agreement (classifier outputs) or cosine similarity against the FP32 ONNX model on
-    ``batches``. Sensitivity (:func:`layer_sensitivity`) is measured once, over the nodes the naive model
-    quantized; try ``t`` excludes the top ``2**(t-1)`` nodes, for at most ``max_tries`` tries. Latency of
-    the naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
+    Calibration uses ``batches``; every candidate is scored on ``eval_batches`` (held-out samples never used
+    for calibration; default ``batches``): top-1 agreement (classifier outputs) or cosine similarity against
+    the FP32 ONNX model. ``extra_check(model)`` may veto a candidate that meets the score (returns why).
+    Sensitivity (:func:`layer_sensitivity`: one node quantized at a time, not greedily) ranks the nodes the
+    naive model quantized; then the smallest ``k`` such that keeping the top ``k`` in float meets the target
+    is searched: ``k`` = 1, 2, 4, ... until a candidate passes, then bisection between the last failing and
+    the first passing ``k``, within ``max_tries`` quantizations. Latency of the naive and the final model is
+    measured in ONNX Runtime when ``latency_feeds`` is given.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
     """
     say = log or (lambda _line: None)
-    reference = analysis.run_model(q.float_model, batches)
+    evals = list(eval_batches) if eval_batches else list(batches)
+    reference = analysis.run_model(q.float_model, evals)
     pinned = {n: "listed in precision.keep_fp32" for n in keep_fp32}
-    naive = q.quantize(q.workdir / "naive.int8.onnx", batches, exclude=list(pinned))
-    score = analysis.accuracy(reference, analysis.run_model(naive, batches), classifier_outputs)
-    tries = [{"try": 0, "excluded": list(pinned), "score": score["score"], "metric": score["metric"]}]
+    tries: list[dict[str, Any]] = []
+
+    def attempt(k: int, excl: dict[str, str]) -> tuple[bool, Path]:
+        model = q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
+        score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs)
+        veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
+        row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
+        row.update(metric=score["metric"], met=score["score"] >= accuracy_target and veto is None)
+        if veto:
+            row["vetoed"] = veto
+        tries.append(row)
+        return row["met"], model
+
+    met, naive = attempt(0, pinned)
     chosen, excluded, sensitivity = naive, dict(pinned), []
-    if score["score"] < accuracy_target and max_tries > 0:
+    if not met and max_tries > 0:
         import onnx
 
         candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
         say(
-            f"INT8 {score['metric']} {score['score']:.4f} < target {accuracy_target}: "
-            f"measuring the sensitivity of {len(candidates)} quantized nodes"
+            f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f}"
+            + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")
+            + f" misses target {accuracy_target}: measuring the sensitivity of {len(candidates)} quantized nodes"
         )
-        sensitivity = layer_sensitivity(q, batches[:4], reference[:4], candidates)
-        for t in range(1, max_tries + 1):
-            top = sensitivity[: 2 ** (t - 1)]
-            if not top:
-                break
-            trial_excl = {
+        calib_ref = analysis.run_model(q.float_model, batches[:4])
+        sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
+
+        def exclusion(k: int) -> dict[str, str]:
+            return {
                 **pinned,
                 **{
                     r["node"]: f"INT8 sensitive: quantizing this {r['op']} alone gives {r['output_error']:.3g} "
                     "relative output error"
-                    for r in top
+                    for r in sensitivity[:k]
                 },
             }
-            model = q.quantize(q.workdir / f"try{t}.int8.onnx", batches, exclude=list(trial_excl))
-            score = analysis.accuracy(reference, analysis.run_model(model, batches), classifier_outputs)
-            tries.append({"try": t, "excluded": list(trial_excl), "score": score["score"], "metric": score["metric"]})
-            say(f"INT8 fallback try {t}: {len(trial_excl)} node(s) in float, {score['metric']} {score['score']:.4f}")
-            chosen, excluded = model, trial_excl
-            if score["score"] >= accuracy_target or len(top) == len(sensitivity):
+
+        models: dict[int, Path] = {}
+        lo, hi, k = 0, None, 1
+        while len(tries) <= max_tries and k <= len(sensitivity):
+            ok, models[k] = attempt(k, exclusion(k))
+            say(_try_line(tries[-1]))
+            if ok:
+                hi = k
                 break
+            lo = k
+            if k == len(sensitivity):
+                break
+            k = min(2 * k, len(sensitivity))
+        while hi is not None and hi - lo > 1 and len(tries) <= max_tries:
+            mid = (lo + hi) // 2
+            ok, models[mid] = attempt(mid, exclusion(mid))
+            say(_try_line(tries[-1]))
+            lo, hi = (lo, mid) if ok else (mid, hi)
+        best = hi if hi is not None else max(models, default=0)
+        if best:
+            chosen, excluded = models[best], exclusion(best)
+    final = next((t for t in tries if t["excluded"] == list(excluded)), tries[-1])
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
     if latency_feeds is not None:
@@ -276,7 +427,15 @@ def quantize_with_fallback(
         excluded=excluded,
         tries=tries,
         sensitivity=sensitivity[:20],
-        met=tries[-1]["score"] >= accuracy_target,
+        met=bool(final["met"]),
         target=accuracy_target,
         latency=lat,
+        final=final,
+        candidates=len(sensitivity),
     )
+
+
+def _try_line(row: dict[str, Any]) -> str:
+    veto = f" ({row['vetoed']})" if "vetoed" in row else ""
+    score = f"{row['metric']} {row['score']:.4f}{veto}"
+    return f"INT8 fallback try {row['try']}: {row['float_nodes']} node(s) in float, {score}"

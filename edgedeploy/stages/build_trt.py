@@ -51,11 +51,10 @@ DEVICE_CODE = {
 def bundle_files(plan: BuildPlan, *, precision_info: bool, external_data: tuple[str, ...] = ()) -> list[str]:
     """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last.
 
-    ``external_data``: ONNX external-data companions (``model.onnx.data``) that travel with their model.
+    One ONNX graph: the one the plan builds from. ``external_data``: the FP32 model's external-data
+    companions (``model.onnx.data``), which travel with it when the plan builds from ``model.onnx``.
     """
-    names = [ONNX_FP32, *external_data]
-    if plan.onnx != ONNX_FP32:
-        names.append(plan.onnx)
+    names = [plan.onnx, *(external_data if plan.onnx == ONNX_FP32 else ())]
     if plan.calib_cache:
         names.append(plan.calib_cache)
     if precision_info:
@@ -117,7 +116,8 @@ class BundleFromOnnx(Stage):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         has_info = ctx.path(PRECISION_INFO).is_file()
-        copies = [ONNX_FP32, *_companions(ctx), plan.onnx, plan.calib_cache, PRECISION_INFO if has_info else None]
+        companions = _companions(ctx) if plan.onnx == ONNX_FP32 else ()
+        copies = [plan.onnx, *companions, plan.calib_cache, PRECISION_INFO if has_info else None]
         for name in dict.fromkeys(c for c in [*copies, GOLDENS] if c):
             _link_or_copy(ctx.path(name), folder / name)  # hard links: no second copy of the model in OUT
         for name, src in DEVICE_CODE.items():

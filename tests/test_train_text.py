@@ -78,7 +78,7 @@ def test_bert_bilstm_trains_on_real_text_and_its_checkpoint_loads_on_the_deploy_
 
 
 @pytest.mark.slow
-def test_text_example_trains_and_builds_for_cpu(tmp_path):
+def test_text_example_trains_and_builds_int8_for_cpu(tmp_path):
     import subprocess
     import sys
 
@@ -100,4 +100,4 @@ def test_text_example_trains_and_builds_for_cpu(tmp_path):
         build__out=str(tmp_path / "cpu"),
         log=lambda _line: None,
     )
-    assert result.ok and result.report["status"] == "passed"
+    assert result.ok and result.report["status"] == "passed" and result.report["precision"] == "int8"

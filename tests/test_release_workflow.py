@@ -154,7 +154,7 @@ def test_checker_rejects_unknown_subcommands_flags_and_missing_required_args():
     assert check_invocation(["build", "--config", "a.toml", "--target", "cpu"], "w", parsers) == []
     assert "not a subcommand" in check_invocation(["biuld", "--config", "a.toml"], "w", parsers)[0]
     assert "no flag --targt" in check_invocation(["build", "--config", "a.toml", "--targt", "cpu"], "w", parsers)[0]
-    assert "does not parse" in check_invocation(["build", "--target", "cpu"], "w", parsers)[0]  # --config required
+    assert "does not parse" in check_invocation(["train", "--out", "run"], "w", parsers)[0]  # --config required
     # nested subcommands (`deploy bundle complete`) are resolved before flags are checked
     assert check_invocation(["bundle", "complete", "b", "--timing-cache", "t"], "w", parsers) == []
     assert (

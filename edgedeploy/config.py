@@ -313,7 +313,7 @@ SIDECAR_FORMAT = "edgedeploy-checkpoint/1"
 PACKAGE_FACTORY_MODULES = ("edgedeploy.train.models",)
 
 
-def _module_file_in_roots(module_name: str, roots: list[Path]) -> Path | None:
+def module_file_in_roots(module_name: str, roots: list[Path]) -> Path | None:
     """The source file of ``module_name`` under one of ``roots``, found without importing anything."""
     rel = Path(*module_name.split("."))
     for root in roots:
@@ -390,7 +390,7 @@ def _sidecar_factory_origin(factory: str, model: dict[str, Any], base_dir: Path,
             "or model.trust_sidecar_code = true (--trust-checkpoint-code) for a factory inside model.python_path",
         )
     roots = [resolve_path(str(base_dir), p) for p in (model.get("python_path") or ["."])]
-    if _module_file_in_roots(module_name, [r for r in roots if r is not None]) is None:
+    if module_file_in_roots(module_name, [r for r in roots if r is not None]) is None:
         raise ConfigError(
             f"{meta_path}: factory {factory!r} does not resolve to a module file inside model.python_path "
             f"({', '.join(str(r) for r in roots)}); sidecar factories may only name the project's own code",

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from edgedeploy.config import DeployConfig
+from edgedeploy.config import DeployConfig, module_file_in_roots
 from edgedeploy.errors import ConfigError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -46,16 +46,6 @@ class LoadedFactory:
 
     factory: Any
     files: tuple[Path, ...]
-
-
-def find_in_roots(module_name: str, roots: list[Path]) -> Path | None:
-    """The source file of ``module_name`` under one of ``roots``, found without importing anything."""
-    rel = Path(*module_name.split("."))
-    for root in roots:
-        for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
-            if candidate.is_file():
-                return candidate.resolve()
-    return None
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -106,7 +96,7 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
         Exception: whatever the module raises while it executes (callers wrap it in their error).
     """
     importlib.invalidate_caches()  # a file written since the last import must be seen
-    file = find_in_roots(module_name, roots)
+    file = module_file_in_roots(module_name, roots)
     before = set(sys.modules)
     saved = list(sys.path)
     sys.path[:0] = [str(r) for r in roots]
@@ -152,7 +142,7 @@ def load_factory(cfg: DeployConfig) -> LoadedFactory:
     expected: Path | None = None
     if origin == "sidecar":
         where = f"{cfg.source}: model.factory from the checkpoint sidecar"
-        expected = find_in_roots(module_name, roots)
+        expected = module_file_in_roots(module_name, roots)
         found = None
         if expected is None and "." not in module_name:
             spec = importlib.util.find_spec(module_name)
@@ -222,7 +212,7 @@ def module_source(cfg: DeployConfig, spec: str, key: str) -> Path | None:
     """
     module_name = spec.partition(":")[0]
     roots = [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
-    found = find_in_roots(module_name, roots)
+    found = module_file_in_roots(module_name, roots)
     if found is not None:
         return found
     try:

@@ -119,6 +119,8 @@ class Quantizer:
     method: str = "minmax"
     per_channel: bool = True
     reduce_range: bool | None = None  # None: the flavour's default
+    # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)
+    bias_means: dict[str, np.ndarray] | None = None
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +191,10 @@ class Quantizer:
         finally:
             logging.getLogger().setLevel(quiet)
         bypass_qdq_into_float_nodes(out, self.float_model)
+        if self.bias_means:
+            from edgedeploy.precision.equalize import correct_bias
+
+            correct_bias(out, self.float_model, self.bias_means)
         return out
 
     def ranges(self) -> dict[str, tuple[float, float]]:

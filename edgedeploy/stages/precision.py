@@ -134,6 +134,7 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         return _int8_transformer(ctx, float_model, batches, tmp, evidence)
     flavour = flavour_for(target.runtime)
     calib, held = split_heldout(list(batches))
+    float_model, equalized, bias_means = _equalize(p.equalize, float_model, calib, tmp)
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
@@ -147,13 +148,13 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         reference = analysis.run_model(float_model, evals or calib)
         for choice in choices:
             q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-            q.reduce_range = choice
+            q.reduce_range, q.bias_means = choice, bias_means
             m = q.quantize(tmp / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
             score = analysis.accuracy(reference, analysis.run_model(m, evals or calib), cfg.validate.classifier_outputs)
             rr_scores["7-bit" if choice else "8-bit"] = score["score"]
         reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-    q.reduce_range = reduce_range
+    q.reduce_range, q.bias_means = reduce_range, bias_means
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
@@ -217,6 +218,7 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
         "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
         "calib_method": p.calib_method,
+        "equalize": equalized,
         "accuracy_target": p.accuracy_target,
         "judged_on": judged,
         "accuracy": result.final,
@@ -233,6 +235,29 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _equalize(setting: bool | str, float_model: Path, calib: Any, tmp: Path) -> tuple[Path, dict[str, Any], Any]:
+    """Cross-layer equalization + bias correction per ``precision.equalize`` (auto: depthwise convs present).
+
+    Returns the model to quantize, the note for precision.json and the bias-correction means (or None).
+    """
+    import onnx
+
+    from edgedeploy.precision import equalize as eq
+
+    if setting == "auto":
+        on = eq.has_depthwise_conv(onnx.load(str(float_model), load_external_data=False))
+        why = "auto: depthwise convs found" if on else "auto: no depthwise convs"
+    else:
+        on, why = bool(setting), f"precision.equalize = {str(setting).lower()}"
+    if not on:
+        return float_model, {"applied": False, "why": why}, None
+    out = tmp / "float.equalized.onnx"
+    report = eq.equalize(float_model, out)
+    means = eq.conv_input_means(out, calib)
+    note = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"convs": len(means)}}
+    return out, note, means
 
 
 def _int8_transformer(

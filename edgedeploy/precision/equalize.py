@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+RELU_SUFFIX = "__cle_relu"  # the Relu half of a rewritten Relu6; its Min's output keeps the Clip's name
 HOMOGENEOUS = ("Relu", "Clip", "Min")  # Min: a Relu6 rewritten by an earlier sweep (per-channel bound)
 
 
@@ -148,11 +149,16 @@ def _find_pairs(model: Any, inits: dict[str, np.ndarray]) -> list[_Pair]:
     return pairs
 
 
-def equalize(model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 1e-3) -> EqualizeReport:
+def equalize(
+    model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 1e-3, max_scale: float = 16.0
+) -> EqualizeReport:
     """Write a cross-layer-equalized copy of the float ONNX model ``model_path`` to ``out``.
 
     The FP32 function is unchanged (exact up to float rounding). BN must already be folded into the convs
     (ONNX Runtime's ``quant_pre_process`` does that). Sweeps repeat until no scale moves more than ``tol``.
+    Each channel's total scale stays within ``[1 / max_scale, max_scale]``: a near-dead conv1 channel (weights
+    ~0, output ~ its bias) would otherwise be blown up by ``1 / s`` and set the per-tensor activation range of
+    the whole layer.
     """
     import onnx
     from onnx import helper, numpy_helper
@@ -186,7 +192,7 @@ def equalize(model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 
             else:
                 hi = next(a.f for a in clip.attribute if a.name == "max")
             base = clip.name or clip.output[0]
-            bound, relu_out = f"{base}__cle_bound", f"{clip.output[0]}__cle_relu"
+            bound, relu_out = f"{base}__cle_bound", f"{clip.output[0]}{RELU_SUFFIX}"
             relu = helper.make_node("Relu", [clip.input[0]], [relu_out], name=f"{base}__cle_relu")
             mn = helper.make_node("Min", [relu_out, bound], [clip.output[0]], name=f"{base}__cle_min")
             new_inits[bound] = np.full((channels, 1, 1), hi, np.float32)
@@ -201,15 +207,18 @@ def equalize(model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 
         graph.node.extend(nodes)
     inits.update(new_inits)
     before = [spread(channel_ranges(inits[d["w1"]], 0)) for d in pairs]
+    total = [np.ones(inits[d["w1"]].shape[0]) for d in pairs]  # accumulated scale per channel
     for sweep in range(max_sweeps):
         moved = 0.0
-        for d in pairs:
+        for d, acc in zip(pairs, total):
             w1, b1, w2 = inits[d["w1"]], inits[d["b1"]], inits[d["w2"]]
             r1 = channel_ranges(w1, 0)
             r2 = channel_ranges(w2, 0) if d["depthwise2"] else channel_ranges(w2, 1)
             ok = (r1 > 0) & (r2 > 0)
             s = np.ones_like(r1)
             s[ok] = np.sqrt(r1[ok] / r2[ok])
+            s = np.clip(acc * s, 1.0 / max_scale, max_scale) / acc
+            acc *= s
             w1 /= s.reshape(-1, *[1] * (w1.ndim - 1))
             b1 /= s
             if d["depthwise2"]:
@@ -237,6 +246,20 @@ def equalize(model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 
             graph.initializer.append(numpy_helper.from_array(value, name))
     onnx.save(model, str(out))
     return report
+
+
+def tie_clip_ranges(ranges: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """Give each rewritten Relu's output the range of its Min's output (the tensor the Clip produced).
+
+    The quantizer folds the Relu into the conv's output QuantizeLinear, calibrated on the *unclipped* values;
+    saturating at the Min output's range instead is exact (``min(min(x, B), b_i) = min(x, b_i)`` for
+    ``B >= b_i``) and keeps the resolution the Relu6 model had.
+    """
+    out = dict(ranges)
+    for name in ranges:
+        if name.endswith(RELU_SUFFIX) and name[: -len(RELU_SUFFIX)] in ranges:
+            out[name] = ranges[name[: -len(RELU_SUFFIX)]]
+    return out
 
 
 def conv_input_means(model_path: Path, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -140,7 +140,10 @@ class Quantizer:
 
         hists = histogram.collect(self.float_model, batches, self.workdir)
         outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
-        histogram.write_ort_cache(histogram.choose_ranges(hists, self.method, exact=outputs), self._ranges_json)
+        from edgedeploy.precision.equalize import tie_clip_ranges
+
+        ranges = tie_clip_ranges(histogram.choose_ranges(hists, self.method, exact=outputs))
+        histogram.write_ort_cache(ranges, self._ranges_json)
 
     def quantize(
         self,

@@ -103,3 +103,25 @@ def test_stage_applies_equalization_when_configured(tiny_project: Path, tmp_path
     assert main([*argv, "--calib", str(calib), "--equalize", "false"]) == 0
     plan = json.loads((out / "precision.json").read_text())
     assert plan["equalize"] == {"applied": False, "why": "precision.equalize = false"}
+    assert main([*argv, "--calib", str(calib)]) == 0  # auto: the tiny project has no depthwise conv
+    assert json.loads((out / "precision.json").read_text())["equalize"]["why"] == "auto: no depthwise convs"
+
+
+def test_equalize_flag_parses_auto_and_booleans() -> None:
+    from edgedeploy.config import flag_fields, parse_flag_value
+
+    ff = next(f for f in flag_fields() if f.flag == "--equalize")
+    assert [parse_flag_value(ff, t) for t in ("auto", "true", "off")] == ["auto", True, False]
+
+
+def test_activation_equalization_levels_depthwise_input_channels_exactly(tmp_path: Path) -> None:
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=16, batch=8)
+    peaks = {k: v[1] for k, v in eq.conv_input_stats(float_model, batches).items()}
+    dw = next(n.name for n in onnx.load(str(float_model)).graph.node if n.op_type == "Conv" and eq._group(n) > 1)
+    assert eq.spread(peaks[dw]) > 2
+    eq.equalize(float_model, tmp_path / "act.onnx", input_peaks=peaks, weight_pairs=False, max_scale=1e3)
+    for a, b in zip(analysis.run_model(float_model, batches), analysis.run_model(tmp_path / "act.onnx", batches)):
+        assert np.abs(a["logits"] - b["logits"]).max() < 1e-4 * max(1.0, float(np.abs(a["logits"]).max()))
+    after = eq.conv_input_stats(tmp_path / "act.onnx", batches)[dw][1]
+    assert eq.spread(after) < 1.01  # every channel of the depthwise conv's input now spans the same range

@@ -150,7 +150,14 @@ def _find_pairs(model: Any, inits: dict[str, np.ndarray]) -> list[_Pair]:
 
 
 def equalize(
-    model_path: Path, out: Path, *, max_sweeps: int = 20, tol: float = 1e-3, max_scale: float = 16.0
+    model_path: Path,
+    out: Path,
+    *,
+    max_sweeps: int = 20,
+    tol: float = 1e-3,
+    max_scale: float = 16.0,
+    input_peaks: dict[str, np.ndarray] | None = None,
+    weight_pairs: bool = True,
 ) -> EqualizeReport:
     """Write a cross-layer-equalized copy of the float ONNX model ``model_path`` to ``out``.
 
@@ -159,6 +166,12 @@ def equalize(
     Each channel's total scale stays within ``[1 / max_scale, max_scale]``: a near-dead conv1 channel (weights
     ~0, output ~ its bias) would otherwise be blown up by ``1 / s`` and set the per-tensor activation range of
     the whole layer.
+
+    ``input_peaks`` (conv name -> per-channel max |input| on calibration data, :func:`conv_input_stats`):
+    pairs whose second conv is depthwise equalize the *activation* between them instead. With per-channel
+    weights both convs' weight quantization is invariant to the scale there (each channel has its own scale),
+    so only the per-tensor activation quantization changes: every channel is scaled up to the largest one's
+    range and gets the full 8 bits. ``weight_pairs``: the other pairs get Nagel's weight equalization.
     """
     import onnx
     from onnx import helper, numpy_helper
@@ -208,10 +221,19 @@ def equalize(
     inits.update(new_inits)
     before = [spread(channel_ranges(inits[d["w1"]], 0)) for d in pairs]
     total = [np.ones(inits[d["w1"]].shape[0]) for d in pairs]  # accumulated scale per channel
-    for sweep in range(max_sweeps):
+    act_pairs = set()
+    for k, d in enumerate(pairs):
+        peaks = (input_peaks or {}).get(d["names"][1])
+        if not d["depthwise2"] or peaks is None or not (peaks > 0).any():
+            continue
+        s = np.clip(peaks / peaks.max(), 1.0 / max_scale, 1.0)
+        _scale_pair(inits, d, s)
+        total[k] = s
+        act_pairs.add(k)
+    for sweep in range(max_sweeps if weight_pairs else 0):
         moved = 0.0
-        for d, acc in zip(pairs, total):
-            w1, b1, w2 = inits[d["w1"]], inits[d["b1"]], inits[d["w2"]]
+        for d, acc in (pt for k, pt in enumerate(zip(pairs, total)) if k not in act_pairs):
+            w1, w2 = inits[d["w1"]], inits[d["w2"]]
             r1 = channel_ranges(w1, 0)
             r2 = channel_ranges(w2, 0) if d["depthwise2"] else channel_ranges(w2, 1)
             ok = (r1 > 0) & (r2 > 0)
@@ -219,14 +241,7 @@ def equalize(
             s[ok] = np.sqrt(r1[ok] / r2[ok])
             s = np.clip(acc * s, 1.0 / max_scale, max_scale) / acc
             acc *= s
-            w1 /= s.reshape(-1, *[1] * (w1.ndim - 1))
-            b1 /= s
-            if d["depthwise2"]:
-                w2 *= s.reshape(-1, *[1] * (w2.ndim - 1))
-            else:
-                w2 *= s.reshape(1, -1, *[1] * (w2.ndim - 2))
-            if d["bound"] is not None:
-                inits[d["bound"]] /= s.reshape(-1, 1, 1)
+            _scale_pair(inits, d, s)
             moved = max(moved, float(np.abs(np.log(s)).max()))
         report.sweeps = sweep + 1
         if moved < tol:
@@ -262,8 +277,24 @@ def tie_clip_ranges(ranges: dict[str, tuple[float, float]]) -> dict[str, tuple[f
     return out
 
 
-def conv_input_means(model_path: Path, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Conv node name -> per-channel mean of its input over ``batches`` (the float model, all positions)."""
+def _scale_pair(inits: dict[str, np.ndarray], d: dict[str, Any], s: np.ndarray) -> None:
+    """conv1's output channel i (weights, bias, the activation's bound) / s_i; conv2's input channel i * s_i."""
+    w1, b1, w2 = inits[d["w1"]], inits[d["b1"]], inits[d["w2"]]
+    w1 /= s.reshape(-1, *[1] * (w1.ndim - 1))
+    b1 /= s
+    if d["depthwise2"]:
+        w2 *= s.reshape(-1, *[1] * (w2.ndim - 1))
+    else:
+        w2 *= s.reshape(1, -1, *[1] * (w2.ndim - 2))
+    if d["bound"] is not None:
+        inits[d["bound"]] /= s.reshape(-1, 1, 1)
+
+
+def conv_input_stats(
+    model_path: Path, batches: Sequence[dict[str, np.ndarray]]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Conv node name -> (per-channel mean, per-channel max |x|) of its input over ``batches`` (the float
+    model at ``model_path``, all positions)."""
     import onnx
 
     from edgedeploy.precision import analysis
@@ -275,20 +306,27 @@ def conv_input_means(model_path: Path, batches: Sequence[dict[str, np.ndarray]])
     for t in tensors:
         if t not in have:
             model.graph.output.append(onnx.ValueInfoProto(name=t))
-    tmp = model_path.with_name(model_path.stem + ".means.onnx")
+    tmp = model_path.with_name(model_path.stem + ".stats.onnx")
     onnx.save(model, str(tmp))
     try:
         sums: dict[str, np.ndarray] = {}
+        peaks: dict[str, np.ndarray] = {}
         count = 0
         for outs in analysis.run_model(tmp, batches):
             count += 1
             for t in tensors:
                 x = np.asarray(outs[t], np.float64)
-                m = x.mean(axis=(0, *range(2, x.ndim)))
-                sums[t] = sums.get(t, 0) + m
+                axes = (0, *range(2, x.ndim))
+                sums[t] = sums.get(t, 0) + x.mean(axis=axes)
+                peaks[t] = np.maximum(peaks.get(t, 0), np.abs(x).max(axis=axes))
     finally:
         tmp.unlink(missing_ok=True)
-    return {node: (sums[t] / max(count, 1)).astype(np.float64) for node, t in convs.items() if t in sums}
+    return {node: (sums[t] / max(count, 1), peaks[t]) for node, t in convs.items() if t in sums}
+
+
+def conv_input_means(model_path: Path, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Conv node name -> per-channel mean of its input over ``batches`` (bias correction's ``E[x]``)."""
+    return {k: mean for k, (mean, _) in conv_input_stats(model_path, batches).items()}
 
 
 def correct_bias(qdq_path: Path, float_path: Path, means: dict[str, np.ndarray]) -> int:

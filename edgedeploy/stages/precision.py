@@ -134,13 +134,15 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         return _int8_transformer(ctx, float_model, batches, tmp, evidence)
     flavour = flavour_for(target.runtime)
     calib, held = split_heldout(list(batches))
-    float_model, equalized, bias_means = _equalize(p.equalize, float_model, calib, tmp)
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
         ctx.warn("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
+    float_model, equalized, bias_means = _equalize(
+        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs
+    )
     choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     reduce_range, rr_scores = choices[0], {}
@@ -237,18 +239,25 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     return plan
 
 
-def _equalize(setting: bool | str, float_model: Path, calib: Any, tmp: Path) -> tuple[Path, dict[str, Any], Any]:
-    """Cross-layer equalization + bias correction per ``precision.equalize`` (auto: depthwise convs present).
+def _equalize(
+    setting: bool | str, float_model: Path, calib: Any, evals: Any, tmp: Path, flavour: Any, p: Any, classes: Any
+) -> tuple[Path, dict[str, Any], Any]:
+    """Cross-layer equalization + bias correction per ``precision.equalize``.
 
-    Returns the model to quantize, the note for precision.json and the bias-correction means (or None).
+    ``auto``: only for graphs with depthwise convs, and only when it measures better: the all-INT8 model with
+    and without it is scored on the held-out data (on EfficientNet-Lite0 with per-channel weights it scored
+    *worse*, see docs/precision.md). Returns the model to quantize, the note for precision.json and the
+    bias-correction means (or None).
     """
     import onnx
 
+    from edgedeploy.precision import analysis
     from edgedeploy.precision import equalize as eq
+    from edgedeploy.precision.quantize import Quantizer
 
     if setting == "auto":
         on = eq.has_depthwise_conv(onnx.load(str(float_model), load_external_data=False))
-        why = "auto: depthwise convs found" if on else "auto: no depthwise convs"
+        why = "auto: depthwise convs found, measured" if on else "auto: no depthwise convs"
     else:
         on, why = bool(setting), f"precision.equalize = {str(setting).lower()}"
     if not on:
@@ -256,7 +265,19 @@ def _equalize(setting: bool | str, float_model: Path, calib: Any, tmp: Path) -> 
     out = tmp / "float.equalized.onnx"
     report = eq.equalize(float_model, out)
     means = eq.conv_input_means(out, calib)
-    note = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"convs": len(means)}}
+    note: dict[str, Any] = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"convs": len(means)}}
+    if setting == "auto":  # measured, not assumed: the naive all-INT8 model both ways on the held-out data
+        reference = analysis.run_model(float_model, evals)
+        scores = {}
+        for name, model, bias in (("plain", float_model, None), ("equalized", out, means)):
+            (tmp / f"eq_{name}").mkdir(exist_ok=True)
+            q = Quantizer(model, tmp / f"eq_{name}", flavour, method=p.calib_method, per_channel=p.per_channel)
+            q.bias_means = bias
+            m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
+            scores[name] = analysis.accuracy(reference, analysis.run_model(m, evals), classes)["score"]
+        note["measured"] = scores
+        if scores["equalized"] <= scores["plain"]:
+            return float_model, {**note, "applied": False}, None
     return out, note, means
 
 

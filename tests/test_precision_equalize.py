@@ -124,4 +124,5 @@ def test_activation_equalization_levels_depthwise_input_channels_exactly(tmp_pat
     for a, b in zip(analysis.run_model(float_model, batches), analysis.run_model(tmp_path / "act.onnx", batches)):
         assert np.abs(a["logits"] - b["logits"]).max() < 1e-4 * max(1.0, float(np.abs(a["logits"]).max()))
     after = eq.conv_input_stats(tmp_path / "act.onnx", batches)[dw][1]
-    assert eq.spread(after) < 1.01  # every channel of the depthwise conv's input now spans the same range
+    live = peaks[dw] >= peaks[dw].max() / 1e3  # channels the scale clamp (max_scale) lets reach the top
+    assert live.sum() >= 4 and np.allclose(after[live], after.max(), rtol=1e-3)  # all span the same range now

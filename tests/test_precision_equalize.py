@@ -126,3 +126,21 @@ def test_activation_equalization_levels_depthwise_input_channels_exactly(tmp_pat
     after = eq.conv_input_stats(tmp_path / "act.onnx", batches)[dw][1]
     live = peaks[dw] >= peaks[dw].max() / 1e3  # channels the scale clamp (max_scale) lets reach the top
     assert live.sum() >= 4 and np.allclose(after[live], after.max(), rtol=1e-3)  # all span the same range now
+
+
+def test_auto_measures_plain_bias_corrected_and_equalized_and_keeps_the_best(tmp_path: Path) -> None:
+    from edgedeploy.config import PrecisionSection
+    from edgedeploy.stages.precision import _equalize
+
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=24, batch=8)
+    model, note, means = _equalize(
+        "auto", float_model, batches[:2], batches[2:], tmp_path, flavour_for("onnxruntime"), PrecisionSection(), []
+    )
+    assert note["why"] == "auto: depthwise convs found, measured"
+    assert set(note["measured"]) == {"plain", "bias_corrected", "equalized"}
+    best = note["chosen"]
+    assert note["measured"][best] == max(note["measured"].values())
+    assert note["applied"] == (best == "equalized")
+    assert (model != float_model) == (best == "equalized")
+    assert (means is None) == (best == "plain")

@@ -244,9 +244,10 @@ def _equalize(
 ) -> tuple[Path, dict[str, Any], Any]:
     """Cross-layer equalization + bias correction per ``precision.equalize``.
 
-    ``auto``: only for graphs with depthwise convs, and only when it measures better: the all-INT8 model with
-    and without it is scored on the held-out data (on EfficientNet-Lite0 with per-channel weights it scored
-    *worse*, see docs/precision.md). Returns the model to quantize, the note for precision.json and the
+    ``auto``: only for graphs with depthwise convs, and measured: the all-INT8 model plain, with bias
+    correction only, and with CLE + bias correction is scored on the held-out data and the best kept (on
+    EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see docs/precision.md).
+    Returns the model to quantize, the note for precision.json and the
     bias-correction means (or None).
     """
     import onnx
@@ -266,18 +267,23 @@ def _equalize(
     report = eq.equalize(float_model, out)
     means = eq.conv_input_means(out, calib)
     note: dict[str, Any] = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"convs": len(means)}}
-    if setting == "auto":  # measured, not assumed: the naive all-INT8 model both ways on the held-out data
+    if setting == "auto":  # measured, not assumed: the naive all-INT8 model each way on the held-out data
         reference = analysis.run_model(float_model, evals)
+        plain_means = eq.conv_input_means(float_model, calib)
+        ways = {"plain": (float_model, None), "bias_corrected": (float_model, plain_means), "equalized": (out, means)}
         scores = {}
-        for name, model, bias in (("plain", float_model, None), ("equalized", out, means)):
+        for name, (model, bias) in ways.items():
             (tmp / f"eq_{name}").mkdir(exist_ok=True)
             q = Quantizer(model, tmp / f"eq_{name}", flavour, method=p.calib_method, per_channel=p.per_channel)
             q.bias_means = bias
             m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
             scores[name] = analysis.accuracy(reference, analysis.run_model(m, evals), classes)["score"]
         note["measured"] = scores
-        if scores["equalized"] <= scores["plain"]:
-            return float_model, {**note, "applied": False}, None
+        best = max(scores, key=lambda k: (scores[k], k == "plain"))  # ties: the unmodified model
+        note["chosen"] = best
+        if best != "equalized":
+            note["applied"] = False
+            return float_model, note, ways[best][1]
     return out, note, means
 
 

@@ -17,7 +17,11 @@ What runs:
 3. top-1 agreement with the FP32 model on the held-out crops, and latency at batch 1 with one thread
    (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median.
 
-Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores).
+Also every layer INT8 with cross-layer equalization, CLE + bias correction, and bias correction only
+(``edgedeploy.precision.equalize``), in the same agreement and latency tables.
+
+Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores);
+``--quick`` skips the deploy builds and the ORT-defaults row (about 8 minutes).
 """
 
 from __future__ import annotations

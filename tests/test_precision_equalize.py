@@ -144,3 +144,23 @@ def test_auto_measures_plain_bias_corrected_and_equalized_and_keeps_the_best(tmp
     assert note["applied"] == (best == "equalized")
     assert (model != float_model) == (best == "equalized")
     assert (means is None) == (best == "plain")
+
+
+def test_relu6_bound_runs_on_the_integers_with_identical_outputs(tmp_path: Path) -> None:
+    import dataclasses
+
+    float_model = _model(tmp_path)
+    eq.equalize(float_model, tmp_path / "cle.onnx")
+    batches = photo_batches(samples=16, batch=8)
+    # a flavour of another name: the quantizer leaves the float DequantizeLinear -> Min -> QuantizeLinear chain
+    flavour = dataclasses.replace(flavour_for("onnxruntime"), name="U8S8-float-min")
+    q = Quantizer(tmp_path / "cle.onnx", tmp_path, flavour, reduce_range=False)
+    chain = q.quantize(tmp_path / "chain.int8.onnx", batches)
+    shutil.copyfile(chain, tmp_path / "int.int8.onnx")
+    assert eq.integer_clip_bounds(tmp_path / "int.int8.onnx") == 1
+    m = onnx.load(str(tmp_path / "int.int8.onnx"))
+    producers = {o: n.op_type for n in m.graph.node for o in n.output}
+    mins = [n for n in m.graph.node if n.op_type == "Min"]
+    assert len(mins) == 1 and producers[mins[0].input[0]] == "QuantizeLinear"
+    for a, b in zip(analysis.run_model(chain, batches), analysis.run_model(tmp_path / "int.int8.onnx", batches)):
+        np.testing.assert_array_equal(a["logits"], b["logits"])

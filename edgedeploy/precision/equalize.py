@@ -404,3 +404,59 @@ def correct_bias(qdq_path: Path, float_path: Path, means: dict[str, np.ndarray])
     if corrected:
         onnx.save(model, str(qdq_path))
     return corrected
+
+
+def integer_clip_bounds(qdq_path: Path) -> int:
+    """Run each rewritten ReLU6's per-channel ``Min`` on the quantized integers (onnxruntime QDQ models).
+
+    ``Min`` is no QDQ op in onnxruntime, so the quantizer leaves ``DequantizeLinear -> Min -> QuantizeLinear``
+    in float around it, which costs more than the INT8 convs save. With the Relu's range tied to the Min's
+    (:func:`tie_clip_ranges`) both sides share scale and zero point, and ``min(q, round(b / s + zp))`` on the
+    integers is exactly that chain. Returns the Min nodes rewritten (the model is saved only when any).
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(qdq_path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def const(name: str) -> np.ndarray | None:
+        return numpy_helper.to_array(inits[name]) if name in inits else None
+
+    drop: set[str] = set()  # by first output: protobuf wrappers are no stable identities
+    replace: dict[str, Any] = {}
+    for node in graph.node:
+        if node.op_type != "Min" or not node.name.endswith("__cle_min"):
+            continue
+        dq = producers.get(node.input[0])
+        after = readers.get(node.output[0], [])
+        if dq is None or dq.op_type != "DequantizeLinear" or len(after) != 1 or len(readers[dq.output[0]]) != 1:
+            continue
+        q = after[0]
+        if q.op_type != "QuantizeLinear" or len(dq.input) < 3 or len(q.input) < 3:
+            continue
+        s_in, z_in, s_out, z_out = const(dq.input[1]), const(dq.input[2]), const(q.input[1]), const(q.input[2])
+        bound = const(node.input[1])
+        if any(v is None or (v.size != 1) for v in (s_in, z_in, s_out, z_out)) or bound is None:
+            continue
+        if not (np.allclose(s_in, s_out, rtol=1e-6) and z_in == z_out):
+            continue
+        info = np.iinfo(z_in.dtype)
+        qb = np.clip(np.round(bound / float(s_in) + int(z_in)), info.min, info.max).astype(z_in.dtype)
+        name = f"{node.input[1]}__q"
+        graph.initializer.append(numpy_helper.from_array(qb, name))
+        replace[node.output[0]] = helper.make_node("Min", [dq.input[0], name], [q.output[0]], name=f"{node.name}__int")
+        drop.update((dq.output[0], q.output[0]))
+    if not replace:
+        return 0
+    nodes = [replace.get(n.output[0], n) for n in graph.node if n.output[0] not in drop]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(qdq_path))
+    return len(replace)

@@ -194,10 +194,12 @@ class Quantizer:
         finally:
             logging.getLogger().setLevel(quiet)
         bypass_qdq_into_float_nodes(out, self.float_model)
-        if self.bias_means:
-            from edgedeploy.precision.equalize import correct_bias
+        from edgedeploy.precision.equalize import correct_bias, integer_clip_bounds
 
+        if self.bias_means:
             correct_bias(out, self.float_model, self.bias_means)
+        if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
+            integer_clip_bounds(out)
         return out
 
     def ranges(self) -> dict[str, tuple[float, float]]:

@@ -144,6 +144,7 @@ def test_auto_measures_plain_bias_corrected_and_equalized_and_keeps_the_best(tmp
     assert note["applied"] == (best == "equalized")
     assert (model != float_model) == (best == "equalized")
     assert (means is None) == (best == "plain")
+    assert note["bias_correction"]["applied"] == (best != "plain")
 
 
 def test_relu6_bound_runs_on_the_integers_with_identical_outputs(tmp_path: Path) -> None:

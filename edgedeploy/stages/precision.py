@@ -266,7 +266,7 @@ def _equalize(
     out = tmp / "float.equalized.onnx"
     report = eq.equalize(float_model, out)
     means = eq.conv_input_means(out, calib)
-    note: dict[str, Any] = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"convs": len(means)}}
+    note: dict[str, Any] = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"applied": True}}
     if setting == "auto":  # measured, not assumed: the naive all-INT8 model each way on the held-out data
         reference = analysis.run_model(float_model, evals)
         plain_means = eq.conv_input_means(float_model, calib)
@@ -282,7 +282,8 @@ def _equalize(
         best = max(scores, key=lambda k: (scores[k], k == "plain"))  # ties: the unmodified model
         note["chosen"] = best
         if best != "equalized":
-            note["applied"] = False
+            note["applied"] = False  # CLE
+            note["bias_correction"]["applied"] = best == "bias_corrected"
             return float_model, note, ways[best][1]
     return out, note, means
 

@@ -443,7 +443,9 @@ def integer_clip_bounds(qdq_path: Path) -> int:
             continue
         s_in, z_in, s_out, z_out = const(dq.input[1]), const(dq.input[2]), const(q.input[1]), const(q.input[2])
         bound = const(node.input[1])
-        if any(v is None or (v.size != 1) for v in (s_in, z_in, s_out, z_out)) or bound is None:
+        if s_in is None or z_in is None or s_out is None or z_out is None or bound is None:
+            continue
+        if any(v.size != 1 for v in (s_in, z_in, s_out, z_out)):  # per-tensor activations only
             continue
         if not (np.allclose(s_in, s_out, rtol=1e-6) and z_in == z_out):
             continue

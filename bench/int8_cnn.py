@@ -17,7 +17,11 @@ What runs:
 3. top-1 agreement with the FP32 model on the held-out crops, and latency at batch 1 with one thread
    (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median.
 
-Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores).
+Also every layer INT8 with cross-layer equalization, CLE + bias correction, and bias correction only
+(``edgedeploy.precision.equalize``), in the same agreement and latency tables.
+
+Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores);
+``--quick`` skips the deploy builds and the ORT-defaults row (about 8 minutes).
 """
 
 from __future__ import annotations
@@ -218,15 +222,24 @@ def ort_defaults(float_model: Path, calib: np.ndarray, out: Path) -> Path:
     return out
 
 
-def all_int8(float_model: Path, calib: np.ndarray, work: Path) -> Path:
+def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False, bias_correction: bool = False):
     """edgedeploy's quantizer with the cpu defaults (8-bit per-channel weights on VNNI, min/max ranges from our
-    histograms), every layer quantized: what the precision stage's first try builds, before any fallback."""
+    histograms), every layer quantized: what the precision stage's first try builds, before any fallback.
+    ``cle``: cross-layer equalization first; ``bias_correction``: then the quantized convs' biases corrected
+    (edgedeploy.precision.equalize)."""
+    from edgedeploy.precision import equalize
     from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
     work.mkdir(parents=True, exist_ok=True)
     pre = preprocess(float_model, work / "float.onnx")
+    batches = [{"image": calib[i : i + 1]} for i in range(len(calib))]
+    if cle:
+        equalize.equalize(pre, work / "float.cle.onnx")
+        pre = work / "float.cle.onnx"
     q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False)
-    return q.quantize(work / "all.int8.onnx", [{"image": calib[i : i + 1]} for i in range(len(calib))])
+    if bias_correction:
+        q.bias_means = equalize.conv_input_means(pre, batches)
+    return q.quantize(work / "all.int8.onnx", batches)
 
 
 def session(path: Path):
@@ -277,6 +290,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--workdir", type=Path, help="keep the project and builds here (default: a temp folder)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the deploy builds and ORT defaults: all-layer INT8 without / with CLE / with CLE + bias "
+        "correction only (the FP32 model comes from --workdir's earlier cpu build when present)",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     pics = photos()
@@ -287,15 +306,20 @@ def main() -> int:
     cfg = write_project(work / "project", calib_crops)
     sys.path.insert(0, str(cfg.parent))
     builds = {}
-    for target in ("cpu", "jetson-orin"):
+    for target in () if args.quick else ("cpu", "jetson-orin"):
         print(f"deploy build --target {target} --precision int8 --calib photos/ ...", flush=True)
         builds[target] = deploy_build(cfg, target, work / f"out-{target}")
         print(f"  {builds[target]['status']} in {builds[target]['seconds']} s", flush=True)
     orin_bundle = work / "out-jetson-orin" / "bundle"
-    if orin_bundle.is_dir():
+    if orin_bundle.is_dir() and not args.quick:
         builds["jetson-orin"]["dry_run"] = dry_run(orin_bundle)
     cpu_out = work / "out-cpu"
     fp32_path = cpu_out / "model.onnx"
+    if not fp32_path.is_file() and args.quick:  # nothing built yet: the cpu build stages up to export
+        print("deploy build --target cpu (FP32, for the exported model) ...", flush=True)
+        from edgedeploy.api import build
+
+        build(cfg, log=lambda _: None, build__target="cpu", build__out=str(cpu_out))
     if not fp32_path.is_file():  # a failed build publishes nothing: take the export stage's cached model
         fp32_path = next((cpu_out / ".cache" / "export").glob("*/model.onnx"), fp32_path)
     if not fp32_path.is_file():
@@ -304,10 +328,19 @@ def main() -> int:
     else:
         models = {"fp32": session(fp32_path)}
         int8_path = cpu_out / "model.int8.onnx"
-        if int8_path.is_file():
+        if int8_path.is_file() and not args.quick:
             models["int8_edgedeploy_build"] = session(int8_path)
         models["int8_edgedeploy_all_layers"] = session(all_int8(fp32_path, to_input(calib_crops), work / "all"))
-        models["int8_ort_defaults"] = session(ort_defaults(fp32_path, to_input(calib_crops), work / "ort_default.onnx"))
+        x_calib = to_input(calib_crops)
+        models["int8_edgedeploy_all_layers_cle"] = session(all_int8(fp32_path, x_calib, work / "cle", cle=True))
+        models["int8_edgedeploy_all_layers_cle_bias_corrected"] = session(
+            all_int8(fp32_path, x_calib, work / "cle_bc", cle=True, bias_correction=True)
+        )
+        models["int8_edgedeploy_all_layers_bias_corrected"] = session(
+            all_int8(fp32_path, x_calib, work / "bc", bias_correction=True)
+        )
+        if not args.quick:
+            models["int8_ort_defaults"] = session(ort_defaults(fp32_path, x_calib, work / "ort_default.onnx"))
         ref_held, ref_fresh = top1(models["fp32"], held), top1(models["fp32"], fresh)
         agreement = {}
         for name, s in models.items():

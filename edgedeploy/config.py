@@ -107,6 +107,10 @@ class PrecisionSection:
     per_channel: bool = True
     # 7-bit weights for ONNX Runtime: "auto" = 8-bit on VNNI/AMX CPUs (and TensorRT), else measure both
     reduce_range: bool | Literal["auto"] = "auto"
+    # cross-layer equalization + bias correction before INT8 (precision/equalize.py); auto: graphs with depthwise convs
+    equalize: bool | Literal["auto"] = field(
+        default="auto", metadata=_flag("--equalize", "INT8 cross-layer equalization + bias correction: auto/true/false")
+    )
     accuracy_target: float = 0.99
     max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()
@@ -271,6 +275,8 @@ def parse_flag_value(ff: FlagField, text: str) -> Any:
     )
     base = args[0]
     if base is bool:
+        if any(typing.get_origin(a) is Literal and text in typing.get_args(a) for a in args[1:]):
+            return text  # bool | Literal["auto"]: the word itself
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):

@@ -119,6 +119,8 @@ class Quantizer:
     method: str = "minmax"
     per_channel: bool = True
     reduce_range: bool | None = None  # None: the flavour's default
+    # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)
+    bias_means: dict[str, np.ndarray] | None = None
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,7 +140,10 @@ class Quantizer:
 
         hists = histogram.collect(self.float_model, batches, self.workdir)
         outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
-        histogram.write_ort_cache(histogram.choose_ranges(hists, self.method, exact=outputs), self._ranges_json)
+        from edgedeploy.precision.equalize import tie_clip_ranges
+
+        ranges = tie_clip_ranges(histogram.choose_ranges(hists, self.method, exact=outputs))
+        histogram.write_ort_cache(ranges, self._ranges_json)
 
     def quantize(
         self,
@@ -189,6 +194,12 @@ class Quantizer:
         finally:
             logging.getLogger().setLevel(quiet)
         bypass_qdq_into_float_nodes(out, self.float_model)
+        from edgedeploy.precision.equalize import correct_bias, integer_clip_bounds
+
+        if self.bias_means:
+            correct_bias(out, self.float_model, self.bias_means)
+        if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
+            integer_clip_bounds(out)
         return out
 
     def ranges(self) -> dict[str, tuple[float, float]]:

@@ -51,7 +51,7 @@ LAYERS: dict[str, int] = {
     "": 5,  # the package itself (re-exports the API)
 }
 # Inside stages/, these are the contract and the registry, not stages.
-STAGE_SUPPORT = {"stages", "stages.base", "stages.context"}
+STAGE_SUPPORT = {"stages", "stages.base"}
 
 
 def _root() -> Path:

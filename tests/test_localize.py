@@ -206,7 +206,7 @@ def test_perturbed_conv_weight_is_localized_to_its_module(
 
 
 def _stage_context(cfg: object, out: Path, staging: Path) -> object:
-    from edgedeploy.stages.context import BuildContext
+    from edgedeploy.stages.base import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)

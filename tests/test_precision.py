@@ -228,7 +228,7 @@ def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):
-    from edgedeploy.stages.context import BuildContext
+    from edgedeploy.stages.base import BuildContext
     from edgedeploy.targets import get_target
 
     batches = photo_batches(8, 4)

@@ -29,7 +29,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from edgedeploy.config import load_config
     from edgedeploy.pipeline.report import build_report, write_report_files
     from edgedeploy.pipeline.runner import run_build
-    from edgedeploy.stages.context import BuildContext
+    from edgedeploy.stages.base import BuildContext
     from edgedeploy.stages.validate import ParityFromGoldens
     from edgedeploy.targets import get_target
 

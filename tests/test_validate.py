@@ -37,7 +37,7 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
 
 
 def _context(cfg: Any, out: Path, staging: Path) -> Any:
-    from edgedeploy.stages.context import BuildContext
+    from edgedeploy.stages.base import BuildContext
     from edgedeploy.targets import get_target
 
     shutil.copytree(out, staging)

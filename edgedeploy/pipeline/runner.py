@@ -24,8 +24,7 @@ from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.stages.base import Stage, StageResult
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.targets import TargetProfile
 
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"

@@ -1,7 +1,7 @@
 """Pipeline stages (layer 3): orchestration only, one stage per module, each named by what it makes
-from what. ``base`` holds the contract (``Stage``, ``StageResult``), ``context`` the build's state.
+from what. ``base`` holds the contract: ``BuildContext`` (the build's state), ``Stage`` and ``StageResult``.
 
-A stage module may import ``base`` and ``context``, domain packages, tools and plain data; never
+A stage module may import ``base``, domain packages, tools and plain data; never
 another stage module, ``pipeline`` or the entry points. This package maps a target to its stages.
 """
 

@@ -8,8 +8,7 @@ from typing import Any
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import PRECISION_MODELS, RUNTIME_INFO, deploy_model_name
 from edgedeploy.onnxtools.ort import ort_session
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage
 
 
 class OrtModelFromOnnx(Stage):

@@ -19,8 +19,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage
 from edgedeploy.trt.plan import (
     CALIB_CACHE,
     ONNX_FP16,

@@ -22,8 +22,7 @@ from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_orde
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.stages.base import Stage, model_inputs
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, model_inputs
 
 CAPTURE_ATOL = 1e-4
 

@@ -14,8 +14,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import ONNX_MODEL, PREFLIGHT
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import check_model, findings_table, module_files, raise_on_errors
-from edgedeploy.stages.base import Stage, StageResult
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
 
 
 class PreflightFromOnnx(Stage):

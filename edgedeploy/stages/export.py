@@ -47,8 +47,7 @@ from edgedeploy.onnxtools.shapes import (
     probe_feeds,
     probe_points,
 )
-from edgedeploy.stages.base import Stage, model_inputs
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, model_inputs
 
 
 def weights_bytes(ctx: BuildContext) -> int:

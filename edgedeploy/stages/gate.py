@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from edgedeploy import stagenames as names
-from edgedeploy.stages.base import Stage, StageResult
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.validate.gate import evaluate, judged_view, load_baseline, policy_for_build
 
 

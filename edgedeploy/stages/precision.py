@@ -20,8 +20,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
-from edgedeploy.stages.base import Stage
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage
 
 
 class PrecisionFromOnnx(Stage):

@@ -17,8 +17,7 @@ from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
 from edgedeploy.precision.data import HELDOUT_POINT
-from edgedeploy.stages.base import Stage, model_inputs
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, model_inputs
 
 
 class GoldensFromTorch(Stage):

@@ -20,8 +20,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.modelio.goldens import load_goldens
-from edgedeploy.stages.base import Stage, StageResult
-from edgedeploy.stages.context import BuildContext
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.validate.latency import measure
 from edgedeploy.validate.parity import (
     NON_FINITE,

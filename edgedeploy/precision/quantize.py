@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,25 @@ def reduce_range_choices(setting: bool | str, runtime: str, cpu_flags: Sequence[
     return [False, True], "no VNNI/AMX on this CPU: 8-bit and 7-bit weights measured, the better one kept"
 
 
+@contextmanager
+def ort_quantization(what: str, hint: str) -> Iterator[None]:
+    """Run onnxruntime.quantization quietly and turn its failures into one StageError.
+
+    Raises:
+        StageError: the quantizer raised; the message names ``what`` failed and why.
+    """
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # ORT logs advice (pre-processing) through the root logger
+    try:
+        yield
+    except Exception as exc:  # onnxruntime.quantization raises assorted exception types
+        raise StageError(
+            "precision", f"{what} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", hint=hint
+        ) from None
+    finally:
+        logging.getLogger().setLevel(quiet)
+
+
 @dataclass
 class Quantizer:
     """Quantizes one float model repeatedly (different exclusions) from a single calibration pass.
@@ -167,9 +187,7 @@ class Quantizer:
             "WeightSymmetric": True,
             "QuantizeBias": self.flavour.quantize_bias,
         }
-        quiet = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)  # ORT logs advice (pre-processing) through the root logger
-        try:
+        with ort_quantization("INT8 quantization", "list the node named in the message in precision.keep_fp32"):
             quantize_static(
                 str(self.float_model),
                 str(out),
@@ -185,14 +203,6 @@ class Quantizer:
                 extra_options=extra,
                 calibration_cache_path=str(self._ranges_json),
             )
-        except Exception as exc:  # onnxruntime.quantization raises assorted exception types
-            raise StageError(
-                "precision",
-                f"INT8 quantization failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                hint="list the node named in the message in precision.keep_fp32",
-            ) from None
-        finally:
-            logging.getLogger().setLevel(quiet)
         bypass_qdq_into_float_nodes(out, self.float_model)
         from edgedeploy.precision.equalize import correct_bias, integer_clip_bounds
 

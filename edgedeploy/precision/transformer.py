@@ -20,7 +20,6 @@ and automatic FP32 fallback of the most sensitive MatMuls until the held-out sco
 
 from __future__ import annotations
 
-import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import numpy as np
 from edgedeploy.errors import StageError
 from edgedeploy.precision import ranges as rng
 from edgedeploy.precision.heldout import held_out_score, split_held_out
+from edgedeploy.precision.quantize import ort_quantization
 
 WEIGHT_OPS = ("MatMul", "Gemm")
 _LAYERNORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
@@ -237,9 +237,10 @@ class TransformerQuantizer:
 
         from edgedeploy.precision.data import OrtCalibrationReader
 
-        quiet = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)  # ORT logs advice (pre-processing) through the root logger
-        try:
+        with ort_quantization(
+            "transformer INT8 quantization",
+            "list the failing node in precision.keep_fp32, or set precision.int8_recipe = 'cnn'",
+        ):
             if self.scheme.activations == "dynamic":
                 quantize_dynamic(
                     str(self.float_model),
@@ -274,14 +275,6 @@ class TransformerQuantizer:
                     },
                     calibration_cache_path=str(self._ranges_json),
                 )
-        except Exception as exc:  # onnxruntime.quantization raises assorted exception types
-            raise StageError(
-                "precision",
-                f"transformer INT8 quantization failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                hint="list the failing node in precision.keep_fp32, or set precision.int8_recipe = 'cnn'",
-            ) from None
-        finally:
-            logging.getLogger().setLevel(quiet)
         return out
 
 

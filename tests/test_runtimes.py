@@ -12,7 +12,7 @@ from conftest import write_tiny_project
 
 from edgedeploy import runtimes
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import PRECISION_MODELS, deploy_model_name
+from edgedeploy.artifacts import deploy_model_name
 from edgedeploy.config import load_config
 from edgedeploy.errors import ConfigError
 from edgedeploy.pipeline.runner import run_build
@@ -24,8 +24,10 @@ class ToyArtifactFromOnnx(Stage):
     """The toy runtime's artifact: the precision model's bytes, reversed."""
 
     name = names.BUILD
-    consumes = tuple(dict.fromkeys(PRECISION_MODELS.values()))
     produces = ("model.toy",)
+
+    def requires(self, ctx: Any) -> tuple[str, ...]:
+        return (deploy_model_name(ctx.precision),)
 
     def run(self, ctx: Any) -> StageResult:
         data = ctx.path(deploy_model_name(ctx.precision)).read_bytes()

@@ -122,20 +122,24 @@ class StageResult:
 class Stage(ABC):
     """One step of the pipeline, named by what it makes from what (``OnnxFromTorch``).
 
-    A stage declares the staging files it consumes (written by earlier stages; optional
-    ones may be absent), the external inputs it depends on (:meth:`inputs`: checkpoint,
-    user code, calibration or validation data; a declared input the build lacks is an
-    error) and the files it produces. Its cache key hashes ``name``, ``version``,
-    :meth:`config_key`, the consumed files and the inputs; when the key is unchanged the
-    stage is not run and its files and whole :class:`StageResult` (warnings included)
-    come from the cache. Stages never import each other: shared code lives in the tool
-    and domain packages, shared names in ``edgedeploy.artifacts``.
+    A stage declares the staging files it consumes (written by earlier stages: ``consumes``,
+    or :meth:`requires` when that depends on the build; each must exist when the stage runs,
+    else the runner raises :class:`~edgedeploy.errors.StageInputError`), the staging files it
+    reads only when present (``optional``, declared explicitly), the external inputs it
+    depends on (:meth:`inputs`: checkpoint, user code, calibration or validation data; a
+    declared input the build lacks is an error) and the files it produces. Its cache key
+    hashes ``name``, ``version``, :meth:`config_key`, the consumed files and the inputs;
+    when the key is unchanged the stage is not run and its files and whole
+    :class:`StageResult` (warnings included) come from the cache. Stages never import each
+    other: shared code lives in the tool and domain packages, shared names in
+    ``edgedeploy.artifacts``.
     """
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
     cacheable: ClassVar[bool] = True  # False: always run (a verdict on this build, like the gate)
-    consumes: ClassVar[tuple[str, ...]] = ()
+    consumes: ClassVar[tuple[str, ...]] = ()  # staging files it reads; each must exist when it runs
+    optional: ClassVar[tuple[str, ...]] = ()  # staging files it reads only when an earlier stage wrote them
     produces: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, ctx: BuildContext) -> str | None:
@@ -145,6 +149,12 @@ class Stage(ABC):
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         """Files this stage writes for this build (default: ``produces``)."""
         return self.produces
+
+    def requires(self, ctx: BuildContext) -> tuple[str, ...]:
+        """Staging files this stage needs for this build (default: ``consumes``); each is hashed into
+        the cache key, and one that is missing when the stage is about to run is an error.
+        """
+        return self.consumes
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         """External inputs (``artifacts.CHECKPOINT``, ``MODEL_CODE``, ``CALIBRATION``,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS
+from edgedeploy.artifacts import GOLDENS, ONNX_DATA
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
 from edgedeploy.stages.base import BuildContext, Stage
@@ -77,7 +77,9 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 class BundleFromOnnx(Stage):
     name = names.BUILD
     version = "1"
-    consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
+    consumes = (ONNX_FP32, GOLDENS)
+    # what the precision stage wrote for this precision and target; the plan decides which it needs
+    optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO)
 
     def __init__(self) -> None:
         self._plans: dict[str, BuildPlan] = {}

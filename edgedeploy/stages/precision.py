@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
+from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PRECISION_JSON, deploy_model_name
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage
@@ -26,7 +26,8 @@ from edgedeploy.stages.base import BuildContext, Stage
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
     version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
-    consumes = (ONNX_MODEL, GOLDENS)  # goldens: INT8 candidates must pass the device check
+    consumes = (ONNX_MODEL,)
+    optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         # a calibration file is an input; a folder or callable is fingerprinted in config_key

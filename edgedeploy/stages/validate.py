@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS, deploy_model_name
+from edgedeploy.artifacts import GOLDENS, ONNX_DATA, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.modelio.goldens import load_goldens
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
@@ -73,7 +73,9 @@ def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
     version = "2"
-    consumes = (GOLDENS, TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), *ENGINE_FILES)
+    consumes = (GOLDENS,)
+    # every artifact of the build is validated when present (capture and precision may not run)
+    optional = (TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), ONNX_DATA, *ENGINE_FILES)
 
     def applies(self, ctx: BuildContext) -> str | None:
         if not ctx.target.builds_here:

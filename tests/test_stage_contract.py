@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +12,9 @@ from conftest import TINY_TOML, write_tiny_project
 
 from edgedeploy.cli import main
 from edgedeploy.config import load_config
-from edgedeploy.errors import InputError, StageInputError
+from edgedeploy.errors import InputError, StageError, StageInputError
 from edgedeploy.pipeline.runner import run_build
-from edgedeploy.stages.base import Stage
+from edgedeploy.stages.base import Stage, StageResult, partial_result
 
 
 class NoteFromNothing(Stage):
@@ -111,3 +113,68 @@ def test_an_optional_consumed_file_may_be_absent_and_keys_the_cache_when_present
 
     again = run_build(cfg, stages=[ExtraToo(), ReadsToy()], log=lambda _: None)
     assert (again.out / "sizes.txt").read_text() == "[3, 5]" and ReadsToy.runs == 2
+
+
+def test_a_real_stage_warning_is_shown_again_and_in_report_json_on_a_fully_cached_rebuild(tmp_path: Path) -> None:
+    from edgedeploy.stages.export import OnnxFromTorch
+
+    # weights above the 1 KiB inline limit (the fixture's checkpoint is for 4 channels: the factory's own weights)
+    toml = TINY_TOML.replace("channels = 4", "channels = 64").replace('checkpoint = "tiny.safetensors"', "")
+    cfg = load_config(write_tiny_project(tmp_path / "proj", toml=toml))
+    wanted = "export: onnxslim simplification skipped (model uses external data)"
+    for status in ("ran", "cached"):
+        lines: list[str] = []
+        result = run_build(cfg, stages=[OnnxFromTorch(external_data_threshold=0)], log=lines.append)
+        assert [s.status for s in result.stages] == [status]
+        assert f"  warning: {wanted}" in lines  # shown on the console, cache hit or not
+        assert json.loads((result.out / "report.json").read_text())["warnings"].count(wanted) == 1
+
+
+class WarnsThenFails(Stage):
+    name = "toy"
+
+    def run(self, ctx: Any) -> StageResult:
+        result = StageResult()
+        with partial_result(result):
+            result.warnings.append("toy: looked odd before failing")
+            raise StageError("toy", "broke")
+
+
+def test_warnings_a_stage_returns_before_failing_reach_the_failure_report(tmp_path: Path) -> None:
+    cfg = load_config(write_tiny_project(tmp_path / "proj"))
+    with pytest.raises(StageError):
+        run_build(cfg, stages=[WarnsThenFails()], log=lambda _: None)
+    report = json.loads((tmp_path / "proj" / "out" / ".last-failed" / "report.json").read_text())
+    assert "toy: looked odd before failing" in report["warnings"] and report["status"] == "failed"
+
+
+def _side_channels(tree: ast.AST) -> list[str]:
+    """``ctx.warn(...)``, ``ctx.warnings...`` and writes into ``ctx.metrics`` in one module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ctx":
+            if node.attr in ("warn", "warnings"):
+                found.append(f"line {node.lineno}: ctx.{node.attr}")
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and "ctx.metrics" in ast.unparse(t.value):
+                    found.append(f"line {node.lineno}: {ast.unparse(t)} =")
+    return found
+
+
+def test_stages_return_warnings_and_metrics_instead_of_writing_the_context() -> None:
+    import edgedeploy.stages as pkg
+
+    folder = Path(pkg.__file__).parent
+    offenders = {
+        f.name: hits
+        for f in sorted(folder.glob("*.py"))
+        if f.name != "base.py" and (hits := _side_channels(ast.parse(f.read_text())))
+    }
+    assert offenders == {}
+    # the check itself finds what it looks for
+    assert sorted(_side_channels(ast.parse("ctx.warn('x')\nctx.metrics['a'] = 1"))) == [
+        "line 1: ctx.warn",
+        "line 2: ctx.metrics['a'] =",
+    ]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import InputError
+from edgedeploy.errors import DeployError, InputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
 from edgedeploy.targets import TargetProfile
 
@@ -73,6 +75,9 @@ class BuildContext:
         return name in self.external or name in self.groups
 
     def warn(self, message: str) -> None:
+        """Add a build warning and show it. The runner's own warnings; stages return theirs in their
+        :class:`StageResult` (a stage calling this is folded into its result, for compatibility).
+        """
         self.warnings.append(message)
         if self.log:
             self.log(f"  warning: {message}")
@@ -117,6 +122,24 @@ class StageResult:
         if isinstance(value, StageResult):
             return value
         return cls(metrics=dict(value or {}))
+
+
+@contextmanager
+def partial_result(result: StageResult) -> Iterator[StageResult]:
+    """Within the block, a :class:`DeployError` leaves carrying ``result`` (the warnings gathered so far)
+    as its partial result, so they reach the failure report; an error that already carries a partial
+    result keeps it, with these warnings first.
+    """
+    try:
+        yield result
+    except DeployError as exc:
+        if exc.partial is None:
+            exc.partial = result
+        else:
+            own = StageResult.of(exc.partial)
+            own.warnings = result.warnings + [w for w in own.warnings if w not in result.warnings]
+            exc.partial = own
+        raise
 
 
 class Stage(ABC):
@@ -170,8 +193,9 @@ class Stage(ABC):
     @abstractmethod
     def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         """Do the work: write ``outputs`` into ``ctx.staging``; return a :class:`StageResult`
-        (a plain metrics dict is accepted). Warnings given to ``ctx.warn`` while the stage runs
-        become part of its result, so they survive a cache hit.
+        (a plain metrics dict is accepted) whose warnings and notes are part of the cached result, so
+        they survive a cache hit. Stages return warnings; they never write ``ctx.warnings`` or
+        ``ctx.metrics`` (``ctx.warn`` during a run is folded into the result for third-party stages).
 
         Raises:
             DeployError: a subclass naming what failed and how to fix it.

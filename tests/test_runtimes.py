@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,9 @@ from conftest import write_tiny_project
 from edgedeploy import runtimes
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import deploy_model_name
+from edgedeploy.cli import main
 from edgedeploy.config import load_config
-from edgedeploy.errors import ConfigError
+from edgedeploy.errors import ConfigError, TargetCapabilityError
 from edgedeploy.pipeline.runner import run_build
 from edgedeploy.stages.base import Stage, StageResult
 from edgedeploy.targets import load_target_file
@@ -65,6 +68,51 @@ def test_a_registered_toy_runtime_is_built_by_the_pipeline(tmp_path: Path, toy_r
     report = json.loads((result.out / "report.json").read_text())
     assert report["runtime"] == "toyrt" and report["metrics"]["build"]["artifact"] == "model.toy"
     assert "built by the toy runtime" in report["notes"]
+    # validated by its one registered validation backend: ONNX Runtime, though a TorchScript capture was written
+    assert (result.out / "model.ts").is_file()
+    candidates = report["parity"]["candidates"]
+    assert [c["name"] for c in candidates] == ["onnxruntime-fp32"] and candidates[0]["status"] == "passed"
+
+
+def no_toy_here() -> None:
+    """A probe that finds nothing."""
+    return None
+
+
+def _toy_targets(tmp_path: Path) -> Path:
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[targets.toy-box]\nbase = "cpu"\nruntime = "toyrt"\ndescription = "a toy"\n')
+    return targets
+
+
+def test_deploy_doctor_shows_the_toy_runtimes_probe_and_judges_by_it(
+    tmp_path: Path, toy_runtime: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxruntime
+
+    targets = _toy_targets(tmp_path)
+    assert main(["doctor", "--targets-file", str(targets), "--require", "toy-box"]) == 0
+    out = capsys.readouterr().out
+    version = re.escape(onnxruntime.__version__)
+    assert re.search(rf"^  toyrt\s+{version}$", out, re.M), out  # its probe, next to the built-in runtimes
+    assert re.search(rf"^toy-box\s+toyrt\s+toyrt {version}: artifact built here$", out, re.M), out
+    assert main(["doctor", "--json", "--targets-file", str(targets)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["host"]["runtimes"]["toyrt"] == onnxruntime.__version__
+    assert report["targets"]["toy-box"]["artifact_here"] is True
+
+    runtimes.register(dataclasses.replace(toy_runtime, probe=f"{__name__}:no_toy_here"))
+    assert main(["doctor", "--targets-file", str(targets), "--require", "toy-box"]) == TargetCapabilityError.exit_code
+    captured = capsys.readouterr()
+    assert re.search(r"^  toyrt\s+not installed$", captured.out, re.M)
+    assert "toy-box: toyrt not installed" in captured.err
+
+
+def test_deploy_targets_lists_the_toy_runtimes_int8_route(tmp_path: Path, toy_runtime: Any, capsys: Any) -> None:
+    runtimes.register(dataclasses.replace(toy_runtime, int8_route="QDQ (toy)"))
+    assert main(["targets", "--targets-file", str(_toy_targets(tmp_path))]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("toy-box"))
+    assert "toyrt" in row and "QDQ (toy)" in row
 
 
 def test_an_unregistered_runtime_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy import runtimes
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS, ONNX_DATA, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
@@ -90,13 +91,15 @@ class ParityFromGoldens(Stage):
             "validate": c.to_dict()["validate"],
             "outputs": list(c.outputs),
             "tensorrt": tensorrt_available(),
+            "backends": list(runtimes.get(ctx.target.runtime).validation_backends),
         }
 
     def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         cfg = ctx.cfg
         goldens = load_goldens(ctx.path(GOLDENS))
         samples = [(point, s, pair) for point, by_sample in goldens.items() for s, pair in sorted(by_sample.items())]
-        backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256)
+        kinds = runtimes.get(ctx.target.runtime).validation_backends  # the ones that run this runtime's artifact
+        backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256, kinds)
         point = "opt" if "opt" in goldens else next(iter(goldens))  # validate.samples = 0: time the user's data
         opt_feeds = goldens[point][0]["in"]
         candidates: list[dict[str, Any]] = []

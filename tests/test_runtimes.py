@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -120,3 +121,39 @@ def test_an_unregistered_runtime_is_refused_naming_the_file(tmp_path: Path) -> N
     targets.write_text('[targets.toy-box]\nbase = "cpu"\nruntime = "toyrt"\n')
     with pytest.raises(ConfigError, match="runtime 'toyrt' must be one of onnxruntime, tensorrt"):
         load_target_file(targets)
+
+
+def _runtime_name_tests(tree: ast.AST) -> list[int]:
+    """Lines comparing a ``runtime`` (name or attribute) with a string literal: ``if runtime == "tensorrt"``."""
+
+    def is_runtime(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "runtime") or (
+            isinstance(node, ast.Attribute) and node.attr == "runtime"
+        )
+
+    def is_literal(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_literal(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_runtime(s) for s in sides) and any(is_literal(s) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_branches_on_a_runtime_name() -> None:
+    """Everything runtime-specific is looked up in the registry, so a new runtime is one module plus register()."""
+    import edgedeploy
+
+    root = Path(edgedeploy.__file__).parent
+    found = {
+        str(f.relative_to(root)): lines
+        for f in sorted(root.rglob("*.py"))
+        if f.name != "runtimes.py" and (lines := _runtime_name_tests(ast.parse(f.read_text())))
+    }
+    assert found == {}
+    assert _runtime_name_tests(ast.parse('if t.runtime != "tensorrt":\n    pass\nx = runtime in ("a", "b")')) == [1, 3]

@@ -1,8 +1,9 @@
 """``deploy doctor``: what this machine (or build container) has, and which targets it can build.
 
-It probes the runtimes and tools the pipeline uses (torch, ONNX Runtime and its execution
-providers, TensorRT's Python module, ``trtexec``, NVIDIA GPUs, Jetson, torch2trt), then says per
-target profile whether the final artifact is built here or only the device bundle is written.
+It probes the runtimes and tools the pipeline uses (torch, every registered runtime through its
+probe, ONNX Runtime's execution providers, TensorRT's Python module, ``trtexec``, NVIDIA GPUs,
+Jetson, torch2trt), then says per target profile, by its runtime's registered readiness, whether
+the final artifact is built here or only the device bundle is written.
 ``--require TARGET`` turns it into a preflight gate (exit 4 when a target's artifact cannot be
 built here), e.g. as the first step of a self-hosted Jetson CI job.
 """

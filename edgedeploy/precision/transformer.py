@@ -12,7 +12,7 @@ ships) is INT8 where the FLOPs are, the MatMuls with constant weights, per-chann
 - **tensorrt**: static Q/DQ on the MatMul inputs and weights only (S8S8, symmetric, calibrated); TensorRT has
   no dynamic INT8, and runs everything without Q/DQ in float.
 
-Which one a target gets is data (:data:`TRANSFORMER_SCHEMES`, keyed by the target's runtime). Options:
+Which one a target gets is data (:data:`TRANSFORMER_SCHEMES`, keyed by its runtime's Q/DQ flavour). Options:
 SmoothQuant-style smoothing (Xiao et al. 2023: divide each activation channel by ``s_j = max|X_j|^a /
 max|W_j|^(1-a)`` and multiply the weight rows by it, so outlier channels stop dominating the activation scale),
 and automatic FP32 fallback of the most sensitive MatMuls until the held-out score meets the target.
@@ -77,8 +77,14 @@ TRANSFORMER_SCHEMES: dict[str, TransformerScheme] = {
 
 
 def scheme_for(runtime: str) -> TransformerScheme:
-    """The transformer INT8 scheme of the target's runtime."""
-    return TRANSFORMER_SCHEMES[runtime]
+    """The transformer INT8 scheme of the target's runtime (by the Q/DQ flavour it registered).
+
+    Raises:
+        ConfigError: the runtime is not registered.
+    """
+    from edgedeploy import runtimes
+
+    return TRANSFORMER_SCHEMES[runtimes.get(runtime).qdq_flavour]
 
 
 # ---- detection ----------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class PrecisionFromOnnx(Stage):
             "precision": c.to_dict()["precision"],
             "calibration": calibration_fingerprint(c),
             "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
-            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and t.runtime == "onnxruntime" else [],
+            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and _host_kernels(t.runtime) else [],
             "tolerance_int8": ctx.cfg.tolerance_for("int8").__dict__,
             "normalization": c.model.normalization,
             "classifier_outputs": list(c.validate.classifier_outputs),
@@ -88,6 +88,13 @@ def _cpu_flags() -> tuple[str, ...]:
     from edgedeploy.precision.quantize import cpu_int8_flags
 
     return cpu_int8_flags()
+
+
+def _host_kernels(runtime: str) -> bool:
+    """Whether the runtime's INT8 runs on this CPU's kernels (its VNNI/AMX flags then shape the INT8 model)."""
+    from edgedeploy.precision.quantize import flavour_for
+
+    return flavour_for(runtime).host_cpu_kernels
 
 
 def _data_warnings(ctx: BuildContext, calib: Any) -> list[str]:

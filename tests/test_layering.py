@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "config_ranges": 0,
     "hfspec": 0,
     "hostenv": 0,
+    "reportview": 0,
     "targets": 0,
     "device": 0,
     # 1: tools over files, models and ONNX graphs

@@ -11,7 +11,7 @@ and left to the shape probes to judge. The artifact is kept for LibTorch / torch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 CAPTURE_ATOL = 1e-4
 
@@ -159,7 +162,7 @@ class TorchScriptFromModel(Stage):
         return captured, figures, tw.findings
 
 
-def _run_with(cfg: Any, fn: Any) -> Any:
+def _run_with(cfg: DeployConfig, fn: Any) -> Any:
     def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 

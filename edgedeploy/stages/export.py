@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from edgedeploy.onnxtools.shapes import (
     probe_points,
 )
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 
 def weights_bytes(ctx: BuildContext) -> int:
@@ -221,7 +224,7 @@ class OnnxFromTorch(Stage):
 class _Probe:
     """Probe points (min / opt / max / random per dynamic dim), their inputs and the eager outputs there."""
 
-    def __init__(self, cfg: Any, model: Any) -> None:
+    def __init__(self, cfg: DeployConfig, model: Any) -> None:
         import torch
 
         self.points = probe_points(cfg, seed=cfg.validate.seed + 3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,11 @@ from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PR
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edgedeploy.precision.data import CalibrationSet
 
 
 class PrecisionFromOnnx(Stage):
@@ -97,7 +102,7 @@ def _host_kernels(runtime: str) -> bool:
     return flavour_for(runtime).host_cpu_kernels
 
 
-def _data_warnings(ctx: BuildContext, calib: Any) -> list[str]:
+def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
     """What the user should know about the calibration data: random, too few samples, out of inputs.range."""
     warnings: list[str] = []
     p = ctx.cfg.precision
@@ -524,7 +529,7 @@ def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
     return []
 
 
-def _check_node_names(names: Any, model: Any, key: str) -> None:
+def _check_node_names(names: Sequence[str], model: Any, key: str) -> None:
     known = {n.name for n in model.graph.node}
     unknown = [n for n in names if n not in known]
     if unknown:

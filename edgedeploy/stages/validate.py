@@ -12,7 +12,7 @@ All failures are collected, then reported in one ParityError.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,10 +43,13 @@ from edgedeploy.validate.runners import (
     tensorrt_available,
 )
 
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
+
 REFERENCE = "pytorch-eager"
 
 
-def repeated_row_batch(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
+def repeated_row_batch(cfg: DeployConfig, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
     """A batch at the largest size of the leading dynamic dim, every row a copy of row 0 of ``feeds``.
 
     None when the first input has no named leading (batch) dim or its max size is 1.

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
@@ -33,6 +33,9 @@ from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml
 from edgedeploy.stagenames import GATE, VALIDATE
 from edgedeploy.validate.parity import NON_FINITE
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
@@ -383,7 +386,7 @@ def load_baseline(path: str | Path, policy: GatePolicy) -> ReportView:
     return baseline
 
 
-def policy_for_build(cfg: Any) -> GatePolicy | None:
+def policy_for_build(cfg: DeployConfig) -> GatePolicy | None:
     """The build's gate policy: ``--policy`` / ``build.gate_policy`` file, else deploy.toml's ``[gate]``, else None.
 
     Raises:

@@ -15,13 +15,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.artifacts import PRECISION_MODELS
 from edgedeploy.errors import ArtifactIntegrityError, ConfigError
 from edgedeploy.fileio.hashing import sha256_bytes
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 TORCHSCRIPT = "model.ts"
 ONNX_MODELS = PRECISION_MODELS
@@ -108,7 +111,7 @@ def tensorrt_available() -> bool:
     return tensorrt_version() is not None
 
 
-def _input_metadata(cfg: Any) -> Any:
+def _input_metadata(cfg: DeployConfig) -> Any:
     from polygraphy.common import TensorMetadata
 
     meta = TensorMetadata()
@@ -144,31 +147,31 @@ def _base_runner() -> type:
     return BaseRunner
 
 
-def _onnxrt_runner(backend: Backend, path: Path, cfg: Any) -> Any:
+def _onnxrt_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
     return OnnxrtRunner(SessionFromOnnx(str(path), providers=["cpu"]), name=backend.name)
 
 
-def _torchscript_runner(backend: Backend, path: Path, cfg: Any) -> Any:
+def _torchscript_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
     return _torchscript_runner_class()(path, backend.sha256, cfg, name=backend.name)
 
 
-def _trt_runner(backend: Backend, path: Path, cfg: Any) -> Any:
+def _trt_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=backend.name)
 
 
-_RUNNERS: dict[str, Callable[[Backend, Path, Any], Any]] = {
+_RUNNERS: dict[str, Callable[[Backend, Path, DeployConfig], Any]] = {
     "onnxruntime": _onnxrt_runner,
     "torchscript": _torchscript_runner,
     "tensorrt": _trt_runner,
 }
 
 
-def make_runner(backend: Backend, folder: Path, cfg: Any) -> Any:
+def make_runner(backend: Backend, folder: Path, cfg: DeployConfig) -> Any:
     """A polygraphy runner for ``backend`` (not yet activated)."""
     return _RUNNERS[backend.kind](backend, folder / backend.artifact, cfg)
 
@@ -179,7 +182,7 @@ def _torchscript_runner_class() -> type:
     class TorchScriptRunner(base):  # type: ignore[misc,valid-type]
         """Runs a TorchScript module on numpy feeds; outputs named after the config's ``outputs``."""
 
-        def __init__(self, path: Path, sha256: str, cfg: Any, name: str | None = None) -> None:
+        def __init__(self, path: Path, sha256: str, cfg: DeployConfig, name: str | None = None) -> None:
             super().__init__(name=name, prefix="torchscript-runner")
             self._path, self._sha256, self._cfg = path, sha256, cfg
 

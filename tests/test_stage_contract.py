@@ -86,7 +86,8 @@ def test_a_missing_consumed_file_is_an_error_naming_file_stage_and_fix(tmp_path:
         run_build(cfg, stages=[SkippedToy(), ReadsToy()], log=lambda _: None)
     line = err.value.one_line()
     assert err.value.stage == "reader" and err.value.input == "toy.txt" and err.value.exit_code == 3
-    assert "stage reader needs toy.txt" in line and "(toy) was skipped: not for this build" in line
+    assert line.startswith("missing stage input: [reader] needs toy.txt")
+    assert "(toy) was skipped: not for this build" in line
     assert "ReadsToy.optional" in line  # the fix names where to declare it optional
     assert ReadsToy.runs == 0  # refused before the stage ran, not the stage's own error
     assert not (tmp_path / "proj" / "out" / "sizes.txt").exists()

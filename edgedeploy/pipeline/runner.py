@@ -290,7 +290,7 @@ def _input_hashes(stage: Stage, ctx: BuildContext) -> dict[str, str]:
             raise StageInputError(
                 stage.name,
                 name,
-                f"stage {stage.name} needs input {name!r}, which this build does not have",
+                f"needs input {name!r}, which this build does not have",
                 hint=f"configure {name} for this build, or drop it from {type(stage).__name__}.inputs()",
             )
         try:
@@ -321,7 +321,7 @@ def _consumed_hashes(stage: Stage, ctx: BuildContext, earlier: list[tuple[Stage,
         raise StageInputError(
             stage.name,
             name,
-            f"stage {stage.name} needs {name}, which is not in the build's staging folder: {why}",
+            f"needs {name}, which is not in the build's staging folder: {why}",
             hint=f"run a stage that writes {name} before {stage.name}, or declare it in "
             f"{type(stage).__name__}.optional if the stage can do without it",
         )

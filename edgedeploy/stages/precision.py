@@ -25,7 +25,11 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_res
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from edgedeploy.config import PrecisionSection
     from edgedeploy.precision.data import CalibrationSet
+    from edgedeploy.precision.quantize import QdqFlavour
+
+    Feeds = dict[str, np.ndarray]  # one batch: input name -> array
 
 
 class PrecisionFromOnnx(Stage):
@@ -127,7 +131,7 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
     return warnings
 
 
-def _int8(ctx: BuildContext, batches: Any, tmp: Path, warnings: list[str]) -> dict[str, Any]:
+def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
@@ -259,7 +263,14 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path, warnings: list[str]) -> di
 
 
 def _equalize(
-    setting: bool | str, float_model: Path, calib: Any, evals: Any, tmp: Path, flavour: Any, p: Any, classes: Any
+    setting: bool | str,
+    float_model: Path,
+    calib: Sequence[Feeds],
+    evals: Sequence[Feeds],
+    tmp: Path,
+    flavour: QdqFlavour,
+    p: PrecisionSection,
+    classes: Sequence[str],
 ) -> tuple[Path, dict[str, Any], Any]:
     """Cross-layer equalization + bias correction per ``precision.equalize``.
 
@@ -308,7 +319,12 @@ def _equalize(
 
 
 def _int8_transformer(
-    ctx: BuildContext, float_model: Path, batches: Any, tmp: Path, evidence: dict[str, int], warnings: list[str]
+    ctx: BuildContext,
+    float_model: Path,
+    batches: Sequence[Feeds],
+    tmp: Path,
+    evidence: dict[str, int],
+    warnings: list[str],
 ) -> dict[str, Any]:
     """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
     (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
@@ -436,7 +452,7 @@ def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | Non
     return None
 
 
-def _fp16(ctx: BuildContext, batches: Any, tmp: Path, warnings: list[str]) -> dict[str, Any]:
+def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
@@ -501,7 +517,7 @@ def _fp16(ctx: BuildContext, batches: Any, tmp: Path, warnings: list[str]) -> di
     }
 
 
-def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
+def _first_nonfinite_layers(sim: Path, batches: Sequence[Feeds], tmp: Path) -> list[str]:
     """Layers to pin when the simulated FP16 model gives NaN/Inf: the first layer (graph order) whose output
     is non-finite, if it runs in FP16, and the FP16 layers feeding it (an input flushed to 0 or rounded to Inf)."""
     import onnx

@@ -54,6 +54,18 @@ class CheckpointError(InputError):
     kind = "checkpoint error"
 
 
+class StageInputError(InputError):
+    """A stage is about to run without a file it declares as input (a staging file or an external input):
+    the pipeline around it is wired wrong, as opposed to the stage's own failure (StageError)."""
+
+    kind = "missing stage input"
+
+    def __init__(self, stage: str, name: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"[{stage}] {message}", hint=hint)
+        self.stage = stage
+        self.input = name
+
+
 class TargetCapabilityError(DeployError):
     """The target was asked for something it cannot do (e.g. INT8 on a GPU without fast INT8)."""
 

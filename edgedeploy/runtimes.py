@@ -30,10 +30,16 @@ class RuntimeBackend:
         preflight: ``"module:function"`` called as ``f(model_path, target, *, dla_core, precision, module_paths)``
             returning operator findings.
         qdq_flavour: the INT8 Q/DQ flavour its parser reads (a key of ``precision.quantize.QDQ_FLAVOURS``).
-        validation_backends: validation backend kinds that run its artifact (``validate.runners``).
-        probe: ``"module:function"`` returning the runtime's version on this host, or None when absent.
+        validation_backends: the validation backend kinds (``validate.runners.VALIDATION_KINDS``) the
+            validate stage judges its builds with; other kinds' artifacts are not judged.
+        probe: ``"module:function"`` returning the runtime's version on this host, or None when absent
+            (``deploy doctor`` lists it).
         builds_here: the artifact is built on the host (else a device bundle finishes it on the device).
         needs_version: target profiles must name the runtime's version (``trt_version``).
+        readiness: ``"module:function"`` called as ``f(host_environment, target)`` returning a
+            ``hostenv.Readiness`` (``deploy doctor``); empty: ready wherever ``probe`` finds a version.
+        int8_route: how INT8 reaches its artifact, as ``deploy targets`` lists it (targets with implicit
+            INT8 calibration add a calibration cache: "QDQ or calib").
     """
 
     name: str
@@ -44,6 +50,8 @@ class RuntimeBackend:
     probe: str
     builds_here: bool
     needs_version: bool = False
+    readiness: str = ""
+    int8_route: str = "QDQ"
 
 
 _REGISTRY: dict[str, RuntimeBackend] = {}
@@ -85,15 +93,28 @@ def load(ref: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def probe(name: str) -> str:
+    """The version of runtime ``name`` on this host from its registered probe, ``""`` when absent.
+
+    Raises:
+        ConfigError: no runtime of that name is registered.
+    """
+    found = load(get(name).probe)()
+    return str(found) if found else ""
+
+
 register(
     RuntimeBackend(
         name="onnxruntime",
         build_stage="edgedeploy.stages.build_ort:OrtModelFromOnnx",
         preflight="edgedeploy.onnxtools.opsupport:onnxruntime_preflight",
         qdq_flavour="onnxruntime",
-        validation_backends=("onnxruntime", "torchscript"),
+        # tensorrt: reported as skipped ("no TensorRT" / no engine), so a policy requiring it fails by name
+        validation_backends=("torchscript", "onnxruntime", "tensorrt"),
         probe="edgedeploy.onnxtools.ort:onnxruntime_version",
         builds_here=True,
+        readiness="edgedeploy.onnxtools.ort:onnxruntime_readiness",
+        int8_route="QDQ (ORT)",
     )
 )
 register(
@@ -102,9 +123,11 @@ register(
         build_stage="edgedeploy.stages.build_trt:BundleFromOnnx",
         preflight="edgedeploy.onnxtools.opsupport:tensorrt_preflight",
         qdq_flavour="tensorrt",
-        validation_backends=("tensorrt", "onnxruntime", "torchscript"),
+        validation_backends=("torchscript", "onnxruntime", "tensorrt"),
         probe="edgedeploy.trt.adapter:tensorrt_version",
         builds_here=False,
         needs_version=True,
+        readiness="edgedeploy.trt.hostcheck:tensorrt_readiness",
+        int8_route="QDQ only",
     )
 )

@@ -27,6 +27,8 @@ LAYERS: dict[str, int] = {
     "config": 0,
     "config_ranges": 0,
     "hfspec": 0,
+    "hostenv": 0,
+    "reportview": 0,
     "targets": 0,
     "device": 0,
     # 1: tools over files, models and ONNX graphs

@@ -251,7 +251,8 @@ def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
     ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", overflow_net())
     stage = PrecisionFromOnnx()
     assert set(stage.outputs(ctx)) == {"precision.json"}  # no second ONNX graph: FP32 graph + flag + pins
-    metrics = stage.run(ctx)
+    result = stage.run(ctx)
+    metrics = result.metrics
     plan = json.loads((ctx.staging / "precision.json").read_text())
     assert plan["strategy"] == "builder-flag" and plan["onnx_dtype"] == "float32" and plan["onnx"] == "model.onnx"
     assert {p["node"] for p in plan["fp32_layers"]} == {"/c1/Conv", "/Mul"}
@@ -259,7 +260,7 @@ def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
     assert not (ctx.staging / "model.fp16.onnx").exists()
     assert plan["host_check"]["score"] > 0.999 and plan["library_warnings"] == []
     assert metrics["calibration"]["kind"] == "images" and len(metrics["calibration"]["source_sha256"]) == 64
-    assert any("pinned to FP32" in w for w in ctx.warnings)
+    assert any("pinned to FP32" in w for w in result.warnings) and not ctx.warnings  # in the result only
     assert not [p for p in ctx.staging.iterdir() if p.name.startswith("precision-")]  # temp folder cleaned
 
 
@@ -314,7 +315,8 @@ def test_stage_int8_trt_writes_calibration_cache(tmp_path: Path) -> None:
     ctx = _stage_ctx(tmp_path, "jetson-xavier", "int8", overflow_net(), {"accuracy_target": 0.9})
     stage = PrecisionFromOnnx()
     assert "calib.cache" in stage.outputs(ctx)
-    metrics = stage.run(ctx)
+    result = stage.run(ctx)
+    metrics = result.metrics
     assert metrics["qdq_flavour"]["name"] == "S8S8"
     cache = read_trt_cache(ctx.staging / "calib.cache")
     assert cache.header == "TRT-8500-EntropyCalibration2" == metrics["implicit_int8"]["header"]

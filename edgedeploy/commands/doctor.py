@@ -1,8 +1,9 @@
 """``deploy doctor``: what this machine (or build container) has, and which targets it can build.
 
-It probes the runtimes and tools the pipeline uses (torch, ONNX Runtime and its execution
-providers, TensorRT's Python module, ``trtexec``, NVIDIA GPUs, Jetson, torch2trt), then says per
-target profile whether the final artifact is built here or only the device bundle is written.
+It probes the runtimes and tools the pipeline uses (torch, every registered runtime through its
+probe, ONNX Runtime's execution providers, TensorRT's Python module, ``trtexec``, NVIDIA GPUs,
+Jetson, torch2trt), then says per target profile, by its runtime's registered readiness, whether
+the final artifact is built here or only the device bundle is written.
 ``--require TARGET`` turns it into a preflight gate (exit 4 when a target's artifact cannot be
 built here), e.g. as the first step of a self-hosted Jetson CI job.
 """
@@ -20,44 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgedeploy import runtimes
 from edgedeploy._version import __version__
 from edgedeploy.errors import TargetCapabilityError
+from edgedeploy.hostenv import Gpu, HostEnvironment, Readiness, runtime_installed
 from edgedeploy.targets import TargetProfile, all_targets, get_target
+
+__all__ = ["Gpu", "HostEnvironment", "TargetReadiness", "probe_host", "target_readiness"]
 
 # platform.machine() spellings → the arch names target profiles use.
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # Where JetPack and the NGC TensorRT images keep trtexec when it is not on PATH.
 _TRTEXEC_DIRS = ("/usr/src/tensorrt/bin", "/opt/tensorrt/bin", "/workspace/tensorrt/bin")
 _JETSON_MODEL_FILE = Path("/proc/device-tree/model")
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One CUDA device: its name and compute capability (``"8.7"``; ``""`` when unknown)."""
-
-    name: str
-    sm: str = ""
-
-
-@dataclass(frozen=True)
-class HostEnvironment:
-    """What ``probe_host`` found. Empty strings mean "absent"; every field is plain data."""
-
-    arch: str
-    python: str
-    torch_version: str = ""
-    torch_cuda: bool = False
-    onnxruntime_version: str = ""
-    ort_providers: tuple[str, ...] = ()
-    tensorrt_version: str = ""
-    trtexec: str = ""
-    gpus: tuple[Gpu, ...] = ()
-    jetson_model: str = ""
-    torch2trt: bool = False
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -198,42 +174,28 @@ def probe_host() -> HostEnvironment:
         jetson_model=_jetson_model(),
         torch2trt=torch2trt,
         notes=(trt_note,) if trt_note else (),
+        runtimes=tuple((name, _probe_runtime(name)) for name in runtimes.names()),
     )
 
 
-def _major_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
+def _probe_runtime(name: str) -> str:
+    """Runtime ``name``'s registered probe; a probe that breaks reports the runtime absent, like a missing one."""
+    try:
+        return runtimes.probe(name)
+    except Exception:  # a third-party probe must not take doctor down: absence is what doctor reports
+        return ""
 
 
 def target_readiness(env: HostEnvironment, target: TargetProfile) -> TargetReadiness:
-    """Can ``target``'s final artifact be built on ``env``? Collects every unmet requirement.
-
-    ONNX Runtime targets need only ONNX Runtime with its CPU provider. TensorRT engines are tied to
-    the TensorRT version (major.minor) and to the GPU, so an engine is built only where the target's
-    TensorRT version, CPU arch and (when the profile fixes one) compute capability are all present;
-    anywhere else the pipeline writes a device bundle that finishes the engine on the device.
+    """Can ``target``'s final artifact be built on ``env``? Its runtime's registered ``readiness`` judges
+    (``edgedeploy.runtimes``: ONNX Runtime needs its CPU provider; TensorRT the target's TensorRT version,
+    arch and GPU, else only the device bundle is written here); a runtime without one is ready where its
+    probe found it.
     """
-    reasons: list[str] = []
-    if not target.builds_here:
-        if not env.tensorrt_version:
-            reasons.append("TensorRT (Python module) not installed")
-        elif _major_minor(env.tensorrt_version) != _major_minor(target.trt_version):
-            reasons.append(f"TensorRT {env.tensorrt_version} here, target needs {target.trt_version}")
-        if env.arch != target.arch:
-            reasons.append(f"host is {env.arch}, target is {target.arch}")
-        if not env.gpus:
-            reasons.append("no NVIDIA GPU found")
-        elif target.sm and target.sm not in {g.sm for g in env.gpus}:
-            have = ", ".join(f"{g.name} (SM {g.sm or '?'})" for g in env.gpus)
-            reasons.append(f"target needs SM {target.sm}, found {have}")
-        what = "TensorRT engine built here" if not reasons else "device bundle only (engine built on the device)"
-    else:
-        if not env.onnxruntime_version:
-            reasons.append("onnxruntime not installed")
-        elif "CPUExecutionProvider" not in env.ort_providers:
-            reasons.append("onnxruntime has no CPUExecutionProvider")
-        what = "ONNX Runtime artifact built and validated here" if not reasons else "cannot build here"
-    return TargetReadiness(target.name, target.runtime, not reasons, what, tuple(reasons))
+    backend = runtimes.get(target.runtime)
+    judge = runtimes.load(backend.readiness) if backend.readiness else runtime_installed
+    verdict: Readiness = judge(env, target)
+    return TargetReadiness(target.name, target.runtime, not verdict.reasons, verdict.what, tuple(verdict.reasons))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -256,11 +218,9 @@ def _print_text(env: HostEnvironment, readiness: list[TargetReadiness]) -> None:
 
     print(f"edgedeploy {__version__} on {platform.system()} {env.arch}, Python {env.python}")
     show("torch", f"{env.torch_version} (CUDA: {'yes' if env.torch_cuda else 'no'})" if env.torch_version else "-")
-    show(
-        "onnxruntime",
-        f"{env.onnxruntime_version} ({', '.join(env.ort_providers)})" if env.onnxruntime_version else "not installed",
-    )
-    show("tensorrt", env.tensorrt_version or "not installed")
+    for name in runtimes.names():  # every registered runtime, as its probe found it
+        show(name, env.runtime_version(name) or "not installed")
+    show("ORT EPs", ", ".join(env.ort_providers) or "-")
     show("trtexec", env.trtexec or "not found")
     gpus = ", ".join(f"{g.name} (SM {g.sm or '?'})" for g in env.gpus)
     show("GPU", gpus or "none found")

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _int8_route(t: TargetProfile) -> str:
     """How INT8 gets into an engine on this target (explicit Q/DQ, calibration cache) or why not."""
+    from edgedeploy import runtimes
+
     if not t.supports_precision("int8"):
         return "none (no INT8)"
-    if t.runtime != "tensorrt":
-        return "QDQ (ORT)"
-    return "QDQ or calib" if t.implicit_int8 else "QDQ only"
+    return "QDQ or calib" if t.implicit_int8 else runtimes.get(t.runtime).int8_route

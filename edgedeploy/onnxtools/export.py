@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.errors import StageError, TargetCapabilityError
 from edgedeploy.modelio.torchutil import quiet_torch, root_cause
 from edgedeploy.onnxtools.shapes import export_dynamic_shapes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from edgedeploy.config import DeployConfig
+    from edgedeploy.targets import TargetProfile
 
 # protobuf cannot serialise a message of 2 GiB; keep a margin for the graph itself
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**27
@@ -16,7 +22,7 @@ EXTERNAL_DATA_THRESHOLD = 2**31 - 2**27
 EXPORTER_OPSETS = {"torchscript": (7, 20), "dynamo": (18, 23)}
 
 
-def choose_opset(cfg: Any, target: Any, exporter: str | None = None) -> int:
+def choose_opset(cfg: DeployConfig, target: TargetProfile, exporter: str | None = None) -> int:
     """The opset to export.
 
     Default: the target's export opset (``target.export_opset``: its ceiling, or lower where the
@@ -38,7 +44,7 @@ def choose_opset(cfg: Any, target: Any, exporter: str | None = None) -> int:
     return min(target.export_opset, cap)
 
 
-def exporter_order(cfg: Any, target: Any) -> list[str]:
+def exporter_order(cfg: DeployConfig, target: TargetProfile) -> list[str]:
     """Exporters to try, in order. auto: the one that emits the opset natively first, the other as fallback."""
     if cfg.export.exporter != "auto":
         return [cfg.export.exporter]
@@ -47,7 +53,7 @@ def exporter_order(cfg: Any, target: Any) -> list[str]:
     return ["dynamo", "torchscript"] if lo <= opset <= hi else ["torchscript", "dynamo"]
 
 
-def dynamic_axes(cfg: Any, outputs: dict[str, dict[int, str]] | None = None) -> dict[str, dict[int, str]]:
+def dynamic_axes(cfg: DeployConfig, outputs: dict[str, dict[int, str]] | None = None) -> dict[str, dict[int, str]]:
     """``torch.onnx.export`` dynamic_axes: the inputs' named dims, and ``outputs`` (axis → name per output).
 
     Without ``outputs`` every output's leading axis follows the first input's leading named dim.
@@ -63,7 +69,7 @@ def dynamic_axes(cfg: Any, outputs: dict[str, dict[int, str]] | None = None) -> 
     return axes
 
 
-def check_onnx(path: Any, cfg: Any, stage: str = "export") -> Any:
+def check_onnx(path: str | Path, cfg: DeployConfig, stage: str = "export") -> Any:
     """Run the ONNX checker and strict shape inference; verify named dims are symbolic on the inputs.
 
     Returns the shape-inferred model.

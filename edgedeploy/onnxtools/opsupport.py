@@ -16,9 +16,12 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.errors import UnsupportedOpsError
+
+if TYPE_CHECKING:
+    from edgedeploy.targets import TargetProfile
 
 SEVERITIES = ("error", "warning", "info")
 _TABLE_FILE = re.compile(r"^trt-(\d+(?:\.\d+)*)\.json$")
@@ -515,7 +518,7 @@ def check_model(
     return findings
 
 
-def onnxruntime_preflight(model_path: str | Path, target: Any, **_: Any) -> list[Finding]:
+def onnxruntime_preflight(model_path: str | Path, target: TargetProfile, **_: Any) -> list[Finding]:
     """The onnxruntime runtime's preflight: a real CPU session, and the target's opset ceiling."""
     return onnxruntime_findings(model_path, max_opset=target.max_opset)
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.errors import StageError
+
+if TYPE_CHECKING:
+    from edgedeploy.hostenv import HostEnvironment, Readiness
+    from edgedeploy.targets import TargetProfile
 
 
 def ort_session(path: str | Path, *, threads: int | None = None, optimize: bool = True, stage: str = "build") -> Any:
@@ -41,3 +45,16 @@ def onnxruntime_version() -> str | None:
     except ImportError:
         return None
     return str(ort.__version__)
+
+
+def onnxruntime_readiness(env: HostEnvironment, target: TargetProfile) -> Readiness:
+    """ONNX Runtime's verdict for ``deploy doctor``: its artifact needs only ONNX Runtime with the CPU provider."""
+    from edgedeploy.hostenv import Readiness
+
+    reasons: list[str] = []
+    if not env.onnxruntime_version:
+        reasons.append("onnxruntime not installed")
+    elif "CPUExecutionProvider" not in env.ort_providers:
+        reasons.append("onnxruntime has no CPUExecutionProvider")
+    what = "ONNX Runtime artifact built and validated here" if not reasons else "cannot build here"
+    return Readiness(what, tuple(reasons))

@@ -16,9 +16,13 @@ check that remains: a static dim that contradicts the actual size at some point.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
 
 PLACEHOLDER = "edgedeploy_output_{}"
 _EXPR = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
@@ -66,7 +70,7 @@ def _rename(graph: Any, old: str, new: str) -> None:
                 _rename(g, old, new)
 
 
-def rename_outputs(proto: Any, names: list[str] | tuple[str, ...]) -> list[str]:
+def rename_outputs(proto: ModelProto, names: list[str] | tuple[str, ...]) -> list[str]:
     """Give the graph outputs ``names`` (in order); internal values already called so are renamed first.
 
     Returns the internal names that were moved aside (``embedding`` → ``embedding__internal``).
@@ -108,7 +112,9 @@ def _dim_value(expr: str, dims: dict[str, int]) -> int | None:
     return int(value) if float(value).is_integer() else None
 
 
-def fix_declared_shapes(proto: Any, points: list[Any], references: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+def fix_declared_shapes(
+    proto: ModelProto, points: list[Any], references: list[dict[str, np.ndarray]]
+) -> dict[str, Any]:
     """Make every output dim that varies across ``points`` symbolic, and every symbolic expression true.
 
     ``references[i]`` are PyTorch's outputs at ``points[i].dims``. Intermediate ``value_info``
@@ -139,7 +145,7 @@ def fix_declared_shapes(proto: Any, points: list[Any], references: list[dict[str
     return {"made_symbolic": made_symbolic, "replaced_expressions": replaced}
 
 
-def declared_shape_problems(proto: Any, points: list[Any], references: list[dict[str, np.ndarray]]) -> list[str]:
+def declared_shape_problems(proto: ModelProto, points: list[Any], references: list[dict[str, np.ndarray]]) -> list[str]:
     """Declared output dims that contradict the actual size at some probe point (one line each)."""
     problems = []
     for out in proto.graph.output:

@@ -6,14 +6,18 @@ inputs; any output that differs beyond ``atol`` (or a run that fails) discards i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
 
 SIMPLIFY_ATOL = 1e-5
 
 
-def run_proto(proto: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def run_proto(proto: ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """Outputs of an in-memory ONNX model in ONNX Runtime (CPU) for each feed dict."""
     import onnxruntime as ort
 
@@ -26,7 +30,7 @@ def run_proto(proto: Any, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, 
 
 
 def simplify_checked(
-    proto: Any, feeds: list[dict[str, np.ndarray]], *, atol: float = SIMPLIFY_ATOL
+    proto: ModelProto, feeds: list[dict[str, np.ndarray]], *, atol: float = SIMPLIFY_ATOL
 ) -> tuple[Any, dict[str, Any]]:
     """Simplify ``proto`` with onnxslim; return (model to keep, figures).
 
@@ -79,7 +83,7 @@ def _carry_node_metadata(src: Any, dst: Any) -> None:
             node.doc_string = old.doc_string
 
 
-def _copy(proto: Any) -> Any:
+def _copy(proto: ModelProto) -> Any:
     import onnx
 
     out = onnx.ModelProto()

@@ -6,12 +6,16 @@ without importing torch or loading the model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from edgedeploy.errors import InputError
 
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
+    from edgedeploy.targets import TargetProfile
 
-def refuse_early(cfg: Any, target: Any) -> None:
+
+def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
     """Raise the first refusal knowable from config, target and data presence alone.
 
     Raises:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
+from edgedeploy.reportview import CheckRow, ReportView
 from edgedeploy.targets import TargetProfile
 
 SCHEMA = "edgedeploy-report/1"
@@ -71,40 +73,47 @@ def write_report_files(report: dict[str, Any], folder: Path, plot_cache: Path | 
     return [REPORT, *report_formats.write_all(report, folder, plot_cache)]
 
 
-def results_table(report: dict[str, Any]) -> str:
-    """Plain-text table of every parity check, for the end of ``deploy build``."""
+def results_table(report: ReportView | Mapping[str, Any]) -> str:
+    """Plain-text table of every parity check, for the end of ``deploy build``.
+
+    Raises:
+        InputError: ``report`` does not read as an edgedeploy report (the key is named).
+    """
+    view = report if isinstance(report, ReportView) else ReportView.parse(report)
     lines = []
-    parity = report.get("parity") or {}
-    lat = report.get("latency") or {}
-    if not parity.get("candidates") and lat.get("status") == "skipped":
+    parity, lat = view.parity, view.latency
+    if not parity.candidates and lat.status == "skipped":
         # bundle-only builds: one line, not an empty table
-        same = lat.get("reason", "") == parity.get("reason", "")
-        tail = "" if same else f"; latency: skipped ({lat.get('reason', '')})"
-        return f"parity and latency: {parity.get('status', 'skipped')} ({parity.get('reason', '')}){tail}"
+        same = (lat.reason or "") == (parity.reason or "")
+        tail = "" if same else f"; latency: skipped ({lat.reason or ''})"
+        return f"parity and latency: {parity.status} ({parity.reason or ''}){tail}"
     header = f"{'backend':<16} {'shape':<6} {'output':<16} {'max_abs':>10} {'p99_abs':>10} {'cosine':>9}  result"
     lines.append(header)
     lines.append("-" * len(header))
-    for cand in parity.get("candidates", []):
-        if not cand.get("checks"):  # skipped (no TensorRT) or could not run
-            lines.append(f"{cand['name']:<16} {cand.get('status', '')}: {cand.get('reason', '')}")
-        for c in cand.get("checks", []):
+    for cand in parity.candidates:
+        if not cand.checks:  # skipped (no TensorRT) or could not run
+            lines.append(f"{cand.name:<16} {cand.status}: {cand.reason or ''}")
+        for c in cand.checks:
             lines.append(
-                f"{cand['name']:<16} {c['shape']:<6} {c['output']:<16} {_f(c.get('max_abs')):>10} "
-                f"{_f(c.get('p99_abs')):>10} {_f(c.get('cosine'), 6):>9}  {_verdict(c)}"
+                f"{cand.name:<16} {c.shape!s:<6} {c.output:<16} {_f(c.max_abs):>10} "
+                f"{_f(c.p99_abs):>10} {_f(c.cosine, 6):>9}  {_verdict(c)}"
             )
-    if not parity.get("candidates"):
-        lines.append(f"parity: {parity.get('status', 'skipped')} ({parity.get('reason', '')})")
-    for name, row in (lat.get("backends") or {}).items():
-        lines.append(
-            f"latency {name}: p50 {row['p50_ms']:.3f} ms, p90 {row['p90_ms']:.3f} ms, "
-            f"p99 {row['p99_ms']:.3f} ms, {row['throughput']:.1f} samples/s at {row['shape']}"
-        )
-    if lat.get("status") == "skipped":
-        lines.append(f"latency: skipped ({lat.get('reason', '')})")
+    if not parity.candidates:
+        lines.append(f"parity: {parity.status} ({parity.reason or ''})")
+    for name, row in lat.backends.items():
+        p50, p90, p99 = (_ms(row.value(k)) for k in ("p50_ms", "p90_ms", "p99_ms"))
+        throughput = "-" if row.throughput is None else f"{row.throughput:.1f}"
+        lines.append(f"latency {name}: p50 {p50} ms, p90 {p90} ms, p99 {p99} ms, {throughput} samples/s at {row.shape}")
+    if lat.status == "skipped":
+        lines.append(f"latency: skipped ({lat.reason or ''})")
     return "\n".join(lines)
 
 
-def _f(v: Any, digits: int = 3) -> str:
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _f(v: float | None, digits: int = 3) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -112,8 +121,8 @@ def _f(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _verdict(row: dict[str, Any]) -> str:
+def _verdict(row: CheckRow) -> str:
     """ok / FAIL, or vacuous for a passing row whose reference and candidate are both constant."""
-    if not row.get("passed"):
+    if not row.passed:
         return "FAIL"
-    return "vacuous" if row.get("vacuous") else "ok"
+    return "vacuous" if row.vacuous else "ok"

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import DeployError, InputError
+from edgedeploy.errors import DeployError, InputError, StageInputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
 from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
 from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
@@ -206,7 +206,7 @@ def _run_build(
             heard = StageNoise(stage.name, verbose)
             try:
                 with heard:
-                    rec = _run_stage(stage, ctx, cache, cfg)
+                    rec = _run_stage(stage, ctx, cache, cfg, list(zip(stages, records)))
             finally:
                 noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
             records.append(rec)
@@ -282,17 +282,60 @@ def _input_hashes(stage: Stage, ctx: BuildContext) -> dict[str, str]:
     """sha256 of every external input ``stage`` declares.
 
     Raises:
-        InputError: a declared input is not configured for this build, or its file is gone.
+        StageInputError: a declared input is not configured for this build, or its file is gone.
     """
     hashes = {}
     for name in stage.inputs(ctx):
         if not ctx.has_input(name):
-            raise InputError(f"stage {stage.name} needs input {name!r}, which this build does not have")
-        hashes[name] = ctx.sha256(name)
+            raise StageInputError(
+                stage.name,
+                name,
+                f"needs input {name!r}, which this build does not have",
+                hint=f"configure {name} for this build, or drop it from {type(stage).__name__}.inputs()",
+            )
+        try:
+            hashes[name] = ctx.sha256(name)
+        except InputError as exc:  # configured, but the file went away since the build started
+            raise StageInputError(stage.name, name, exc.message, hint=f"restore the {name} file") from None
     return hashes
 
 
-def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployConfig) -> StageRecord:
+def _consumed_hashes(stage: Stage, ctx: BuildContext, earlier: list[tuple[Stage, StageRecord]]) -> dict[str, str]:
+    """sha256 of the staging files ``stage`` reads: every required one, and the optional ones present.
+
+    Raises:
+        StageInputError: a required file is not in staging (the stage that writes it was skipped, failed
+            to write it, or does not run before this one).
+    """
+    required = stage.requires(ctx)
+    missing = [n for n in required if not ctx.path(n).is_file()]
+    if missing:
+        name = missing[0]
+        writers = [(s, r) for s, r in earlier if name in type(s).produces or name in r.files]
+        if writers and writers[-1][1].status == "skipped":
+            why = f"the stage that writes it ({writers[-1][0].name}) was skipped: {writers[-1][1].reason}"
+        elif writers:
+            why = f"the stage that writes it ({writers[-1][0].name}) did not write it"
+        else:
+            why = "no earlier stage of this build writes it"
+        raise StageInputError(
+            stage.name,
+            name,
+            f"needs {name}, which is not in the build's staging folder: {why}",
+            hint=f"run a stage that writes {name} before {stage.name}, or declare it in "
+            f"{type(stage).__name__}.optional if the stage can do without it",
+        )
+    present = [n for n in stage.optional if n not in required and ctx.path(n).is_file()]
+    return {n: ctx.sha256(n) for n in (*required, *present)}
+
+
+def _run_stage(
+    stage: Stage,
+    ctx: BuildContext,
+    cache: StageCache,
+    cfg: DeployConfig,
+    earlier: list[tuple[Stage, StageRecord]] | None = None,
+) -> StageRecord:
     reason = stage.applies(ctx)
     if reason is not None:
         return StageRecord(stage.name, "skipped", reason=reason)
@@ -303,7 +346,7 @@ def _run_stage(stage: Stage, ctx: BuildContext, cache: StageCache, cfg: DeployCo
             "stage": stage.name,
             "version": stage.version,
             "config": stage.config_key(ctx),
-            "consumes": {n: ctx.sha256(n) for n in stage.consumes if ctx.path(n).is_file()},
+            "consumes": _consumed_hashes(stage, ctx, earlier or []),
             "inputs": _input_hashes(stage, ctx),
             "outputs": outputs,
         }

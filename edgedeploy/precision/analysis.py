@@ -12,11 +12,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.onnxtools.ort import ort_session
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 FP16_MAX = 65504.0
 FP16_SMALLEST = 2.0**-24  # smallest FP16 subnormal; smaller magnitudes round to zero
@@ -85,7 +88,7 @@ def tensor_ranges(model_path: Path, batches: Sequence[dict[str, np.ndarray]], wo
     return stats
 
 
-def fp16_findings(stats: dict[str, TensorStats], model: Any) -> list[dict[str, Any]]:
+def fp16_findings(stats: dict[str, TensorStats], model: ModelProto) -> list[dict[str, Any]]:
     """Tensors whose range overflows FP16 (``|x| > 65504``) or badly underflows it, with producer and consumers."""
     producers = {o: n.name for n in model.graph.node for o in n.output}
     consumers: dict[str, list[str]] = {}
@@ -144,7 +147,7 @@ def output_error(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence
     return math.sqrt(num) / max(math.sqrt(den), 1e-12)
 
 
-def quantized_nodes(qdq_model: Any) -> list[str]:
+def quantized_nodes(qdq_model: ModelProto) -> list[str]:
     """Names of the compute nodes the QDQ model quantized (those reading a DequantizeLinear output)."""
     dq_outputs = {o for n in qdq_model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     return [

@@ -21,9 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
 
 RELU_SUFFIX = "__cle_relu"  # the Relu half of a rewritten Relu6; its Min's output keeps the Clip's name
 HOMOGENEOUS = ("Relu", "Clip", "Min")  # Min: a Relu6 rewritten by an earlier sweep (per-channel bound)
@@ -51,7 +55,7 @@ class EqualizeReport:
         }
 
 
-def has_depthwise_conv(model: Any) -> bool:
+def has_depthwise_conv(model: ModelProto) -> bool:
     """True when the ONNX model has a Conv whose group equals its input channels (and is > 1)."""
     inits = {i.name: i for i in model.graph.initializer}
     for node in model.graph.node:
@@ -86,7 +90,7 @@ def _group(node: Any) -> int:
     return next((a.i for a in node.attribute if a.name == "group"), 1)
 
 
-def _find_pairs(model: Any, inits: dict[str, np.ndarray]) -> list[_Pair]:
+def _find_pairs(model: ModelProto, inits: dict[str, np.ndarray]) -> list[_Pair]:
     graph = model.graph
     consumers: dict[str, list[Any]] = {}
     for n in graph.node:

@@ -20,11 +20,14 @@ import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.errors import StageError
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 FP16_MAX = 65504.0
 # Ops kept in FP32 whatever the pins say: their float inputs or outputs are fixed to float32 by the ONNX
@@ -80,7 +83,7 @@ def captured_warnings() -> Iterator[list[str]]:
             seen.append(text)
 
 
-def _subgraph_outer_reads(model: Any) -> set[str]:
+def _subgraph_outer_reads(model: ModelProto) -> set[str]:
     """Names that subgraphs (If/Loop/Scan bodies) read from the enclosing graph."""
     from onnx import AttributeProto
 
@@ -106,7 +109,7 @@ def _subgraph_outer_reads(model: Any) -> set[str]:
     return reads
 
 
-def _elem_types(model: Any) -> dict[str, int]:
+def _elem_types(model: ModelProto) -> dict[str, int]:
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -297,7 +300,7 @@ def _tensor_attr(arr: np.ndarray) -> Any:
     return helper.make_attribute("value", numpy_helper.from_array(arr))
 
 
-def single_float_output_nodes(model: Any, nodes: Sequence[str]) -> set[str]:
+def single_float_output_nodes(model: ModelProto, nodes: Sequence[str]) -> set[str]:
     """Of ``nodes``, those with exactly one output, of type float32 (the ones whose output type can be pinned).
 
     TensorRT's output-type pin (``set_output_type`` / trtexec ``--layerOutputTypes``) only makes sense on float

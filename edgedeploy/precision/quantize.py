@@ -30,6 +30,8 @@ class QdqFlavour:
         why: the reason this runtime wants this flavour (goes into the report).
         reduce_range: 7-bit weights (ORT's ``reduce_range``). x86 without VNNI multiplies uint8 x int8 with
             ``vpmaddubsw``, whose int16 sum of two products saturates with full 8-bit weights.
+        host_cpu_kernels: the artifact's INT8 kernels are this host's CPU kernels (ONNX Runtime), so the
+            CPU's VNNI/AMX flags decide the weight width; else (TensorRT) 8-bit weights.
     """
 
     name: str
@@ -39,6 +41,7 @@ class QdqFlavour:
     quantize_bias: bool
     why: str
     reduce_range: bool = False
+    host_cpu_kernels: bool = False
 
 
 QDQ_FLAVOURS: dict[str, QdqFlavour] = {
@@ -53,6 +56,7 @@ QDQ_FLAVOURS: dict[str, QdqFlavour] = {
         True,
         "x86 ONNX Runtime's fast INT8 kernels take uint8 activations; 8-bit weights where the CPU has VNNI/AMX, "
         "7-bit (reduce_range) only where measured to agree better (int16 saturation of vpmaddubsw without VNNI)",
+        host_cpu_kernels=True,
     ),
 }
 
@@ -99,8 +103,8 @@ def reduce_range_choices(setting: bool | str, runtime: str, cpu_flags: Sequence[
     """
     if isinstance(setting, bool):
         return [setting], f"precision.reduce_range = {str(setting).lower()}"
-    if runtime != "onnxruntime":
-        return [False], "TensorRT: 8-bit weights"
+    if not flavour_for(runtime).host_cpu_kernels:
+        return [False], f"{runtime}: 8-bit weights (its INT8 kernels are not this CPU's)"
     if cpu_flags:
         return [False], f"8-bit weights: this CPU has {', '.join(cpu_flags)} (int32 accumulation, no saturation)"
     return [False, True], "no VNNI/AMX on this CPU: 8-bit and 7-bit weights measured, the better one kept"

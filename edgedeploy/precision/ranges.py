@@ -22,11 +22,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.errors import StageError
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 # |value| of the additive-mask constants in use: -1e4 (older BERT exports), -1e9 (common in hand-written
 # attention), float32 / bfloat16 finfo.min (Hugging Face since 4.x), float16 finfo.min.
@@ -68,7 +71,7 @@ class RangeStats:
             self.channel_absmax = mag if self.channel_absmax is None else np.maximum(self.channel_absmax, mag)
 
 
-def _float_tensors(model: Any) -> list[str]:
+def _float_tensors(model: ModelProto) -> list[str]:
     """Names of every float tensor a node produces plus the float graph inputs (shape inference for types)."""
     import onnx
 
@@ -129,7 +132,7 @@ def collect_ranges(
     return stats
 
 
-def _constants(model: Any) -> dict[str, np.ndarray]:
+def _constants(model: ModelProto) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -150,7 +153,7 @@ def _mask_sized(arr: np.ndarray) -> bool:
     return bool(np.isinf(a).any() or (a >= MASK_SEED_MIN).any())
 
 
-def mask_constant_tensors(model: Any) -> dict[str, str]:
+def mask_constant_tensors(model: ModelProto) -> dict[str, str]:
     """Tensors that carry an additive-mask constant, found from the graph alone (no data needed).
 
     Returns:
@@ -193,7 +196,7 @@ def _mask_constant_at(value: float) -> float | None:
 
 
 def absurd_ranges(
-    stats: dict[str, RangeStats], model: Any = None, *, huge_step: float = HUGE_STEP
+    stats: dict[str, RangeStats], model: ModelProto | None = None, *, huge_step: float = HUGE_STEP
 ) -> dict[str, dict[str, Any]]:
     """Tensors INT8 must leave in float, with their range and why.
 
@@ -229,7 +232,7 @@ def absurd_ranges(
     return found
 
 
-def nodes_touching(tensors: Iterable[str], model: Any, op_types: Iterable[str] | None = None) -> dict[str, str]:
+def nodes_touching(tensors: Iterable[str], model: ModelProto, op_types: Iterable[str] | None = None) -> dict[str, str]:
     """Nodes that produce or read one of ``tensors`` (only ``op_types`` when given): node name -> tensor.
 
     Excluding these from quantization keeps the tensors in float: a QDQ quantizer quantizes a tensor only

@@ -11,14 +11,17 @@ mathematically unchanged, so a smoothed MatMul left in float costs nothing in ac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.precision.ranges import RangeStats
 
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
-def smooth(model: Any, stats: dict[str, RangeStats], nodes: Sequence[str], alpha: float) -> list[dict[str, Any]]:
+
+def smooth(model: ModelProto, stats: dict[str, RangeStats], nodes: Sequence[str], alpha: float) -> list[dict[str, Any]]:
     """Smooth the weight MatMuls ``nodes`` of ``model`` in place; returns one row per smoothed activation.
 
     MatMuls reading the same activation share one factor ``s`` (weights' max over all of them). The weights'

@@ -12,7 +12,7 @@ ships) is INT8 where the FLOPs are, the MatMuls with constant weights, per-chann
 - **tensorrt**: static Q/DQ on the MatMul inputs and weights only (S8S8, symmetric, calibrated); TensorRT has
   no dynamic INT8, and runs everything without Q/DQ in float.
 
-Which one a target gets is data (:data:`TRANSFORMER_SCHEMES`, keyed by the target's runtime). Options:
+Which one a target gets is data (:data:`TRANSFORMER_SCHEMES`, keyed by its runtime's Q/DQ flavour). Options:
 SmoothQuant-style smoothing (Xiao et al. 2023: divide each activation channel by ``s_j = max|X_j|^a /
 max|W_j|^(1-a)`` and multiply the weight rows by it, so outlier channels stop dominating the activation scale),
 and automatic FP32 fallback of the most sensitive MatMuls until the held-out score meets the target.
@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -32,6 +32,10 @@ from edgedeploy.errors import StageError
 from edgedeploy.precision import ranges as rng
 from edgedeploy.precision.heldout import held_out_score, split_held_out
 from edgedeploy.precision.quantize import ort_quantization
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
 
 WEIGHT_OPS = ("MatMul", "Gemm")
 _LAYERNORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization"}
@@ -77,20 +81,26 @@ TRANSFORMER_SCHEMES: dict[str, TransformerScheme] = {
 
 
 def scheme_for(runtime: str) -> TransformerScheme:
-    """The transformer INT8 scheme of the target's runtime."""
-    return TRANSFORMER_SCHEMES[runtime]
+    """The transformer INT8 scheme of the target's runtime (by the Q/DQ flavour it registered).
+
+    Raises:
+        ConfigError: the runtime is not registered.
+    """
+    from edgedeploy import runtimes
+
+    return TRANSFORMER_SCHEMES[runtimes.get(runtime).qdq_flavour]
 
 
 # ---- detection ----------------------------------------------------------------------------------------
 
 
-def _constant_names(model: Any) -> set[str]:
+def _constant_names(model: ModelProto) -> set[str]:
     names = {i.name for i in model.graph.initializer}
     names |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     return names
 
 
-def weight_matmuls(model: Any) -> list[str]:
+def weight_matmuls(model: ModelProto) -> list[str]:
     """Names of the MatMul / Gemm nodes whose second input is a constant 2-D weight."""
     inits = {i.name: i for i in model.graph.initializer}
     out = []
@@ -100,7 +110,7 @@ def weight_matmuls(model: Any) -> list[str]:
     return out
 
 
-def transformer_evidence(model: Any) -> dict[str, int]:
+def transformer_evidence(model: ModelProto) -> dict[str, int]:
     """Op counts that tell a transformer from a CNN (for the report and :func:`looks_like_transformer`)."""
     consts = _constant_names(model)
     ops = [n.op_type for n in model.graph.node]
@@ -130,7 +140,7 @@ def looks_like_transformer(evidence: dict[str, int]) -> bool:
 # ---- graph rewrites ------------------------------------------------------------------------------------
 
 
-def gemms_to_matmuls(model: Any) -> list[str]:
+def gemms_to_matmuls(model: ModelProto) -> list[str]:
     """Rewrite ``Gemm(A, W, C)`` with a constant ``W`` as ``MatMul(A, W') + C`` in place (ORT's dynamic
     quantizer has no integer Gemm). Only plain Gemms (alpha = beta = 1, no transA) are rewritten; the
     MatMul keeps the Gemm's name. Returns the rewritten node names."""
@@ -160,7 +170,7 @@ def gemms_to_matmuls(model: Any) -> list[str]:
     return done
 
 
-def isolate_matmul_inputs(model: Any, nodes: Sequence[str]) -> int:
+def isolate_matmul_inputs(model: ModelProto, nodes: Sequence[str]) -> int:
     """Give the MatMuls ``nodes`` their own copy (``Identity``) of an input that other nodes also read, in place.
 
     ORT's static Q/DQ quantizer puts one Q/DQ pair on a tensor for all its readers, so the residual ``Add`` that
@@ -389,7 +399,7 @@ def _brief(score: dict[str, Any]) -> dict[str, Any]:
 # ---- the recipe ------------------------------------------------------------------------------------------
 
 
-def choose_recipe(setting: str, model: Any) -> tuple[str, dict[str, int]]:
+def choose_recipe(setting: str, model: ModelProto) -> tuple[str, dict[str, int]]:
     """(``cnn`` or ``transformer``, the graph evidence) for ``precision.int8_recipe`` = ``setting``."""
     evidence = transformer_evidence(model)
     if setting != "auto":

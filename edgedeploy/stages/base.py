@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import InputError
+from edgedeploy.errors import DeployError, InputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
 from edgedeploy.targets import TargetProfile
 
@@ -73,6 +75,9 @@ class BuildContext:
         return name in self.external or name in self.groups
 
     def warn(self, message: str) -> None:
+        """Add a build warning and show it. The runner's own warnings; stages return theirs in their
+        :class:`StageResult` (a stage calling this is folded into its result, for compatibility).
+        """
         self.warnings.append(message)
         if self.log:
             self.log(f"  warning: {message}")
@@ -119,23 +124,45 @@ class StageResult:
         return cls(metrics=dict(value or {}))
 
 
+@contextmanager
+def partial_result(result: StageResult) -> Iterator[StageResult]:
+    """Within the block, a :class:`DeployError` leaves carrying ``result`` (the warnings gathered so far)
+    as its partial result, so they reach the failure report; an error that already carries a partial
+    result keeps it, with these warnings first.
+    """
+    try:
+        yield result
+    except DeployError as exc:
+        if exc.partial is None:
+            exc.partial = result
+        else:
+            own = StageResult.of(exc.partial)
+            own.warnings = result.warnings + [w for w in own.warnings if w not in result.warnings]
+            exc.partial = own
+        raise
+
+
 class Stage(ABC):
     """One step of the pipeline, named by what it makes from what (``OnnxFromTorch``).
 
-    A stage declares the staging files it consumes (written by earlier stages; optional
-    ones may be absent), the external inputs it depends on (:meth:`inputs`: checkpoint,
-    user code, calibration or validation data; a declared input the build lacks is an
-    error) and the files it produces. Its cache key hashes ``name``, ``version``,
-    :meth:`config_key`, the consumed files and the inputs; when the key is unchanged the
-    stage is not run and its files and whole :class:`StageResult` (warnings included)
-    come from the cache. Stages never import each other: shared code lives in the tool
-    and domain packages, shared names in ``edgedeploy.artifacts``.
+    A stage declares the staging files it consumes (written by earlier stages: ``consumes``,
+    or :meth:`requires` when that depends on the build; each must exist when the stage runs,
+    else the runner raises :class:`~edgedeploy.errors.StageInputError`), the staging files it
+    reads only when present (``optional``, declared explicitly), the external inputs it
+    depends on (:meth:`inputs`: checkpoint, user code, calibration or validation data; a
+    declared input the build lacks is an error) and the files it produces. Its cache key
+    hashes ``name``, ``version``, :meth:`config_key`, the consumed files and the inputs;
+    when the key is unchanged the stage is not run and its files and whole
+    :class:`StageResult` (warnings included) come from the cache. Stages never import each
+    other: shared code lives in the tool and domain packages, shared names in
+    ``edgedeploy.artifacts``.
     """
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
     cacheable: ClassVar[bool] = True  # False: always run (a verdict on this build, like the gate)
-    consumes: ClassVar[tuple[str, ...]] = ()
+    consumes: ClassVar[tuple[str, ...]] = ()  # staging files it reads; each must exist when it runs
+    optional: ClassVar[tuple[str, ...]] = ()  # staging files it reads only when an earlier stage wrote them
     produces: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, ctx: BuildContext) -> str | None:
@@ -145,6 +172,12 @@ class Stage(ABC):
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         """Files this stage writes for this build (default: ``produces``)."""
         return self.produces
+
+    def requires(self, ctx: BuildContext) -> tuple[str, ...]:
+        """Staging files this stage needs for this build (default: ``consumes``); each is hashed into
+        the cache key, and one that is missing when the stage is about to run is an error.
+        """
+        return self.consumes
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         """External inputs (``artifacts.CHECKPOINT``, ``MODEL_CODE``, ``CALIBRATION``,
@@ -160,8 +193,9 @@ class Stage(ABC):
     @abstractmethod
     def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         """Do the work: write ``outputs`` into ``ctx.staging``; return a :class:`StageResult`
-        (a plain metrics dict is accepted). Warnings given to ``ctx.warn`` while the stage runs
-        become part of its result, so they survive a cache hit.
+        (a plain metrics dict is accepted) whose warnings and notes are part of the cached result, so
+        they survive a cache hit. Stages return warnings; they never write ``ctx.warnings`` or
+        ``ctx.metrics`` (``ctx.warn`` during a run is folded into the result for third-party stages).
 
         Raises:
             DeployError: a subclass naming what failed and how to fix it.

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import PRECISION_MODELS, RUNTIME_INFO, deploy_model_name
+from edgedeploy.artifacts import ONNX_DATA, RUNTIME_INFO, deploy_model_name
 from edgedeploy.onnxtools.ort import ort_session
 from edgedeploy.stages.base import BuildContext, Stage
 
@@ -14,8 +14,11 @@ from edgedeploy.stages.base import BuildContext, Stage
 class OrtModelFromOnnx(Stage):
     name = names.BUILD
     version = "1"
-    consumes = tuple(dict.fromkeys(PRECISION_MODELS.values()))
+    optional = (ONNX_DATA,)  # the FP32 model's external weights, when export wrote them
     produces = (RUNTIME_INFO,)
+
+    def requires(self, ctx: BuildContext) -> tuple[str, ...]:
+        return (deploy_model_name(ctx.precision),)
 
     def config_key(self, ctx: BuildContext) -> Any:
         return {"precision": ctx.precision, "target": ctx.target.name}

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS
+from edgedeploy.artifacts import GOLDENS, ONNX_DATA
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
-from edgedeploy.stages.base import BuildContext, Stage
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.trt.plan import (
     CALIB_CACHE,
     ONNX_FP16,
@@ -77,7 +77,9 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 class BundleFromOnnx(Stage):
     name = names.BUILD
     version = "1"
-    consumes = (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, GOLDENS)
+    consumes = (ONNX_FP32, GOLDENS)
+    # what the precision stage wrote for this precision and target; the plan decides which it needs
+    optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO)
 
     def __init__(self) -> None:
         self._plans: dict[str, BuildPlan] = {}
@@ -109,7 +111,7 @@ class BundleFromOnnx(Stage):
             "device_code": {name: sha256_file(src) for name, src in DEVICE_CODE.items()},
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult:
         plan = self.plan(ctx)
         folder = ctx.staging / BUNDLE_DIR
         shutil.rmtree(folder, ignore_errors=True)
@@ -148,11 +150,9 @@ class BundleFromOnnx(Stage):
             f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 -I complete_bundle.py . "
             f"--bundle-sha256 {bundle_sha}",
         ]
-        for note in plan.notes:
-            if note.startswith("the Q/DQ model was not used"):
-                ctx.warn(note)
+        warnings = [note for note in plan.notes if note.startswith("the Q/DQ model was not used")]
         # the notes reach the user once: in the report, and printed at the end of deploy build
-        return {
+        metrics = {
             "artifact": f"{BUNDLE_DIR}/",
             "engine": "not built here (built on the device by complete_bundle.py)",
             "bundle_sha256": bundle_sha,
@@ -166,8 +166,8 @@ class BundleFromOnnx(Stage):
                 "dynamic": plan.dynamic,
                 "notes": list(plan.notes),
             },
-            "notes": notes,
         }
+        return StageResult(metrics, warnings=warnings, notes=notes)
 
 
 def _precision_info(ctx: BuildContext) -> dict[str, Any] | None:

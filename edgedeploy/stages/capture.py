@@ -11,7 +11,7 @@ and left to the shape probes to judge. The artifact is kept for LibTorch / torch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +22,10 @@ from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_orde
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
-from edgedeploy.stages.base import BuildContext, Stage, model_inputs
+from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 CAPTURE_ATOL = 1e-4
 
@@ -53,7 +56,7 @@ class TorchScriptFromModel(Stage):
         c = ctx.cfg.to_dict()
         return {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         model = ctx.model()
         mode = cfg.export.capture
@@ -73,20 +76,23 @@ class TorchScriptFromModel(Stage):
                 tried.append({"route": route, "reason": exc.message.removeprefix(f"[{self.name}] ")})
                 continue
             self._artifact = ARTIFACTS[route]
+            warnings: list[str] = []
             try:
                 save_artifact(route, captured, str(ctx.staging / self._artifact))
             except Exception as exc:  # e.g. torch.export.save cannot serialise some higher-order ops
                 # the capture is proven against eager; only its file for LibTorch users is lost
                 (ctx.staging / self._artifact).unlink(missing_ok=True)
                 why = root_cause(exc, 200)
-                ctx.warn(f"capture: {route} matches eager but its {self._artifact} cannot be saved ({why})")
+                warnings.append(f"capture: {route} matches eager but its {self._artifact} cannot be saved ({why})")
                 self._artifact = ""
             for f in findings:
                 if f.user:  # library findings are in the metrics; the probes above already judged them
-                    ctx.warn(f"TracerWarning at {f}")
+                    warnings.append(f"TracerWarning at {f}")
             if tried:
-                ctx.warn(f"capture: used {route} ({'; '.join(t['route'] + ': ' + t['reason'][:160] for t in tried)})")
-            return {
+                warnings.append(
+                    f"capture: used {route} ({'; '.join(t['route'] + ': ' + t['reason'][:160] for t in tried)})"
+                )
+            metrics = {
                 "mode": mode,
                 "route": route,
                 "tried": tried,
@@ -96,6 +102,7 @@ class TorchScriptFromModel(Stage):
                 "tracer_warnings": [str(f) for f in findings],
                 "tracer_warnings_library": sum(not f.user for f in findings),
             }
+            return StageResult(metrics, warnings=warnings)
         raise StageError(
             self.name,
             "no capture route matches eager PyTorch: "
@@ -155,7 +162,7 @@ class TorchScriptFromModel(Stage):
         return captured, figures, tw.findings
 
 
-def _run_with(cfg: Any, fn: Any) -> Any:
+def _run_with(cfg: DeployConfig, fn: Any) -> Any:
     def call(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import ONNX_MODEL, PREFLIGHT
+from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL, PREFLIGHT
 from edgedeploy.errors import UnsupportedOpsError
 from edgedeploy.onnxtools.opsupport import check_model, findings_table, module_files, raise_on_errors
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
@@ -21,6 +21,7 @@ class PreflightFromOnnx(Stage):
     name = names.CHECK
     version = "2"
     consumes = (ONNX_MODEL,)
+    optional = (ONNX_DATA,)
     produces = (PREFLIGHT,)
 
     def config_key(self, ctx: BuildContext) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,7 +47,10 @@ from edgedeploy.onnxtools.shapes import (
     probe_feeds,
     probe_points,
 )
-from edgedeploy.stages.base import BuildContext, Stage, model_inputs
+from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 
 def weights_bytes(ctx: BuildContext) -> int:
@@ -90,7 +93,7 @@ class OnnxFromTorch(Stage):
             "external_data": self.uses_external_data(ctx),
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         model = ctx.model()
         order = exporter_order(cfg, ctx.target)
@@ -103,17 +106,18 @@ class OnnxFromTorch(Stage):
         temp_axes = {t: axes[n] for t, n in zip(temp.outputs, cfg.outputs) if n in axes}
         for exporter in order:
             opset = choose_opset(cfg, ctx.target, exporter)
+            warnings: list[str] = []  # this exporter's; dropped with it when a later check fails
             try:
                 proto = export_proto(exporter, model, args, temp, opset, temp_axes)
-                metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset)
+                metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
                 why = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
                 errors.append(f"{exporter}: {why}")
                 continue
             if errors:
-                ctx.warn(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
-            return metrics
+                warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
+            return StageResult(metrics, warnings=warnings)
         raise StageError(
             self.name,
             ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
@@ -121,9 +125,18 @@ class OnnxFromTorch(Stage):
         )
 
     def _finish(
-        self, ctx: BuildContext, probe: _Probe, proto: Any, used: str, order: list[str], errors: list[str], opset: int
+        self,
+        ctx: BuildContext,
+        probe: _Probe,
+        proto: Any,
+        used: str,
+        order: list[str],
+        errors: list[str],
+        opset: int,
+        warnings: list[str],
     ) -> dict[str, Any]:
-        """Check, simplify, annotate, save and probe the exported model; return the stage metrics."""
+        """Check, simplify, annotate, save and probe the exported model; return the stage metrics
+        (warnings for the user go to ``warnings``)."""
         import onnx
 
         cfg = ctx.cfg
@@ -144,11 +157,11 @@ class OnnxFromTorch(Stage):
 
             if external:
                 simplify = {"status": "skipped", "reason": "weights above the external-data threshold"}
-                ctx.warn("export: onnxslim simplification skipped (model uses external data)")
+                warnings.append("export: onnxslim simplification skipped (model uses external data)")
             else:
                 proto, simplify = simplify_checked(proto, probe.feeds)
                 if simplify["status"] == "discarded":
-                    ctx.warn(f"export: onnxslim result discarded: {simplify['reason']}")
+                    warnings.append(f"export: onnxslim result discarded: {simplify['reason']}")
         shape_fix = fix_declared_shapes(proto, probe.points, probe.references)
         lies = declared_shape_problems(proto, probe.points, probe.references)
         if lies:
@@ -211,7 +224,7 @@ class OnnxFromTorch(Stage):
 class _Probe:
     """Probe points (min / opt / max / random per dynamic dim), their inputs and the eager outputs there."""
 
-    def __init__(self, cfg: Any, model: Any) -> None:
+    def __init__(self, cfg: DeployConfig, model: Any) -> None:
         import torch
 
         self.points = probe_points(cfg, seed=cfg.validate.seed + 3)

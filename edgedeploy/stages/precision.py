@@ -12,21 +12,31 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_MODEL, PRECISION_JSON, PRECISION_MODELS, deploy_model_name  # noqa: F401
+from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PRECISION_JSON, deploy_model_name
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
-from edgedeploy.stages.base import BuildContext, Stage
+from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edgedeploy.config import PrecisionSection
+    from edgedeploy.precision.data import CalibrationSet
+    from edgedeploy.precision.quantize import QdqFlavour
+
+    Feeds = dict[str, np.ndarray]  # one batch: input name -> array
 
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
     version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
-    consumes = (ONNX_MODEL, GOLDENS)  # goldens: INT8 candidates must pass the device check
+    consumes = (ONNX_MODEL,)
+    optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         # a calibration file is an input; a folder or callable is fingerprinted in config_key
@@ -55,28 +65,32 @@ class PrecisionFromOnnx(Stage):
             "precision": c.to_dict()["precision"],
             "calibration": calibration_fingerprint(c),
             "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
-            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and t.runtime == "onnxruntime" else [],
+            "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and _host_kernels(t.runtime) else [],
             "tolerance_int8": ctx.cfg.tolerance_for("int8").__dict__,
             "normalization": c.model.normalization,
             "classifier_outputs": list(c.validate.classifier_outputs),
             "latency": [c.validate.latency_iters, c.validate.seed],
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult:
         from edgedeploy.precision.data import load_calibration
 
         cfg = ctx.cfg
-        calib = load_calibration(cfg, allow_random=ctx.precision == "fp16")
-        _warn_about_data(ctx, calib)
-        with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
-            if ctx.precision == "int8":
-                plan = _int8(ctx, calib.batches, Path(tmp))
-            else:
-                plan = _fp16(ctx, calib.batches, Path(tmp))
+        result = StageResult()
+        warnings = result.warnings
+        with partial_result(result):  # warnings given before a failure reach the failure report
+            calib = load_calibration(cfg, allow_random=ctx.precision == "fp16")
+            warnings += _data_warnings(ctx, calib)
+            with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
+                if ctx.precision == "int8":
+                    plan = _int8(ctx, calib.batches, Path(tmp), warnings)
+                else:
+                    plan = _fp16(ctx, calib.batches, Path(tmp), warnings)
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
         # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
         (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
-        return plan
+        result.metrics = plan
+        return result
 
 
 def _cpu_flags() -> tuple[str, ...]:
@@ -85,12 +99,21 @@ def _cpu_flags() -> tuple[str, ...]:
     return cpu_int8_flags()
 
 
-def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
+def _host_kernels(runtime: str) -> bool:
+    """Whether the runtime's INT8 runs on this CPU's kernels (its VNNI/AMX flags then shape the INT8 model)."""
+    from edgedeploy.precision.quantize import flavour_for
+
+    return flavour_for(runtime).host_cpu_kernels
+
+
+def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
+    """What the user should know about the calibration data: random, too few samples, out of inputs.range."""
+    warnings: list[str] = []
     p = ctx.cfg.precision
     if calib.kind == "random":
-        ctx.warn("no calibration data: FP16 ranges measured on spec-random inputs; pass --calib for real ranges")
+        warnings.append("no calibration data: FP16 ranges measured on spec-random inputs; pass --calib for real ranges")
     elif calib.samples < p.calib_samples:
-        ctx.warn(
+        warnings.append(
             f"calibration used {calib.samples} samples, fewer than precision.calib_samples = {p.calib_samples} "
             f"({calib.location}); ranges may miss real inputs"
         )
@@ -101,13 +124,14 @@ def _warn_about_data(ctx: BuildContext, calib: Any) -> None:
         lo, hi = float(values.min()), float(values.max())
         slack = 0.05 * (spec.range[1] - spec.range[0])
         if lo < spec.range[0] - slack or hi > spec.range[1] + slack:
-            ctx.warn(
+            warnings.append(
                 f"calibration data for {spec.name!r} spans [{lo:.3g}, {hi:.3g}], outside inputs.range "
                 f"{list(spec.range)} that validation draws from; fix inputs.range or the preprocessing"
             )
+    return warnings
 
 
-def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
+def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
@@ -130,14 +154,14 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
 
     recipe, evidence = choose_recipe(p.int8_recipe, onnx.load(str(float_model)))
     if recipe == "transformer":
-        return _int8_transformer(ctx, float_model, batches, tmp, evidence)
+        return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings)
     flavour = flavour_for(target.runtime)
     calib, held = split_heldout(list(batches))
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
-        ctx.warn("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
+        warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
     float_model, equalized, bias_means = _equalize(
         p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs
@@ -206,7 +230,7 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
             "these tries reach",
         )
     if result.excluded:
-        ctx.warn(
+        warnings.append(
             f"INT8: {len(result.excluded)} node(s) kept in float for accuracy: "
             + ", ".join(list(result.excluded)[:6])
             + (" ..." if len(result.excluded) > 6 else "")
@@ -239,7 +263,14 @@ def _int8(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
 
 
 def _equalize(
-    setting: bool | str, float_model: Path, calib: Any, evals: Any, tmp: Path, flavour: Any, p: Any, classes: Any
+    setting: bool | str,
+    float_model: Path,
+    calib: Sequence[Feeds],
+    evals: Sequence[Feeds],
+    tmp: Path,
+    flavour: QdqFlavour,
+    p: PrecisionSection,
+    classes: Sequence[str],
 ) -> tuple[Path, dict[str, Any], Any]:
     """Cross-layer equalization + bias correction per ``precision.equalize``.
 
@@ -288,7 +319,12 @@ def _equalize(
 
 
 def _int8_transformer(
-    ctx: BuildContext, float_model: Path, batches: Any, tmp: Path, evidence: dict[str, int]
+    ctx: BuildContext,
+    float_model: Path,
+    batches: Sequence[Feeds],
+    tmp: Path,
+    evidence: dict[str, int],
+    warnings: list[str],
 ) -> dict[str, Any]:
     """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
     (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
@@ -312,7 +348,9 @@ def _int8_transformer(
     )  # fmt: skip
     last = result.tries[-1]
     if not plan["held_out"]["disjoint"]:
-        ctx.warn("INT8 judged on its own calibration data (one batch: nothing to hold out); add calibration samples")
+        warnings.append(
+            "INT8 judged on its own calibration data (one batch: nothing to hold out); add calibration samples"
+        )
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           for t in result.tries)  # fmt: skip
@@ -331,7 +369,7 @@ def _int8_transformer(
         ctx.log(f"  INT8: {len(plan['absurd_ranges'])} tensor(s) with absurd ranges (masks) kept float")
     sensitive = [n for n, why in result.kept_float.items() if why.startswith("INT8 sensitive")]
     if sensitive:
-        ctx.warn(f"INT8: {len(sensitive)} MatMul(s) kept in float for accuracy: " + ", ".join(sensitive[:6]))
+        warnings.append(f"INT8: {len(sensitive)} MatMul(s) kept in float for accuracy: " + ", ".join(sensitive[:6]))
     iters = max(cfg.validate.latency_iters, 3)
     lat = {
         "fp32": measure_latency(float_model, batches[0], warmup=2, iters=iters),
@@ -414,7 +452,7 @@ def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | Non
     return None
 
 
-def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
+def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
@@ -443,9 +481,9 @@ def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
                 outputs = typed_out  # reported below as non-finite
     for f in findings:
         if f["issue"] == "underflow":
-            ctx.warn(f"FP16 underflow in {f['tensor']} ({f['producer']}): {f['why']}")
+            warnings.append(f"FP16 underflow in {f['tensor']} ({f['producer']}): {f['why']}")
     if pins:
-        ctx.warn(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
+        warnings.append(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
     nonfinite = sorted({n for o in outputs for n, v in o.items() if v.dtype.kind == "f" and not np.isfinite(v).all()})
     if nonfinite:
         culprits = _first_nonfinite_layers(sim, batches[:1], tmp)
@@ -458,12 +496,14 @@ def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
         )
     check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
     if check["score"] < cfg.precision.accuracy_target:
-        ctx.warn(
+        warnings.append(
             f"FP16 host check: {check['metric']} {check['score']:.4f} < precision.accuracy_target "
             f"{cfg.precision.accuracy_target} (FP16 rounding simulated in ONNX Runtime; the device's kernels differ)"
         )
     if library_warnings:
-        ctx.warn(f"FP16: {len(library_warnings)} library warning(s) captured in precision.json (library_warnings)")
+        warnings.append(
+            f"FP16: {len(library_warnings)} library warning(s) captured in precision.json (library_warnings)"
+        )
     typed_outputs = single_float_output_nodes(proto, list(pins))
     return {
         "strategy": strategy,
@@ -477,7 +517,7 @@ def _fp16(ctx: BuildContext, batches: Any, tmp: Path) -> dict[str, Any]:
     }
 
 
-def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
+def _first_nonfinite_layers(sim: Path, batches: Sequence[Feeds], tmp: Path) -> list[str]:
     """Layers to pin when the simulated FP16 model gives NaN/Inf: the first layer (graph order) whose output
     is non-finite, if it runs in FP16, and the FP16 layers feeding it (an input flushed to 0 or rounded to Inf)."""
     import onnx
@@ -505,7 +545,7 @@ def _first_nonfinite_layers(sim: Path, batches: Any, tmp: Path) -> list[str]:
     return []
 
 
-def _check_node_names(names: Any, model: Any, key: str) -> None:
+def _check_node_names(names: Sequence[str], model: Any, key: str) -> None:
     known = {n.name for n in model.graph.node}
     unknown = [n for n in names if n not in known]
     if unknown:

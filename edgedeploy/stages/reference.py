@@ -7,7 +7,7 @@ files, so validation needs no torch once the goldens exist.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
 from edgedeploy.precision.data import HELDOUT_POINT
 from edgedeploy.stages.base import BuildContext, Stage, model_inputs
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 
 class GoldensFromTorch(Stage):
@@ -94,7 +97,7 @@ def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
     return [feeds]
 
 
-def _calibration_file(cfg: Any) -> Path | None:
+def _calibration_file(cfg: DeployConfig) -> Path | None:
     """The calibration data file (.npz / .npy / .txt) when there is one and no validate.data."""
     path = cfg.path(cfg.precision.calib)
     if cfg.validate.data or path is None or not path.is_file():
@@ -102,14 +105,14 @@ def _calibration_file(cfg: Any) -> Path | None:
     return path if path.suffix.lower() in (".npz", ".npy", ".txt") else None
 
 
-def _calibration_key(cfg: Any) -> str:
+def _calibration_key(cfg: DeployConfig) -> str:
     from edgedeploy.fileio.hashing import sha256_file
 
     path = _calibration_file(cfg)
     return sha256_file(path) if path is not None else ""
 
 
-def _calibration_samples(cfg: Any) -> list[dict[str, np.ndarray]]:
+def _calibration_samples(cfg: DeployConfig) -> list[dict[str, np.ndarray]]:
     """Real samples in the goldens when no validate.data is given: the calibration batches held out of
     calibration (the precision stage's split, never calibrated on), or the one batch when nothing is held out."""
     if _calibration_file(cfg) is None:

@@ -12,12 +12,13 @@ All failures are collected, then reported in one ParityError.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgedeploy import runtimes
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS, deploy_model_name
+from edgedeploy.artifacts import GOLDENS, ONNX_DATA, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.modelio.goldens import load_goldens
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
@@ -42,10 +43,13 @@ from edgedeploy.validate.runners import (
     tensorrt_available,
 )
 
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
+
 REFERENCE = "pytorch-eager"
 
 
-def repeated_row_batch(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
+def repeated_row_batch(cfg: DeployConfig, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
     """A batch at the largest size of the leading dynamic dim, every row a copy of row 0 of ``feeds``.
 
     None when the first input has no named leading (batch) dim or its max size is 1.
@@ -73,7 +77,9 @@ def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
     version = "2"
-    consumes = (GOLDENS, TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), *ENGINE_FILES)
+    consumes = (GOLDENS,)
+    # every artifact of the build is validated when present (capture and precision may not run)
+    optional = (TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), ONNX_DATA, *ENGINE_FILES)
 
     def applies(self, ctx: BuildContext) -> str | None:
         if not ctx.target.builds_here:
@@ -88,13 +94,15 @@ class ParityFromGoldens(Stage):
             "validate": c.to_dict()["validate"],
             "outputs": list(c.outputs),
             "tensorrt": tensorrt_available(),
+            "backends": list(runtimes.get(ctx.target.runtime).validation_backends),
         }
 
     def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         cfg = ctx.cfg
         goldens = load_goldens(ctx.path(GOLDENS))
         samples = [(point, s, pair) for point, by_sample in goldens.items() for s, pair in sorted(by_sample.items())]
-        backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256)
+        kinds = runtimes.get(ctx.target.runtime).validation_backends  # the ones that run this runtime's artifact
+        backends, skipped = discover_backends(ctx.staging, ctx.precision, ctx.sha256, kinds)
         point = "opt" if "opt" in goldens else next(iter(goldens))  # validate.samples = 0: time the user's data
         opt_feeds = goldens[point][0]["in"]
         candidates: list[dict[str, Any]] = []

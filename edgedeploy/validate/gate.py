@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
@@ -28,9 +29,13 @@ from edgedeploy.errors import (
 )
 from edgedeploy.fileio.integrity import verify_artifacts
 from edgedeploy.policy import GatePolicy
+from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml
 from edgedeploy.stagenames import GATE, VALIDATE
 from edgedeploy.validate.parity import NON_FINITE
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
@@ -144,31 +149,47 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     return report, path.parent
 
 
+def read_report(path: str | Path) -> tuple[ReportView, Path]:
+    """:func:`load_report` as the gate reads it: a typed view, every key it judges checked.
+
+    Raises:
+        InputError: no such file, not an edgedeploy report, or a key of the wrong type (named).
+    """
+    report, folder = load_report(path)
+    return ReportView.parse(report, str(Path(path) / REPORT if Path(path).is_dir() else path)), folder
+
+
 # ---- evaluation ---------------------------------------------------------------------------------------
 
 
 def evaluate(
-    report: dict[str, Any],
+    report: ReportView | Mapping[str, Any],
     policy: GatePolicy,
     *,
     folder: Path | None = None,
-    baseline: dict[str, Any] | None = None,
+    baseline: ReportView | Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Apply ``policy`` to ``report``; ``folder`` (with manifest.json) enables the integrity check.
 
     Without ``folder`` the integrity check is not evaluated (the build hook runs before the manifest exists).
+
+    Raises:
+        InputError: ``report`` or ``baseline`` given as a dict is no edgedeploy report, or has a key of the
+            wrong type.
     """
+    view = report if isinstance(report, ReportView) else ReportView.parse(report)
+    before = baseline if baseline is None or isinstance(baseline, ReportView) else ReportView.parse(baseline)
     checks: list[GateCheck] = []
     if folder is not None:
         checks.append(_integrity(folder))
-        checks.append(_binding(folder, report))
-    if report.get("status") != "passed":
-        err = report.get("error") or {}
-        code = PARITY if err.get("exit_code") == ParityError.exit_code else BUILD
-        checks.append(GateCheck("build", "build", False, err.get("message", "the build did not pass"), code))
-    checks += _parity(report, policy)
-    checks += _required(report, policy, integrity_checked=folder is not None)
-    checks += _latency(report, policy, baseline)
+        checks.append(_binding(folder, view))
+    if view.status != "passed":
+        err = view.error or BuildFailure()
+        code = PARITY if err.exit_code == ParityError.exit_code else BUILD
+        checks.append(GateCheck("build", "build", False, err.message or "the build did not pass", code))
+    checks += _parity(view, policy)
+    checks += _required(view, policy, integrity_checked=folder is not None)
+    checks += _latency(view, policy, before)
     return GateResult(checks)
 
 
@@ -180,14 +201,14 @@ def _integrity(folder: Path) -> GateCheck:
     return GateCheck("integrity", "integrity", True, f"{len(names)} artifacts match {MANIFEST}")
 
 
-def _binding(folder: Path, report: dict[str, Any]) -> GateCheck:
+def _binding(folder: Path, report: ReportView) -> GateCheck:
     """The report, the manifest and the model they name belong together (see fileio.signing)."""
     from edgedeploy.fileio.integrity import read_manifest
     from edgedeploy.fileio.outdir import confined
     from edgedeploy.fileio.signing import binding_problems
 
-    problems = binding_problems(report, read_manifest(folder) or {})
-    model = report.get("model") or {}
+    problems = binding_problems(dict(report.raw), read_manifest(folder) or {})
+    model = report.raw.get("model") or {}
     if not problems and str(model.get("artifact", "")).endswith("bundle.json"):
         # a device bundle: its bundle.json (bound above) must in turn match every file in the bundle
         from edgedeploy.device import complete_bundle as device
@@ -211,34 +232,31 @@ def _signature(folder: Path, public_key: str | Path) -> GateCheck:
     return GateCheck("signature", "integrity", True, f"every file of {folder} is as signed by {Path(public_key).name}")
 
 
-def _judged(report: dict[str, Any], policy: GatePolicy) -> list[dict[str, Any]]:
-    cands = (report.get("parity") or {}).get("candidates") or []
-    return [c for c in cands if not policy.backends or c.get("name") in policy.backends]
+def _judged(report: ReportView, policy: GatePolicy) -> list[Candidate]:
+    return [c for c in report.parity.candidates if not policy.backends or c.name in policy.backends]
 
 
-def _parity(report: dict[str, Any], policy: GatePolicy) -> list[GateCheck]:
+def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
     """One check per (backend, check kind, output): all its rows must pass the build's and the policy's rules."""
     checks = []
     for cand in _judged(report, policy):
-        name = cand.get("name", "?")
-        if cand.get("status") == "skipped":
+        if cand.status == "skipped":
             continue
-        if not cand.get("checks") and cand.get("status") == "failed":
-            checks.append(GateCheck(f"parity:{name}", "parity", False, str(cand.get("reason")), PARITY))
+        if not cand.checks and cand.status == "failed":
+            checks.append(GateCheck(f"parity:{cand.name}", "parity", False, str(cand.reason), PARITY))
             continue
         groups: dict[tuple[str, str], list[str]] = {}
         counts: dict[tuple[str, str], int] = {}
-        for row in cand.get("checks", []):
-            key = (row.get("check", "parity"), row.get("output", "?"))
+        for row in cand.checks:
+            key = (row.check, row.output)
             counts[key] = counts.get(key, 0) + 1
             problems = groups.setdefault(key, [])
-            where = f"{row.get('shape')}#{row.get('sample')}"
-            if not row.get("passed", False):
-                problems.append(f"{where}: {row.get('reason', 'failed')}")
+            if not row.passed:
+                problems.append(f"{row.where}: {row.reason}")
                 continue
-            problems += [f"{where}: {p}" for p in _policy_problems(row, cand.get("precision", "fp32"), policy)]
+            problems += [f"{row.where}: {p}" for p in _policy_problems(row, cand.precision, policy)]
         for (kind, output), problems in groups.items():
-            cid = f"{kind}:{name}:{output}"
+            cid = f"{kind}:{cand.name}:{output}"
             if problems:
                 msg = f"{len(problems)} of {counts[(kind, output)]} failing; first: {problems[0]}"
                 checks.append(GateCheck(cid, kind, False, msg, PARITY))
@@ -247,66 +265,64 @@ def _parity(report: dict[str, Any], policy: GatePolicy) -> list[GateCheck]:
     return checks
 
 
-def _policy_problems(row: dict[str, Any], precision: str, policy: GatePolicy) -> list[str]:
+def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy) -> list[str]:
     problems = []
-    nonfinite = int(row.get("nan", 0) or 0) + int(row.get("inf", 0) or 0)
+    nonfinite = row.nan + row.inf
     if nonfinite > policy.max_nonfinite:
         problems.append(f"{NON_FINITE}: {nonfinite} NaN/Inf values > {policy.max_nonfinite} allowed")
-    if row.get("check", "parity") != "parity":  # the minimums below are about agreement with PyTorch
+    if row.check != "parity":  # the minimums below are about agreement with PyTorch
         return problems
     min_cos = policy.min_cosine.get(precision)
-    if min_cos is not None and row.get("cosine") is not None and row["cosine"] < min_cos:
-        problems.append(f"cosine {row['cosine']:.6f} < gate minimum {min_cos} for {precision}")
+    if min_cos is not None and row.cosine is not None and row.cosine < min_cos:
+        problems.append(f"cosine {row.cosine:.6f} < gate minimum {min_cos} for {precision}")
     min_top1 = policy.min_top1_agreement.get(precision)
-    if min_top1 is not None and row.get("top1_agreement") is not None and row["top1_agreement"] < min_top1:
-        problems.append(f"top-1 agreement {row['top1_agreement']:.4f} < gate minimum {min_top1} for {precision}")
+    if min_top1 is not None and row.top1_agreement is not None and row.top1_agreement < min_top1:
+        problems.append(f"top-1 agreement {row.top1_agreement:.4f} < gate minimum {min_top1} for {precision}")
     return problems
 
 
-def _required(report: dict[str, Any], policy: GatePolicy, *, integrity_checked: bool) -> list[GateCheck]:
+def _required(report: ReportView, policy: GatePolicy, *, integrity_checked: bool) -> list[GateCheck]:
     checks = []
-    cands = _judged(report, policy)
-    ran = [c for c in cands if c.get("status") != "skipped"]
+    ran = [c for c in _judged(report, policy) if c.status != "skipped"]
     for kind in policy.required_checks:
         if kind == "integrity":
             continue  # evaluated by _integrity whenever a folder is given; the build hook runs before the manifest
         if kind == "latency":
-            ok = bool(((report.get("latency") or {}).get("backends")) or {})
-            why = (report.get("latency") or {}).get("reason", "no backend was timed")
+            ok = bool(report.latency.backends)
+            why = report.latency.reason or "no backend was timed"
             code = PERFORMANCE
         else:
-            ok = any(r.get("check", "parity") == kind for c in ran for r in c.get("checks", []))
-            why = (report.get("parity") or {}).get("reason") or f"no {kind} check ran"
+            ok = any(r.check == kind for c in ran for r in c.checks)
+            why = report.parity.reason or f"no {kind} check ran"
             code = PARITY
         if not ok:
             checks.append(GateCheck(f"required:{kind}", "required", False, f"required check skipped: {why}", code))
-    by_name = {c.get("name"): c for c in (report.get("parity") or {}).get("candidates") or []}
     for name in policy.required_backends:
-        cand = by_name.get(name)
-        if cand is None or cand.get("status") == "skipped":
-            why = cand.get("reason", "skipped") if cand else "not in the report"
+        cand = report.parity.candidate(name)
+        if cand is None or cand.status == "skipped":
+            why = (cand.reason if cand.reason is not None else "skipped") if cand else "not in the report"
             checks.append(GateCheck(f"required:{name}", "required", False, f"required backend {name}: {why}", PARITY))
-        elif cand.get("status") != "passed":
+        elif cand.status != "passed":
             checks.append(GateCheck(f"required:{name}", "required", False, f"required backend {name} failed", PARITY))
     return checks
 
 
-def _latency(report: dict[str, Any], policy: GatePolicy, baseline: dict[str, Any] | None) -> list[GateCheck]:
+def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None) -> list[GateCheck]:
     key = f"{policy.latency_metric}_ms"
-    now = (report.get("latency") or {}).get("backends") or {}
+    now = report.latency.backends
     checks = []
     if policy.max_latency_ms is not None:
-        deployed = [c.get("name") for c in _judged(report, policy) if c.get("deploy")]
-        for name in deployed:
+        for name in [c.name for c in _judged(report, policy) if c.deploy]:
             if name in now:
-                value = float(now[name][key])
+                value = _timing(now[name].value(key), name, key)
                 ok = value <= policy.max_latency_ms
                 msg = f"{policy.latency_metric} {value:.3f} ms {'<=' if ok else '>'} budget {policy.max_latency_ms} ms"
                 checks.append(GateCheck(f"latency:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     if baseline is not None:
-        before = (baseline.get("latency") or {}).get("backends") or {}
+        before = baseline.latency.backends
         for name in sorted(set(now) & set(before)):
-            old, new = float(before[name][key]), float(now[name][key])
+            old = _timing(before[name].value(key), name, key)
+            new = _timing(now[name].value(key), name, key)
             change = (new - old) / old * 100.0 if old > 0 else 0.0
             ok = change <= policy.max_latency_regression_pct
             msg = (
@@ -315,6 +331,12 @@ def _latency(report: dict[str, Any], policy: GatePolicy, baseline: dict[str, Any
             )
             checks.append(GateCheck(f"regression:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     return checks
+
+
+def _timing(value: float | None, name: str, key: str) -> float:
+    if value is None:
+        raise InputError(f"report: latency.backends.{name} has no {key}", hint="pass a report.json of a timed build")
+    return value
 
 
 # ---- entry points -------------------------------------------------------------------------------------
@@ -340,43 +362,31 @@ def run_gate(
     if verify_key is not None:
         path = Path(report_path)
         signature = _signature(path if path.is_dir() else path.parent, verify_key)
-    report, folder = load_report(report_path)
+    report, folder = read_report(report_path)
     policy = load_policy(policy_path) if policy_path else GatePolicy()
     base = baseline_path or policy.baseline
     baseline = load_baseline(base, policy) if base else None
     # a failed build publishes no manifest: judge the failure itself, not the missing files
-    checked = folder if report.get("status") == "passed" else None
+    checked = folder if report.status == "passed" else None
     result = evaluate(report, policy, folder=checked, baseline=baseline)
     return GateResult([signature, *result.checks]) if signature else result
 
 
-def load_baseline(path: str | Path, policy: GatePolicy) -> dict[str, Any]:
+def load_baseline(path: str | Path, policy: GatePolicy) -> ReportView:
     """The baseline report, refused when a latency it holds is no measurement (0, negative, NaN, inf).
 
     A zero or NaN baseline would make every regression look like +0%, silently disabling the check.
 
     Raises:
-        InputError: unreadable, or a backend's latency is not a positive finite number (named).
+        InputError: unreadable, a key of the wrong type, or a backend's latency is not a positive finite
+            number (named).
     """
-    import math
-
-    baseline = load_report(path)[0]
-    key = f"{policy.latency_metric}_ms"
-    bad = []
-    for name, row in ((baseline.get("latency") or {}).get("backends") or {}).items():
-        value = row.get(key) if isinstance(row, dict) else None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-        if not ok:
-            bad.append(f"{name} {key} = {value!r}")
-    if bad:
-        raise InputError(
-            f"baseline {path}: " + "; ".join(bad) + " is not a latency measurement",
-            hint="pass the report.json of a build whose latency was measured, or drop --baseline",
-        )
+    baseline = read_report(path)[0]
+    baseline.refuse_unmeasured_latency(f"{policy.latency_metric}_ms", str(path))
     return baseline
 
 
-def policy_for_build(cfg: Any) -> GatePolicy | None:
+def policy_for_build(cfg: DeployConfig) -> GatePolicy | None:
     """The build's gate policy: ``--policy`` / ``build.gate_policy`` file, else deploy.toml's ``[gate]``, else None.
 
     Raises:
@@ -390,14 +400,19 @@ def policy_for_build(cfg: Any) -> GatePolicy | None:
     return _resolve_baseline(cfg.gate, Path(cfg.base_dir))
 
 
-def judged_view(metrics: dict[str, Any]) -> dict[str, Any]:
+def judged_view(metrics: Mapping[str, Any]) -> ReportView:
     """The parts of a passing build's report the gate judges, from the stages' metrics so far
-    (the same ``parity`` / ``latency`` entries report.json gets)."""
+    (the same ``parity`` / ``latency`` entries report.json gets).
+
+    Raises:
+        InputError: the validate stage's metrics do not read as a report (a bug in that stage).
+    """
     validate = metrics.get(VALIDATE) or {}
     not_run = {"status": "skipped", "reason": "validate stage did not run"}
-    return {
+    view = {
         "schema": "edgedeploy-report/1",
         "status": "passed",
         "parity": validate.get("parity", not_run),
         "latency": validate.get("latency", not_run),
     }
+    return ReportView.parse(view, "the build's report")

@@ -12,20 +12,27 @@ import io
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgedeploy.artifacts import PRECISION_MODELS
-from edgedeploy.errors import ArtifactIntegrityError
+from edgedeploy.errors import ArtifactIntegrityError, ConfigError
 from edgedeploy.fileio.hashing import sha256_bytes
+
+if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
 
 TORCHSCRIPT = "model.ts"
 ONNX_MODELS = PRECISION_MODELS
 ENGINE_FILES = ("model.engine", "model.plan")
+# validation backend kinds, in the order a build's artifacts are judged; a runtime names the ones that run
+# its artifact (``edgedeploy.runtimes``: ``validation_backends``)
+VALIDATION_KINDS = ("torchscript", "onnxruntime", "tensorrt")
+ONNX_KINDS = frozenset({"onnxruntime"})  # kinds that run the ONNX model itself (divergence localization applies)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class Backend:
 
     @property
     def onnx(self) -> bool:
-        return self.kind == "onnxruntime"
+        return self.kind in ONNX_KINDS
 
 
 @dataclass(frozen=True)
@@ -58,28 +65,42 @@ class SkippedBackend:
     reason: str
 
 
-def discover_backends(folder: Path, build_precision: str, sha256: Any) -> tuple[list[Backend], list[SkippedBackend]]:
+def discover_backends(
+    folder: Path, build_precision: str, sha256: Callable[[str], str], kinds: Sequence[str] = VALIDATION_KINDS
+) -> tuple[list[Backend], list[SkippedBackend]]:
     """Every artifact in ``folder`` that can be validated, and the ones that cannot (with why).
 
     Args:
         folder: the build's staging or output folder.
         build_precision: the build's precision (the TensorRT engine is judged at it).
         sha256: callable(name) -> sha256 of an artifact in ``folder``.
+        kinds: the validation backends of the target's runtime (``RuntimeBackend.validation_backends``);
+            artifacts of other kinds are not judged.
+
+    Raises:
+        ConfigError: a kind no validation backend here implements.
     """
+    unknown = [k for k in kinds if k not in VALIDATION_KINDS]
+    if unknown:
+        raise ConfigError(
+            f"unknown validation backend(s) {', '.join(unknown)}",
+            hint=f"a runtime's validation_backends are some of {', '.join(VALIDATION_KINDS)}",
+        )
     found: list[Backend] = []
     skipped: list[SkippedBackend] = []
-    if (folder / TORCHSCRIPT).is_file():
+    if "torchscript" in kinds and (folder / TORCHSCRIPT).is_file():
         found.append(Backend("torchscript", "torchscript", "fp32", TORCHSCRIPT, sha256(TORCHSCRIPT)))
     for precision, name in ONNX_MODELS.items():
-        if (folder / name).is_file():
+        if "onnxruntime" in kinds and (folder / name).is_file():
             found.append(Backend(f"onnxruntime-{precision}", "onnxruntime", precision, name))
-    engine = next((e for e in ENGINE_FILES if (folder / e).is_file()), None)
-    if not tensorrt_available():
-        skipped.append(SkippedBackend("tensorrt", "no TensorRT"))
-    elif engine is None:
-        skipped.append(SkippedBackend("tensorrt", "no TensorRT engine in this build"))
-    else:
-        found.append(Backend(f"tensorrt-{build_precision}", "tensorrt", build_precision, engine))
+    if "tensorrt" in kinds:
+        engine = next((e for e in ENGINE_FILES if (folder / e).is_file()), None)
+        if not tensorrt_available():
+            skipped.append(SkippedBackend("tensorrt", "no TensorRT"))
+        elif engine is None:
+            skipped.append(SkippedBackend("tensorrt", "no TensorRT engine in this build"))
+        else:
+            found.append(Backend(f"tensorrt-{build_precision}", "tensorrt", build_precision, engine))
     return found, skipped
 
 
@@ -90,7 +111,7 @@ def tensorrt_available() -> bool:
     return tensorrt_version() is not None
 
 
-def _input_metadata(cfg: Any) -> Any:
+def _input_metadata(cfg: DeployConfig) -> Any:
     from polygraphy.common import TensorMetadata
 
     meta = TensorMetadata()
@@ -126,19 +147,33 @@ def _base_runner() -> type:
     return BaseRunner
 
 
-def make_runner(backend: Backend, folder: Path, cfg: Any) -> Any:
-    """A polygraphy runner for ``backend`` (not yet activated)."""
-    path = folder / backend.artifact
-    if backend.kind == "onnxruntime":
-        from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+def _onnxrt_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
-        return OnnxrtRunner(SessionFromOnnx(str(path), providers=["cpu"]), name=backend.name)
-    if backend.kind == "torchscript":
-        return _torchscript_runner_class()(path, backend.sha256, cfg, name=backend.name)
+    return OnnxrtRunner(SessionFromOnnx(str(path), providers=["cpu"]), name=backend.name)
+
+
+def _torchscript_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
+    return _torchscript_runner_class()(path, backend.sha256, cfg, name=backend.name)
+
+
+def _trt_runner(backend: Backend, path: Path, cfg: DeployConfig) -> Any:
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=backend.name)
+
+
+_RUNNERS: dict[str, Callable[[Backend, Path, DeployConfig], Any]] = {
+    "onnxruntime": _onnxrt_runner,
+    "torchscript": _torchscript_runner,
+    "tensorrt": _trt_runner,
+}
+
+
+def make_runner(backend: Backend, folder: Path, cfg: DeployConfig) -> Any:
+    """A polygraphy runner for ``backend`` (not yet activated)."""
+    return _RUNNERS[backend.kind](backend, folder / backend.artifact, cfg)
 
 
 def _torchscript_runner_class() -> type:
@@ -147,7 +182,7 @@ def _torchscript_runner_class() -> type:
     class TorchScriptRunner(base):  # type: ignore[misc,valid-type]
         """Runs a TorchScript module on numpy feeds; outputs named after the config's ``outputs``."""
 
-        def __init__(self, path: Path, sha256: str, cfg: Any, name: str | None = None) -> None:
+        def __init__(self, path: Path, sha256: str, cfg: DeployConfig, name: str | None = None) -> None:
             super().__init__(name=name, prefix="torchscript-runner")
             self._path, self._sha256, self._cfg = path, sha256, cfg
 

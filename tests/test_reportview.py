@@ -1,0 +1,94 @@
+"""The host's typed view of report.json: the gate and the results table read it, naming any key of the wrong type."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgedeploy.cli import main
+from edgedeploy.errors import InputError
+from edgedeploy.pipeline.report import results_table
+from edgedeploy.reportview import ReportView
+
+
+def _report(**over: Any) -> dict[str, Any]:
+    row = {"check": "parity", "output": "logits", "shape": "opt", "sample": 0, "passed": True, "max_abs": 1e-6}
+    report: dict[str, Any] = {
+        "schema": "edgedeploy-report/1",
+        "status": "passed",
+        "target": "cpu",
+        "parity": {
+            "status": "passed",
+            "candidates": [
+                {"name": "onnxruntime-fp32", "status": "passed", "precision": "fp32", "deploy": True, "checks": [row]},
+                {"name": "tensorrt", "status": "skipped", "reason": "no TensorRT", "checks": []},
+            ],
+        },
+        "latency": {"status": "measured", "backends": {"onnxruntime-fp32": {"p50_ms": 0.5, "throughput": 4000}}},
+        "warnings": ["w"],
+    }
+    report.update(over)
+    return report
+
+
+def test_a_report_reads_as_typed_fields() -> None:
+    view = ReportView.parse(_report())
+    ort, trt = view.parity.candidates
+    assert (ort.name, ort.deploy, ort.checks[0].max_abs, ort.checks[0].where) == (
+        "onnxruntime-fp32",
+        True,
+        1e-6,
+        "opt#0",
+    )
+    assert trt.status == "skipped" and trt.reason == "no TensorRT" and view.parity.candidate("tensorrt") == trt
+    assert view.latency.backends["onnxruntime-fp32"].value("p50_ms") == 0.5 and view.warnings == ("w",)
+    assert view.error is None and view.raw["target"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"parity": {"candidates": [{"checks": "none"}]}}, "parity.candidates[0].checks must be a list, got 'none'"),
+        (
+            {"parity": {"candidates": [{"checks": [{"cosine": "high"}]}]}},
+            "parity.candidates[0].checks[0].cosine must be a number, got 'high'",
+        ),
+        ({"latency": {"backends": {"ort": {"p50_ms": True}}}}, "latency.backends.ort.p50_ms must be a number"),
+        ({"schema": "other/1"}, "not an edgedeploy report"),
+    ],
+)
+def test_a_key_of_the_wrong_type_is_an_input_error_naming_it(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ReportView.parse(_report(**change), "out/report.json")
+
+
+def test_deploy_gate_on_a_damaged_report_exits_3_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(_report(status="failed", parity={"candidates": [{"name": "x", "checks": "none"}]})))
+    assert main(["gate", str(path)]) == InputError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: parity.candidates[0].checks must be a list" in err[0]
+
+
+def test_a_baseline_whose_latency_is_no_measurement_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, old = tmp_path / "report.json", tmp_path / "old.json"
+    good.write_text(json.dumps(_report()))
+    old.write_text(json.dumps(_report(latency={"backends": {"onnxruntime-fp32": {"p50_ms": 0}}})))
+    assert main(["gate", str(good), "--baseline", str(old)]) == InputError.exit_code
+    assert re.search(r"onnxruntime-fp32 p50_ms = 0(\.0)? is not a latency measurement", capsys.readouterr().err)
+
+
+def test_the_results_table_reads_the_view() -> None:
+    table = results_table(_report())
+    assert "onnxruntime-fp32 opt    logits" in table and "tensorrt         skipped: no TensorRT" in table
+    assert "latency onnxruntime-fp32: p50 0.500 ms, p90 - ms" in table
+    with pytest.raises(InputError, match="parity.candidates"):
+        results_table(_report(parity={"candidates": "x"}))

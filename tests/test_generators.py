@@ -45,5 +45,6 @@ def test_constant_reference_and_candidate_is_vacuous_not_ok() -> None:
     real = np.random.default_rng(3).normal(size=(2, 8)).astype(np.float32)
     assert not compare_output(real, real.copy(), atol=1e-4)["vacuous"]
     from edgedeploy.pipeline.report import _verdict
+    from edgedeploy.reportview import CheckRow, _Reader
 
-    assert _verdict(row) == "vacuous"
+    assert _verdict(CheckRow._read(_Reader(row, "row", "test"))) == "vacuous"

@@ -1,0 +1,184 @@
+"""Empirical bias correction of a quantized CNN, layer by layer on the quantized model's own activations.
+
+Quantizing a conv's weights shifts the mean of its output by ``(W_q - W) E[x]``; :func:`equalize.correct_bias`
+removes that shift with the float model's input means (Nagel et al. 2019). What it cannot see is the shift the
+*activation* quantization before the conv adds: rounding and clipping of ReLU6 outputs, accumulated over a deep
+chain of layers, move every later conv's output mean too. Here every conv's output mean is measured in the
+quantized model itself, in graph order, and matched to the float model's: conv ``i`` is corrected after convs
+``0 .. i-1`` are, so each correction sees the upstream ones (correcting all at once from one measurement
+over-corrects and diverges: every downstream mean also carries the upstream shifts).
+
+The measurement model has an ``Add`` after every conv whose addend is a graph input, so one ONNX Runtime
+session serves every step; the final shifts are folded into the biases (int32 codes behind a
+DequantizeLinear for ONNX Runtime's U8S8 flavour, float biases for TensorRT's). Measured on EfficientNet-Lite0
+(every layer INT8, 270 held-out photo crops): top-1 agreement with FP32 84.8 % with the float-mean correction,
+89.6 % with this one (docs/precision.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edgedeploy.onnxtools.ort import ort_session
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto
+
+SHIFT_SUFFIX = "__bias_shift"  # graph input added after each conv in the measurement model
+SAMPLES = 24  # calibration samples the means are taken over (each conv costs one pass over them)
+
+
+def _corrected_convs(model: ModelProto) -> list[NodeProto]:
+    """Convs with a bias, in graph (topological) order."""
+    return [n for n in model.graph.node if n.op_type == "Conv" and n.name and len(n.input) > 2 and n.input[2]]
+
+
+def _channel_means(values: np.ndarray) -> np.ndarray:
+    return values.reshape(values.shape[0], values.shape[1], -1).mean(axis=(0, 2)).astype(np.float64)
+
+
+def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence[dict[str, np.ndarray]]):
+    """Conv node name -> per-channel mean of its output in the float model over ``batches``."""
+    import onnx
+
+    model = onnx.load(str(float_path))
+    outputs = {n.name: n.output[0] for n in model.graph.node if n.name in set(names)}
+    have = {o.name for o in model.graph.output}
+    for tensor in outputs.values():
+        if tensor not in have:
+            model.graph.output.append(onnx.ValueInfoProto(name=tensor))
+    sess = _session(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
+    fetch = list(outputs.values())
+    sums: dict[str, np.ndarray] = {}
+    for feeds in batches:
+        for node, value in zip(outputs, sess.run(fetch, feeds)):
+            sums[node] = sums.get(node, 0) + _channel_means(value)
+    return {node: total / len(batches) for node, total in sums.items()}
+
+
+def output_mean_shifts(
+    qdq_path: Path, float_path: Path, batches: Sequence[dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Conv node name -> per-channel value to add to its bias so that, conv by conv in graph order, the
+    quantized model's output means match the float model's on ``batches`` (at most :data:`SAMPLES` samples).
+
+    Convs missing from the float model (renamed by the quantizer) are skipped.
+    """
+    import onnx
+
+    batches = list(batches)[:SAMPLES]
+    model = onnx.load(str(qdq_path))
+    convs = _corrected_convs(model)
+    reference = float_output_means(float_path, [c.name for c in convs], batches)
+    convs = [c for c in convs if c.name in reference]
+    if not convs or not batches:
+        return {}
+    graph = model.graph
+    measured: dict[str, str] = {}
+    for conv in convs:
+        raw, shifted, shift = conv.output[0], f"{conv.output[0]}{SHIFT_SUFFIX}_out", f"{conv.name}{SHIFT_SUFFIX}"
+        for node in graph.node:  # readers of the conv's output read the shifted tensor
+            for i, name in enumerate(node.input):
+                if name == raw:
+                    node.input[i] = shifted
+        for out in graph.output:
+            if out.name == raw:
+                out.name = shifted
+        graph.node.append(onnx.helper.make_node("Add", [raw, shift], [shifted], name=f"{conv.name}{SHIFT_SUFFIX}_add"))
+        graph.input.append(onnx.helper.make_tensor_value_info(shift, onnx.TensorProto.FLOAT, None))
+        graph.output.append(onnx.ValueInfoProto(name=shifted))
+        measured[conv.name] = shifted
+    _topological_sort(graph)
+    sess = _session(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    channels = {c.name: len(reference[c.name]) for c in convs}
+    shifts = {c.name: np.zeros(channels[c.name], np.float64) for c in convs}
+
+    def feeds_for(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        extra = {f"{n}{SHIFT_SUFFIX}": s.astype(np.float32).reshape(1, -1, 1, 1) for n, s in shifts.items()}
+        return {**batch, **extra}
+
+    for conv in convs:
+        mean = sum(_channel_means(sess.run([measured[conv.name]], feeds_for(b))[0]) for b in batches) / len(batches)
+        shifts[conv.name] = shifts[conv.name] + (reference[conv.name] - mean)
+    return shifts
+
+
+def _session(model: ModelProto, scratch: Path):
+    """A session for ``model`` (graph outputs keep their names), saved to ``scratch`` and removed again."""
+    import onnx
+
+    onnx.save(model, str(scratch))
+    try:
+        return ort_session(scratch, stage="precision")
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def _topological_sort(graph) -> None:
+    """Reorder ``graph.node`` so every node comes after the producers of its inputs (appended Adds)."""
+    produced = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(name in produced for name in node.input):
+                ordered.append(node)
+                produced.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle or a dangling input: keep the rest in their order
+            ordered.extend(rest)
+            break
+        pending = rest
+    copies = [type(n)() for n in ordered]
+    for copy, node in zip(copies, ordered):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def apply_bias_shifts(qdq_path: Path, shifts: dict[str, np.ndarray]) -> int:
+    """Add ``shifts`` (conv name -> per-channel value) to the convs' biases in the model at ``qdq_path``.
+
+    int32 biases behind a DequantizeLinear are re-rounded in their scale; float biases are edited directly.
+    Returns the convs changed (the file is rewritten only when there are any).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    if not shifts:
+        return 0
+    model = onnx.load(str(qdq_path))
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    changed = 0
+    for conv in _corrected_convs(model):
+        shift = shifts.get(conv.name)
+        if shift is None:
+            continue
+        bias = conv.input[2]
+        dq = producers.get(bias)
+        if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits and dq.input[1] in inits:
+            codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.float64)
+            scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+            if codes.shape != shift.shape:
+                continue
+            info = np.iinfo(np.int32)
+            new = np.clip(np.round(codes + shift / scale), info.min, info.max).astype(np.int32)
+            inits[dq.input[0]].CopyFrom(numpy_helper.from_array(new, dq.input[0]))
+        elif bias in inits:
+            value = numpy_helper.to_array(inits[bias]).astype(np.float64)
+            if value.shape != shift.shape:
+                continue
+            inits[bias].CopyFrom(numpy_helper.from_array((value + shift).astype(np.float32), bias))
+        else:
+            continue
+        changed += 1
+    if changed:
+        onnx.save(model, str(qdq_path))
+    return changed

@@ -111,6 +111,12 @@ class PrecisionSection:
     equalize: bool | Literal["auto"] = field(
         default="auto", metadata=_flag("--equalize", "INT8 cross-layer equalization + bias correction: auto/true/false")
     )
+    # how equalize's bias correction measures the shift (precision/bias_correction.py): "outputs" matches each
+    # quantized conv's output mean to the float model's, layer by layer; "weights" removes (W_q - W) E[x] only
+    bias_correction: Literal["outputs", "weights"] = field(
+        default="outputs",
+        metadata=_flag("--bias-correction", "INT8 bias correction: outputs or weights"),
+    )
     accuracy_target: float = 0.99
     max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()

@@ -143,7 +143,8 @@ def _topological_sort(graph) -> None:
 
 
 def apply_bias_shifts(qdq_path: Path, shifts: dict[str, np.ndarray]) -> int:
-    """Add ``shifts`` (conv name -> per-channel value) to the convs' biases in the model at ``qdq_path``.
+    """Add ``shifts`` (conv name -> per-channel value) to the biases of the quantized convs (weights behind a
+    DequantizeLinear) in the model at ``qdq_path``.
 
     int32 biases behind a DequantizeLinear are re-rounded in their scale; float biases are edited directly.
     Returns the convs changed (the file is rewritten only when there are any).
@@ -159,8 +160,9 @@ def apply_bias_shifts(qdq_path: Path, shifts: dict[str, np.ndarray]) -> int:
     changed = 0
     for conv in _corrected_convs(model):
         shift = shifts.get(conv.name)
-        if shift is None:
-            continue
+        weights = producers.get(conv.input[1])
+        if shift is None or weights is None or weights.op_type != "DequantizeLinear":
+            continue  # a conv the fallback kept in float: its float weights need no correction
         bias = conv.input[2]
         dq = producers.get(bias)
         if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in inits and dq.input[1] in inits:

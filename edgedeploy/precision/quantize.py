@@ -145,6 +145,10 @@ class Quantizer:
     reduce_range: bool | None = None  # None: the flavour's default
     # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)
     bias_means: dict[str, np.ndarray] | None = None
+    # layer-by-layer output-mean correction (precision/bias_correction.py): measured on the first full
+    # quantization (the naive model) and reused by every later one, so a fallback try costs no re-measurement
+    output_bias_correction: bool = False
+    output_shifts: dict[str, np.ndarray] | None = None
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +216,12 @@ class Quantizer:
 
         if self.bias_means:
             correct_bias(out, self.float_model, self.bias_means)
+        if self.output_bias_correction and only is None:
+            from edgedeploy.precision.bias_correction import apply_bias_shifts, output_mean_shifts
+
+            if self.output_shifts is None:
+                self.output_shifts = output_mean_shifts(out, self.float_model, batches)
+            apply_bias_shifts(out, self.output_shifts)
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
         return out

@@ -25,9 +25,7 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_res
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from edgedeploy.config import PrecisionSection
     from edgedeploy.precision.data import CalibrationSet
-    from edgedeploy.precision.quantize import QdqFlavour
 
     Feeds = dict[str, np.ndarray]  # one batch: input name -> array
 
@@ -163,7 +161,9 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
-    float_model, equalized, bias_means = _equalize(
+    from edgedeploy.precision.equalize_choice import choose_equalization
+
+    float_model, equalized, bias = choose_equalization(
         p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs
     )
     choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
@@ -173,13 +173,15 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         reference = analysis.run_model(float_model, evals or calib)
         for choice in choices:
             q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-            q.reduce_range, q.bias_means = choice, bias_means
+            q.reduce_range = choice
+            bias.configure(q, fresh=True)
             m = q.quantize(tmp / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
             score = analysis.accuracy(reference, analysis.run_model(m, evals or calib), cfg.validate.classifier_outputs)
             rr_scores["7-bit" if choice else "8-bit"] = score["score"]
         reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-    q.reduce_range, q.bias_means = reduce_range, bias_means
+    q.reduce_range = reduce_range
+    bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
@@ -260,62 +262,6 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
-
-
-def _equalize(
-    setting: bool | str,
-    float_model: Path,
-    calib: Sequence[Feeds],
-    evals: Sequence[Feeds],
-    tmp: Path,
-    flavour: QdqFlavour,
-    p: PrecisionSection,
-    classes: Sequence[str],
-) -> tuple[Path, dict[str, Any], Any]:
-    """Cross-layer equalization + bias correction per ``precision.equalize``.
-
-    ``auto``: only for graphs with depthwise convs, and measured: the all-INT8 model plain, with bias
-    correction only, and with CLE + bias correction is scored on the held-out data and the best kept (on
-    EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see docs/precision.md).
-    Returns the model to quantize, the note for precision.json and the
-    bias-correction means (or None).
-    """
-    import onnx
-
-    from edgedeploy.precision import analysis
-    from edgedeploy.precision import equalize as eq
-    from edgedeploy.precision.quantize import Quantizer
-
-    if setting == "auto":
-        on = eq.has_depthwise_conv(onnx.load(str(float_model), load_external_data=False))
-        why = "auto: depthwise convs found, measured" if on else "auto: no depthwise convs"
-    else:
-        on, why = bool(setting), f"precision.equalize = {str(setting).lower()}"
-    if not on:
-        return float_model, {"applied": False, "why": why}, None
-    out = tmp / "float.equalized.onnx"
-    report = eq.equalize(float_model, out)
-    means = eq.conv_input_means(out, calib)
-    note: dict[str, Any] = {"applied": True, "why": why, **report.as_dict(), "bias_correction": {"applied": True}}
-    if setting == "auto":  # measured, not assumed: the naive all-INT8 model each way on the held-out data
-        reference = analysis.run_model(float_model, evals)
-        plain_means = eq.conv_input_means(float_model, calib)
-        ways = {"plain": (float_model, None), "bias_corrected": (float_model, plain_means), "equalized": (out, means)}
-        scores = {}
-        for name, (model, bias) in ways.items():
-            (tmp / f"eq_{name}").mkdir(exist_ok=True)
-            q = Quantizer(model, tmp / f"eq_{name}", flavour, method=p.calib_method, per_channel=p.per_channel)
-            q.bias_means = bias
-            m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
-            scores[name] = analysis.accuracy(reference, analysis.run_model(m, evals), classes)["score"]
-        note["measured"] = scores
-        best = max(scores, key=lambda k: (scores[k], k == "plain"))  # ties: the unmodified model
-        note["chosen"] = best
-        if best != "equalized":
-            note["applied"] = False  # CLE
-            note["bias_correction"]["applied"] = best == "bias_corrected"
-            return float_model, note, ways[best][1]
-    return out, note, means
 
 
 def _int8_transformer(

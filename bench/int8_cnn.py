@@ -222,11 +222,12 @@ def ort_defaults(float_model: Path, calib: np.ndarray, out: Path) -> Path:
     return out
 
 
-def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False, bias_correction: bool = False):
+def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False, bias_correction: str = ""):
     """edgedeploy's quantizer with the cpu defaults (8-bit per-channel weights on VNNI, min/max ranges from our
     histograms), every layer quantized: what the precision stage's first try builds, before any fallback.
-    ``cle``: cross-layer equalization first; ``bias_correction``: then the quantized convs' biases corrected
-    (edgedeploy.precision.equalize)."""
+    ``cle``: cross-layer equalization first; ``bias_correction``: then the quantized convs' biases corrected,
+    ``"weights"`` from the float input means (edgedeploy.precision.equalize) or ``"outputs"`` layer by layer on
+    the quantized model's own output means (edgedeploy.precision.bias_correction, the stage's default)."""
     from edgedeploy.precision import equalize
     from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
@@ -237,8 +238,9 @@ def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False
         equalize.equalize(pre, work / "float.cle.onnx")
         pre = work / "float.cle.onnx"
     q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False)
-    if bias_correction:
+    if bias_correction == "weights":
         q.bias_means = equalize.conv_input_means(pre, batches)
+    q.output_bias_correction = bias_correction == "outputs"
     return q.quantize(work / "all.int8.onnx", batches)
 
 
@@ -334,10 +336,13 @@ def main() -> int:
         x_calib = to_input(calib_crops)
         models["int8_edgedeploy_all_layers_cle"] = session(all_int8(fp32_path, x_calib, work / "cle", cle=True))
         models["int8_edgedeploy_all_layers_cle_bias_corrected"] = session(
-            all_int8(fp32_path, x_calib, work / "cle_bc", cle=True, bias_correction=True)
+            all_int8(fp32_path, x_calib, work / "cle_bc", cle=True, bias_correction="outputs")
         )
-        models["int8_edgedeploy_all_layers_bias_corrected"] = session(
-            all_int8(fp32_path, x_calib, work / "bc", bias_correction=True)
+        models["int8_edgedeploy_all_layers_bias_corrected_weights"] = session(
+            all_int8(fp32_path, x_calib, work / "bc", bias_correction="weights")
+        )
+        models["int8_edgedeploy_all_layers_bias_corrected_outputs"] = session(
+            all_int8(fp32_path, x_calib, work / "obc", bias_correction="outputs")
         )
         if not args.quick:
             models["int8_ort_defaults"] = session(ort_defaults(fp32_path, x_calib, work / "ort_default.onnx"))

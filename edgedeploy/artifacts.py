@@ -10,6 +10,7 @@ CHECKPOINT = "checkpoint"  # external input: the weights file (not in staging)
 CALIBRATION = "calibration"  # external input: the calibration set
 VALIDATION_DATA = "validation_data"  # external input: validate.data
 MODEL_CODE = "model_code"  # external input: the user's model source files
+CALIB_CODE = "calib_code"  # external input: the source files of precision.calib_callable and what it imports
 
 GOLDENS = "goldens.npz"
 TORCHSCRIPT = "model.ts"

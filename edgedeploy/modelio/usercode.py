@@ -3,11 +3,20 @@
 A module that lives in ``model.python_path`` is loaded by file location under a name unique to
 that file (``edgedeploy_user_<hash>_<name>``), so two projects that both have a ``tinynet.py`` get
 two modules in one process. ``sys.path`` holds the project roots only while the module executes
-(so its own ``import helper`` works) and is restored afterwards. Every module that the load
-imported from outside the standard library, site-packages and edgedeploy itself is recorded: those
-files are the user's code, hashed into the cache key and listed in the manifest. Modules this
-loader imported are dropped from ``sys.modules`` when the next build starts (:func:`forget`), so an
-edited helper is imported afresh.
+(so its own ``import helper`` works) and is restored afterwards.
+
+While it executes, the project's modules (files under the roots) that are already in ``sys.modules``
+are set aside, so it imports them afresh from disk: what a new process would do, and what the hashed
+files describe. Afterwards the modules the user's own process had imported (a notebook that ran
+``import tinynet`` before ``edgedeploy.build()``) are put back: the user's session keeps the very
+module objects it holds, and the build uses the code on disk. Modules this loader imported itself stay
+in ``sys.modules`` until the next build starts (:func:`forget`); the user's are never dropped.
+
+Every user module the loaded module depends on is recorded (:mod:`edgedeploy.modelio.userfiles`): the
+ones the load imported and the ones it found already imported. Those files are the user's code,
+hashed into the cache key and listed in the manifest. User modules outside ``model.python_path``
+that were already imported are used as the process has them (they are hashed and listed, not
+re-imported: put their folder in ``model.python_path`` to have each build read them from disk).
 """
 
 from __future__ import annotations
@@ -16,10 +25,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import os
-import site
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -27,9 +33,12 @@ from typing import Any
 
 from edgedeploy.config import DeployConfig, module_file_in_roots
 from edgedeploy.errors import ConfigError
+from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.modelio.userfiles import project_modules, user_dependencies, user_file
 
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _LOADED: set[str] = set()  # sys.modules names this loader added (dropped by forget())
+# (spec, roots) -> the loaded callable and the sha256 of each of its files when it was loaded
+_CALLABLES: dict[tuple[str, tuple[str, ...]], tuple[LoadedCallable, tuple[str, ...]]] = {}
 
 
 @dataclass(frozen=True)
@@ -48,30 +57,12 @@ class LoadedFactory:
     files: tuple[Path, ...]
 
 
-def _library_dirs() -> tuple[str, ...]:
-    dirs = {str(_PACKAGE_DIR)}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            dirs.add(os.path.realpath(p))
-    try:
-        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
-    except AttributeError:  # virtualenv's old site module
-        pass
-    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+@dataclass(frozen=True)
+class LoadedCallable:
+    """A ``module:callable`` from the config and the user source files loading it imported."""
 
-
-def is_user_file(path: str | Path) -> bool:
-    """True for a Python source file outside the standard library, site-packages and edgedeploy."""
-    if not os.path.isabs(str(path)) or not os.path.isfile(str(path)):
-        return False  # built-in and synthetic modules (torch._classes says "_classes.py")
-    real = os.path.realpath(str(path))
-    if not real.endswith(".py"):
-        return False
-    parts = Path(real).parts
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return not real.startswith(_library_dirs())
+    fn: Any
+    files: tuple[Path, ...]
 
 
 def forget() -> None:
@@ -79,6 +70,7 @@ def forget() -> None:
     for name in sorted(_LOADED):
         sys.modules.pop(name, None)
     _LOADED.clear()
+    _CALLABLES.clear()
     importlib.invalidate_caches()
 
 
@@ -90,13 +82,19 @@ def _unique_name(file: Path) -> str:
 def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
     """Import ``module_name``: by file location when it lives under ``roots``, else by name.
 
-    ``sys.path`` is prefixed with ``roots`` only for the duration of the import.
+    ``sys.path`` is prefixed with ``roots`` only for the duration of the import. The project's modules
+    already in ``sys.modules`` are set aside meanwhile and the user's own put back afterwards (see the
+    module docstring), so an edited helper is read from disk even when the user's process imported it.
 
     Raises:
         Exception: whatever the module raises while it executes (callers wrap it in their error).
     """
     importlib.invalidate_caches()  # a file written since the last import must be seen
     file = module_file_in_roots(module_name, roots)
+    set_aside = project_modules(roots)
+    for name in set_aside:
+        del sys.modules[name]
+    users = {n for n in set_aside if n not in _LOADED}  # imported by the user's process: never ours to drop
     before = set(sys.modules)
     saved = list(sys.path)
     sys.path[:0] = [str(r) for r in roots]
@@ -113,14 +111,15 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
             module = importlib.import_module(module_name)
     finally:
         sys.path[:] = saved
-        new = set(sys.modules) - before
-        _LOADED.update(n for n in new if is_user_file(getattr(sys.modules.get(n), "__file__", None) or ""))
+        new = sorted(n for n in set(sys.modules) - before if user_file(sys.modules.get(n)) is not None)
+        fresh = [sys.modules[n] for n in new]
+        for name, old in set_aside.items():
+            if name in users or name not in sys.modules:
+                sys.modules[name] = old  # the user's module, or one an earlier load imported and this one did not
+        _LOADED.update(n for n in new if n not in users)
     own = getattr(module, "__file__", None)
-    files = [Path(own).resolve()] if own else []
-    for n in sorted(new):
-        f = getattr(sys.modules.get(n), "__file__", None)
-        if f and is_user_file(f) and Path(f).resolve() not in files:
-            files.append(Path(f).resolve())
+    files = [Path(own).resolve()] if own else []  # the module itself, even from a package (the zoo)
+    files += [f for f in user_dependencies(module, fresh) if f not in files]
     return LoadedCode(module=module, files=tuple(files))
 
 
@@ -189,19 +188,48 @@ def import_factory(cfg: DeployConfig) -> Any:
     return load_factory(cfg).factory
 
 
-def load_callable(cfg: DeployConfig, spec: str, key: str) -> Any:
-    """Load a ``module:callable`` named by config key ``key`` (e.g. ``precision.calib_callable``).
+def load_callable_code(cfg: DeployConfig, spec: str, key: str) -> LoadedCallable:
+    """Load a ``module:callable`` named by config key ``key`` (e.g. ``precision.calib_callable``), with the
+    user files it depends on (hashed into the cache key of the stages that call it, listed in the manifest).
+
+    Loaded once while its files stay as they are: a second call returns the same callable unless one of
+    the files changed on disk (then the module is loaded afresh), and :func:`forget` starts over.
 
     Raises:
-        ConfigError: the module does not import or has no such callable.
+        ConfigError: ``spec`` is not ``module:callable``, the module does not import, or it has no such callable.
     """
-    module_name, _, attr = spec.partition(":")
+    module_name, sep, attr = spec.partition(":")
+    if not (sep and module_name and attr):
+        raise ConfigError(f"{cfg.source}: key '{key}' = {spec!r} must be 'module:callable'")
     roots = [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
+    memo = (spec, tuple(str(r) for r in roots))
+    if memo in _CALLABLES:
+        loaded, shas = _CALLABLES[memo]
+        if shas == _shas(loaded.files):
+            return loaded
     try:
-        fn = getattr(load_module(module_name, roots).module, attr)
+        code = load_module(module_name, roots)
+        fn = getattr(code.module, attr)
     except Exception as exc:  # user code: any import-time failure is theirs
         raise ConfigError(f"{cfg.source}: key '{key}': cannot load {spec!r} ({type(exc).__name__}: {exc})") from None
-    return fn
+    if not callable(fn):
+        raise ConfigError(f"{cfg.source}: key '{key}': {spec!r} is not callable")
+    loaded = LoadedCallable(fn=fn, files=code.files)
+    _CALLABLES[memo] = (loaded, _shas(loaded.files))
+    return loaded
+
+
+def _shas(files: tuple[Path, ...]) -> tuple[str, ...]:
+    return tuple(sha256_file(f) if f.is_file() else "" for f in files)
+
+
+def load_callable(cfg: DeployConfig, spec: str, key: str) -> Any:
+    """The callable of :func:`load_callable_code`.
+
+    Raises:
+        ConfigError: as :func:`load_callable_code`.
+    """
+    return load_callable_code(cfg, spec, key).fn
 
 
 def module_source(cfg: DeployConfig, spec: str, key: str) -> Path | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.artifacts import CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
+from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError, StageInputError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
@@ -195,6 +195,8 @@ def _run_build(
     ctx.groups[MODEL_CODE] = loaded.files
     if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
         ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
+    if cfg.precision.calib_callable and cfg.precision.mode != "fp32":  # loaded once too, with what it imports
+        ctx.groups[CALIB_CODE] = usercode.load_callable_code(cfg, cfg.precision.calib_callable, "precision.calib_callable").files
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PRECISION_JSON, deploy_model_name
+from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PRECISION_JSON, deploy_model_name
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result
@@ -37,8 +37,9 @@ class PrecisionFromOnnx(Stage):
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        # a calibration file is an input; a folder or callable is fingerprinted in config_key
-        return (CALIBRATION,) if CALIBRATION in ctx.external else ()
+        # a calibration file is an input, and so is a callable's code (its module and what it imports);
+        # a folder is fingerprinted in config_key
+        return tuple(name for name in (CALIBRATION, CALIB_CODE) if ctx.has_input(name))
 
     def applies(self, ctx: BuildContext) -> str | None:
         return "fp32: nothing to convert" if ctx.precision == "fp32" else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS, VALIDATION_DATA
+from edgedeploy.artifacts import CALIB_CODE, GOLDENS, VALIDATION_DATA
 from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
@@ -29,7 +29,9 @@ class GoldensFromTorch(Stage):
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return model_inputs(ctx) + ((VALIDATION_DATA,) if VALIDATION_DATA in ctx.external else ())
+        # the held-out calibration batches go into the goldens: a calibration callable's code is an input too
+        extra = (VALIDATION_DATA, CALIB_CODE)
+        return model_inputs(ctx) + tuple(name for name in extra if ctx.has_input(name))
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg

@@ -1,0 +1,147 @@
+"""Which loaded modules are the user's code, and which of them a loaded module depends on.
+
+Used by :mod:`edgedeploy.modelio.usercode`. A user file is a ``.py`` file outside the standard library,
+site-packages and edgedeploy itself. A loaded module's user dependencies are found two ways, because
+the import machinery alone misses modules that were already in ``sys.modules`` (a notebook that
+imported the model and its helpers before calling ``edgedeploy.build()``): the modules the load
+imported afresh, and a walk from the loaded module through every user module it reaches, by its
+globals (``import helper``, ``from helper import act``) and by the import statements in its source
+(``from helper import SCALE``, imports inside functions), resolved against ``sys.modules``. Nothing
+here imports or executes anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    dirs = {str(_PACKAGE_DIR)}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(os.path.realpath(p))
+    try:
+        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
+    except AttributeError:  # virtualenv's old site module
+        pass
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+def is_user_file(path: str | Path) -> bool:
+    """True for a Python source file outside the standard library, site-packages and edgedeploy."""
+    if not os.path.isabs(str(path)) or not os.path.isfile(str(path)):
+        return False  # built-in and synthetic modules (torch._classes says "_classes.py")
+    real = os.path.realpath(str(path))
+    if not real.endswith(".py"):
+        return False
+    parts = Path(real).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not real.startswith(_library_dirs())
+
+
+def user_file(module: object) -> Path | None:
+    """The resolved source file of ``module`` when it is a user module, else None."""
+    try:
+        f = getattr(module, "__file__", None) if isinstance(module, ModuleType) else None
+    except Exception:  # a lazy module's __getattr__: not the user's code
+        return None
+    return Path(f).resolve() if isinstance(f, str) and is_user_file(f) else None
+
+
+def project_modules(roots: Iterable[Path]) -> dict[str, ModuleType]:
+    """The modules in ``sys.modules`` whose user file lies under one of ``roots`` (the project's own code)."""
+    real = [r.resolve() for r in roots]
+    found = {}
+    for name, module in list(sys.modules.items()):
+        f = user_file(module)
+        if f is not None and any(f.is_relative_to(r) for r in real):
+            found[name] = module
+    return found
+
+
+def _imported_names(module: ModuleType, file: Path) -> Iterator[str]:
+    """Module names the import statements in ``file`` name (relative ones resolved), and ``pkg.attr`` for
+    every ``from pkg import attr`` (attr may be a submodule)."""
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"), filename=str(file))
+    except (OSError, SyntaxError, ValueError):  # the file changed since it was imported: globals still count
+        return
+    package = getattr(module, "__package__", None) or ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                yield from (".".join(parts[: i + 1]) for i in range(len(parts)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".") if package else []
+                if node.level - 1 > len(anchor):
+                    continue
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            if not base:
+                continue
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names if a.name != "*")
+
+
+def _referenced(module: ModuleType) -> Iterator[object]:
+    """Modules reachable in one step from ``module``: module objects in its globals, the modules that
+    defined its functions and classes, and the modules its import statements name."""
+    for value in list(vars(module).values()):
+        if isinstance(value, ModuleType):
+            yield value
+            continue
+        try:
+            owner = getattr(value, "__module__", None)
+        except Exception:  # an object whose attribute access runs code: skip it
+            continue
+        if isinstance(owner, str):
+            yield sys.modules.get(owner)
+    file = user_file(module)
+    if file is not None:
+        for name in _imported_names(module, file):
+            yield sys.modules.get(name)
+
+
+def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> tuple[Path, ...]:
+    """The user files ``module`` depends on: its own first, then every user module it reaches (sorted).
+
+    Args:
+        module: the loaded module.
+        fresh: modules the load imported afresh (counted even when nothing references them: an import
+            for its side effect, such as registering a layer).
+    """
+    own = user_file(module)
+    seen: set[Path] = {own} if own is not None else set()
+    todo = [module, *fresh]
+    visited: set[int] = set()
+    while todo:
+        m = todo.pop()
+        if id(m) in visited:
+            continue
+        visited.add(id(m))
+        f = user_file(m)
+        if f is None and m is not module:
+            continue  # the walk follows user modules only: never into torch, numpy, ...
+        if f is not None:
+            seen.add(f)
+        for ref in _referenced(m):
+            if isinstance(ref, ModuleType) and id(ref) not in visited and user_file(ref) is not None:
+                todo.append(ref)
+    rest = sorted(seen - {own} if own is not None else seen)
+    return (own, *rest) if own is not None else tuple(rest)

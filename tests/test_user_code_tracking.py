@@ -1,0 +1,173 @@
+"""Every user file a build depends on is hashed and listed: the calibration callable's imports too, and
+modules the user's own process imported before calling ``edgedeploy.build()``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TOML, write_tiny_project
+
+import edgedeploy
+from edgedeploy.pipeline.runner import BuildResult
+
+CALIB_MODULE = textwrap.dedent(
+    """
+    from {helper} import load_batches
+
+
+    def batches():
+        yield from load_batches()
+    """
+)
+CALIB_HELPER = textwrap.dedent(
+    """
+    import numpy as np
+
+    SCALE = {scale}
+
+
+    def load_batches():
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            yield {{"image": (SCALE * rng.uniform(-1, 1, (2, 3, 16, 16))).astype("float32")}}
+    """
+)
+HELPED_MODEL = textwrap.dedent(
+    """
+    from torch import nn
+
+    from {helper} import act
+
+
+    class TinyNet(nn.Module):
+        def __init__(self, channels: int = 4, classes: int = 5):
+            super().__init__()
+            self.conv = nn.Conv2d(3, channels, 3, padding=1)
+            self.bn = nn.BatchNorm2d(channels)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(channels, classes)
+
+        def forward(self, image):
+            x = act(self.bn(self.conv(image)))
+            return self.fc(self.pool(x).flatten(1))
+
+
+    def build(channels: int = 4, classes: int = 5):
+        return TinyNet(channels, classes)
+    """
+)
+RELU = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
+TANH = "import torch\n\n\ndef act(x):\n    return 5 * torch.tanh(x)\n"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _status(result: BuildResult) -> dict[str, str]:
+    return {s.name: s.status for s in result.stages}
+
+
+def _ops(path: Path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def _code_files(out: Path, name: str) -> set[str]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {f["path"] for f in manifest["inputs"].get(name, {}).get("files", [])}
+
+
+def _unique(stem: str) -> str:
+    return f"{stem}_{uuid.uuid4().hex[:8]}"  # sys.modules is shared by every test in this process
+
+
+# ---- the calibration callable's imports ------------------------------------------------------
+
+
+def _int8_project(folder: Path) -> tuple[Path, Path, Path]:
+    calib, helper = _unique("tiny_calib"), _unique("calib_helpers")
+    toml = TINY_TOML + f'\n[precision]\nmode = "int8"\ncalib_callable = "{calib}:batches"\n'
+    cfg = write_tiny_project(folder, toml=toml)
+    (folder / f"{calib}.py").write_text(CALIB_MODULE.format(helper=helper))
+    (folder / f"{helper}.py").write_text(CALIB_HELPER.format(scale="1.0"))
+    return cfg, folder / f"{calib}.py", folder / f"{helper}.py"
+
+
+def test_calibration_helper_edit_reruns_precision_and_lists_the_files(tmp_path: Path) -> None:
+    cfg, calib, helper = _int8_project(tmp_path / "proj")
+    first = edgedeploy.build(cfg, log=_quiet)
+    data_first = json.loads((first.out / "precision.json").read_text())["calibration"]["data_sha256"]
+    listed = _code_files(first.out, "calib_code")
+    assert {str(calib.resolve()), str(helper.resolve())} <= listed, listed
+
+    again = edgedeploy.build(cfg, log=_quiet)  # nothing edited: nothing runs again
+    assert _status(again)["precision"] == "cached", _status(again)
+
+    helper.write_text(CALIB_HELPER.format(scale="0.5"))  # the callable's own file is unchanged
+    second = edgedeploy.build(cfg, log=_quiet)
+    assert _status(second)["precision"] == "ran", _status(second)
+    assert _status(second)["export"] == "cached"
+    data_second = json.loads((second.out / "precision.json").read_text())["calibration"]["data_sha256"]
+    assert data_second != data_first
+
+
+def test_a_calibration_callable_that_does_not_import_fails_before_anything_is_written(tmp_path: Path) -> None:
+    from edgedeploy.errors import ConfigError
+
+    cfg, calib, _ = _int8_project(tmp_path / "proj")
+    calib.write_text("raise RuntimeError('no camera on import')\n")
+    with pytest.raises(ConfigError, match="precision.calib_callable.*no camera on import"):
+        edgedeploy.build(cfg, log=_quiet)
+    out = tmp_path / "proj" / "out"
+    assert not list(out.glob(".staging-*")) and not (out / "model.onnx").exists()
+
+
+# ---- modules the user's process imported before the build ----------------------------------
+
+
+@pytest.fixture
+def user_imported(tmp_path: Path) -> Iterator[tuple[Path, Path, str]]:
+    """A project whose model imports a helper, both imported by the test itself (as a notebook would)."""
+    model, helper = _unique("tinynet"), _unique("tiny_helper")
+    folder = tmp_path / "proj"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{model}:build"))
+    (folder / "tinynet.py").unlink()
+    (folder / f"{model}.py").write_text(HELPED_MODEL.format(helper=helper))
+    (folder / f"{helper}.py").write_text(RELU)
+    sys.path.insert(0, str(folder))
+    try:
+        __import__(model)  # the user's session now owns both modules
+        assert helper in sys.modules
+        yield cfg, folder / f"{helper}.py", helper
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(model, None)
+        sys.modules.pop(helper, None)
+
+
+def test_a_helper_the_user_already_imported_is_hashed_and_listed(user_imported: tuple[Path, Path, str]) -> None:
+    cfg, helper, _ = user_imported
+    built = edgedeploy.build(cfg, log=_quiet)
+    assert str(helper.resolve()) in _code_files(built.out, "model_code")
+
+
+def test_a_helper_the_user_imported_and_then_edited_is_rebuilt(user_imported: tuple[Path, Path, str]) -> None:
+    cfg, helper, name = user_imported
+    users_module = sys.modules[name]
+    first = edgedeploy.build(cfg, log=_quiet)
+    assert "Relu" in _ops(first.out / "model.onnx")
+
+    helper.write_text(TANH)
+    second = edgedeploy.build(cfg, log=_quiet)
+    assert _status(second)["export"] == "ran", _status(second)
+    assert "Tanh" in _ops(second.out / "model.onnx") and "Relu" not in _ops(second.out / "model.onnx")
+    # the user's session keeps the module object it imported (the build never replaces it)
+    assert sys.modules[name] is users_module

@@ -196,7 +196,8 @@ def _run_build(
     if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
         ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     if cfg.precision.calib_callable and cfg.precision.mode != "fp32":  # loaded once too, with what it imports
-        ctx.groups[CALIB_CODE] = usercode.load_callable_code(cfg, cfg.precision.calib_callable, "precision.calib_callable").files
+        calib = usercode.load_callable_code(cfg, cfg.precision.calib_callable, "precision.calib_callable")
+        ctx.groups[CALIB_CODE] = calib.files
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")

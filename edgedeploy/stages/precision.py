@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, GOLDENS, ONNX_DATA, ONNX_MODEL, PRECISION_JSON, deploy_model_name
+from edgedeploy.artifacts import (
+    CALIB_CODE,
+    CALIBRATION,
+    GOLDENS,
+    ONNX_DATA,
+    ONNX_MODEL,
+    PRECISION_JSON,
+    deploy_model_name,
+)
 from edgedeploy.errors import StageError
 from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result

@@ -171,3 +171,57 @@ def test_a_helper_the_user_imported_and_then_edited_is_rebuilt(user_imported: tu
     assert "Tanh" in _ops(second.out / "model.onnx") and "Relu" not in _ops(second.out / "model.onnx")
     # the user's session keeps the module object it imported (the build never replaces it)
     assert sys.modules[name] is users_module
+
+
+@pytest.fixture
+def outside_helper(tmp_path: Path) -> Iterator[tuple[Path, Path, Path, str]]:
+    """A model whose helper lives outside model.python_path (the user's own sys.path entry), and a constant
+    module the helper imports; the test's process imported both before the build."""
+    helper, consts = _unique("ext_helper"), _unique("ext_consts")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / f"{consts}.py").write_text("GAIN = 1.0\n")
+    (lib / f"{helper}.py").write_text(
+        f"import torch\n\nfrom {consts} import GAIN\n\n\ndef act(x):\n    return GAIN * torch.relu(x)\n"
+    )
+    model = _unique("tinynet")
+    folder = tmp_path / "proj"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{model}:build"))
+    (folder / "tinynet.py").unlink()
+    (folder / f"{model}.py").write_text(HELPED_MODEL.format(helper=helper))
+    sys.path.insert(0, str(lib))
+    try:
+        __import__(helper)
+        yield cfg, lib / f"{helper}.py", lib / f"{consts}.py", consts
+    finally:
+        sys.path.remove(str(lib))
+        sys.modules.pop(helper, None)
+        sys.modules.pop(consts, None)
+
+
+def test_already_imported_helpers_outside_the_project_are_listed(
+    outside_helper: tuple[Path, Path, Path, str],
+) -> None:
+    cfg, helper, consts, _ = outside_helper
+    built = edgedeploy.build(cfg, log=_quiet)
+    # the helper is reached through the model's globals, its constant module through its import statement
+    assert {str(helper.resolve()), str(consts.resolve())} <= _code_files(built.out, "model_code")
+
+
+def test_an_imported_helper_outside_the_project_edited_since_is_refused_until_reloaded(
+    outside_helper: tuple[Path, Path, Path, str],
+) -> None:
+    import importlib
+
+    from edgedeploy.errors import ConfigError
+
+    cfg, helper, consts, name = outside_helper
+    edgedeploy.build(cfg, log=_quiet)
+    consts.write_text("GAIN = 2.0\n")  # the process still runs GAIN = 1.0
+    with pytest.raises(ConfigError, match=f"changed on disk since this process imported module '{name}'"):
+        edgedeploy.build(cfg, log=_quiet)
+    out = cfg.parent / "out"
+    assert _code_files(out, "model_code")  # the refused build left the previous output as it was
+    importlib.reload(sys.modules[name])  # the user's fix: the module, then the one importing from it
+    importlib.reload(sys.modules[helper.stem])
+    assert edgedeploy.build(cfg, log=_quiet).ok

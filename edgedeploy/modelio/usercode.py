@@ -34,7 +34,7 @@ from typing import Any
 from edgedeploy.config import DeployConfig, module_file_in_roots
 from edgedeploy.errors import ConfigError
 from edgedeploy.fileio.hashing import sha256_file
-from edgedeploy.modelio.userfiles import project_modules, user_dependencies, user_file
+from edgedeploy.modelio.userfiles import changed_since_import, project_modules, user_dependencies, user_file
 
 _LOADED: set[str] = set()  # sys.modules names this loader added (dropped by forget())
 # (spec, roots) -> the loaded callable and the sha256 of each of its files when it was loaded
@@ -119,8 +119,31 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
         _LOADED.update(n for n in new if n not in users)
     own = getattr(module, "__file__", None)
     files = [Path(own).resolve()] if own else []  # the module itself, even from a package (the zoo)
-    files += [f for f in user_dependencies(module, fresh) if f not in files]
+    deps = user_dependencies(module, fresh)
+    files += [f for f in deps if f not in files]
+    _refuse_stale(deps, fresh, roots)
     return LoadedCode(module=module, files=tuple(files))
+
+
+def _refuse_stale(deps: dict[Path, ModuleType], fresh: list[ModuleType], roots: list[Path]) -> None:
+    """A user module outside ``roots`` that was already imported is used as imported: refuse to build when
+    its file changed since (the artifact would not match the hashed file, and the cache would keep it).
+
+    Raises:
+        ConfigError: naming the module, its file, and the fixes.
+    """
+    real = [r.resolve() for r in roots]
+    done = {id(m) for m in fresh}
+    for file, m in deps.items():
+        if id(m) in done or any(file.is_relative_to(r) for r in real):
+            continue  # read from disk by this load (the project's modules always are)
+        if changed_since_import(file, m):
+            raise ConfigError(
+                f"{file} changed on disk since this process imported module {m.__name__!r}; "
+                "the build would use the old code",
+                hint=f"restart the process (or importlib.reload {m.__name__} and the modules importing from it), "
+                f"or add {file.parent} to model.python_path so every build reads it from disk",
+            )
 
 
 def load_factory(cfg: DeployConfig) -> LoadedFactory:
@@ -155,6 +178,8 @@ def load_factory(cfg: DeployConfig) -> LoadedFactory:
         module_source(cfg, cfg.model.factory, "model.factory")  # "cannot find module" before running anything
     try:
         loaded = load_module(module_name, roots)
+    except ConfigError:  # a stale module (see _refuse_stale): already one clear line
+        raise
     except Exception as exc:  # any import-time failure is the user's factory
         raise ConfigError(
             f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})",
@@ -210,6 +235,8 @@ def load_callable_code(cfg: DeployConfig, spec: str, key: str) -> LoadedCallable
     try:
         code = load_module(module_name, roots)
         fn = getattr(code.module, attr)
+    except ConfigError:
+        raise
     except Exception as exc:  # user code: any import-time failure is theirs
         raise ConfigError(f"{cfg.source}: key '{key}': cannot load {spec!r} ({type(exc).__name__}: {exc})") from None
     if not callable(fn):

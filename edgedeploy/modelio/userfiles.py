@@ -22,7 +22,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
+from edgedeploy.fileio.hashing import sha256_file
+
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_RUNNING = ("__main__", "__mp_main__")  # the running script: never set aside, even when it lives in the project
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,6 +69,8 @@ def project_modules(roots: Iterable[Path]) -> dict[str, ModuleType]:
     real = [r.resolve() for r in roots]
     found = {}
     for name, module in list(sys.modules.items()):
+        if name in _RUNNING:
+            continue
         f = user_file(module)
         if f is not None and any(f.is_relative_to(r) for r in real):
             found[name] = module
@@ -118,20 +123,20 @@ def _referenced(module: ModuleType) -> Iterator[object]:
             yield sys.modules.get(name)
 
 
-def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> tuple[Path, ...]:
-    """The user files ``module`` depends on: its own first, then every user module it reaches (sorted).
+def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> dict[Path, ModuleType]:
+    """The user files ``module`` depends on, each with the module that came from it: its own first, then
+    every user module it reaches (sorted by path).
 
     Args:
         module: the loaded module.
         fresh: modules the load imported afresh (counted even when nothing references them: an import
             for its side effect, such as registering a layer).
     """
-    own = user_file(module)
-    seen: set[Path] = {own} if own is not None else set()
+    found: dict[Path, ModuleType] = {}
     todo = [module, *fresh]
     visited: set[int] = set()
     while todo:
-        m = todo.pop()
+        m = todo.pop(0)  # breadth first: a file is attributed to the module nearest the loaded one
         if id(m) in visited:
             continue
         visited.add(id(m))
@@ -139,9 +144,29 @@ def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> t
         if f is None and m is not module:
             continue  # the walk follows user modules only: never into torch, numpy, ...
         if f is not None:
-            seen.add(f)
+            found.setdefault(f, m)
         for ref in _referenced(m):
             if isinstance(ref, ModuleType) and id(ref) not in visited and user_file(ref) is not None:
                 todo.append(ref)
-    rest = sorted(seen - {own} if own is not None else seen)
-    return (own, *rest) if own is not None else tuple(rest)
+    own = user_file(module)
+    order = ([own] if own in found else []) + sorted(f for f in found if f != own)
+    return {f: found[f] for f in order}
+
+
+# file -> (the module's spec when first seen already imported, the file's sha256 then)
+_SEEN: dict[Path, tuple[object, str]] = {}
+
+
+def changed_since_import(file: Path, module: ModuleType) -> bool:
+    """True when ``file`` changed on disk since this process first saw ``module`` already imported.
+
+    The first sight records the file's hash. ``importlib.reload`` gives a module a new spec, which starts
+    over (the reloaded code is the file's code). An edit made before the first sight goes unnoticed.
+    """
+    spec = getattr(module, "__spec__", None)
+    sha = sha256_file(file)
+    seen = _SEEN.get(file)
+    if seen is not None and seen[0] is spec:
+        return seen[1] != sha
+    _SEEN[file] = (spec, sha)
+    return False

@@ -101,11 +101,19 @@ def _int8_project(folder: Path) -> tuple[Path, Path, Path]:
     return cfg, folder / f"{calib}.py", folder / f"{helper}.py"
 
 
-def test_calibration_helper_edit_reruns_precision_and_lists_the_files(tmp_path: Path) -> None:
+def test_calibration_helper_edit_reruns_precision_and_lists_the_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgedeploy.cli import main
+
     cfg, calib, helper = _int8_project(tmp_path / "proj")
-    first = edgedeploy.build(cfg, log=_quiet)
-    data_first = json.loads((first.out / "precision.json").read_text())["calibration"]["data_sha256"]
-    listed = _code_files(first.out, "calib_code")
+    assert main(["build", "--config", str(cfg)]) == 0
+    # deploy build says which of the user's files key the cache; the manifest lists them with their hashes
+    err = capsys.readouterr().err
+    assert "  model_code: tinynet.py\n" in err and f"  calib_code: {calib.name}, {helper.name}\n" in err, err
+    out = cfg.parent / "out"
+    data_first = json.loads((out / "precision.json").read_text())["calibration"]["data_sha256"]
+    listed = _code_files(out, "calib_code")
     assert {str(calib.resolve()), str(helper.resolve())} <= listed, listed
 
     again = edgedeploy.build(cfg, log=_quiet)  # nothing edited: nothing runs again

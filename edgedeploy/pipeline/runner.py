@@ -183,6 +183,7 @@ def _run_build(
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
     loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
+    calib_code = _calibration_code(cfg)
     stages = stages if stages is not None else default_stages(target, cfg)
     staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
@@ -195,12 +196,13 @@ def _run_build(
     ctx.groups[MODEL_CODE] = loaded.files
     if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
         ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
-    if cfg.precision.calib_callable and cfg.precision.mode != "fp32":  # loaded once too, with what it imports
-        calib = usercode.load_callable_code(cfg, cfg.precision.calib_callable, "precision.calib_callable")
-        ctx.groups[CALIB_CODE] = calib.files
+    if calib_code is not None:
+        ctx.groups[CALIB_CODE] = calib_code
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
+    for name, files in ctx.groups.items():  # which of the user's files key the cache (manifest.json lists them)
+        log(f"  {name}: {_file_list(files, Path(cfg.base_dir))}")
     current = ""
     noise: list[str] = []
     try:
@@ -267,6 +269,29 @@ def _run_build(
         report=report,
         seconds=seconds,
     )
+
+
+def _calibration_code(cfg: DeployConfig) -> tuple[Path, ...] | None:
+    """The files of ``precision.calib_callable`` and what it imports, when a build uses it (loaded once, here,
+    so a callable that does not import fails before anything is written).
+
+    Raises:
+        ConfigError: the callable does not load.
+    """
+    if not cfg.precision.calib_callable or cfg.precision.mode == "fp32":
+        return None
+    return usercode.load_callable_code(cfg, cfg.precision.calib_callable, "precision.calib_callable").files
+
+
+def _file_list(files: tuple[Path, ...], base: Path, most: int = 6) -> str:
+    names = []
+    for f in files:
+        try:
+            names.append(f.relative_to(base.resolve()).as_posix())
+        except ValueError:  # outside the project: the full path says where
+            names.append(str(f))
+    more = f" (+{len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:

@@ -25,7 +25,7 @@ class BuildContext:
     staging: Path
     out: Path
     external: dict[str, Path] = field(default_factory=dict)  # name -> file outside staging
-    # name -> several files hashed as one input (the user's model code: every module it imported)
+    # name -> several files hashed as one input (the user's model or calibration code: every module it imported)
     groups: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> metrics
     warnings: list[str] = field(default_factory=list)
@@ -180,7 +180,7 @@ class Stage(ABC):
         return self.consumes
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        """External inputs (``artifacts.CHECKPOINT``, ``MODEL_CODE``, ``CALIBRATION``,
+        """External inputs (``artifacts.CHECKPOINT``, ``MODEL_CODE``, ``CALIBRATION``, ``CALIB_CODE``,
         ``VALIDATION_DATA``) this stage's result depends on for this build; each is hashed into
         the cache key, and one the build does not have is an error. Default: none.
         """

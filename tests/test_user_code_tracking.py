@@ -233,3 +233,29 @@ def test_an_imported_helper_outside_the_project_edited_since_is_refused_until_re
     importlib.reload(sys.modules[name])  # the user's fix: the module, then the one importing from it
     importlib.reload(sys.modules[helper.stem])
     assert edgedeploy.build(cfg, log=_quiet).ok
+
+
+def test_dependencies_follow_relative_and_function_level_imports(tmp_path: Path) -> None:
+    from edgedeploy.modelio.userfiles import user_dependencies
+
+    pkg = _unique("userpkg")
+    root = tmp_path / pkg
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "consts.py").write_text("SCALE = 2\n")
+    (root / "lazy.py").write_text("X = 1\n")
+    (root / "unused.py").write_text("Y = 1\n")
+    (root / "helper.py").write_text(
+        f"from .consts import SCALE\n\n\ndef f():\n    import {pkg}.lazy\n\n    return SCALE * {pkg}.lazy.X\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for name in ("helper", "lazy", "unused"):
+            __import__(f"{pkg}.{name}")
+        deps = user_dependencies(sys.modules[f"{pkg}.helper"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == pkg or n.startswith(pkg + ".")]:
+            del sys.modules[name]
+    files = [f.relative_to(root.resolve()).as_posix() for f in deps]
+    assert files == ["helper.py", "__init__.py", "consts.py", "lazy.py"]  # its own first; never unused.py

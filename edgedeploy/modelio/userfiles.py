@@ -34,25 +34,29 @@ def _library_dirs() -> tuple[str, ...]:
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
         if p:
-            dirs.add(os.path.realpath(p))
+            dirs.update((p, os.path.realpath(p)))
     try:
-        dirs.update(os.path.realpath(p) for p in site.getsitepackages())
+        dirs.update(q for p in site.getsitepackages() for q in (p, os.path.realpath(p)))
     except AttributeError:  # virtualenv's old site module
         pass
     return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
 
 
+def _library_path(path: str) -> bool:
+    parts = Path(path).parts
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(_library_dirs())
+
+
 def is_user_file(path: str | Path) -> bool:
     """True for a Python source file outside the standard library, site-packages and edgedeploy."""
-    if not os.path.isabs(str(path)) or not os.path.isfile(str(path)):
+    s = str(path)
+    # string checks first: this runs over every module in sys.modules, most of them library code
+    if not s.endswith(".py") or not os.path.isabs(s) or _library_path(s):
+        return False
+    if not os.path.isfile(s):
         return False  # built-in and synthetic modules (torch._classes says "_classes.py")
-    real = os.path.realpath(str(path))
-    if not real.endswith(".py"):
-        return False
-    parts = Path(real).parts
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return not real.startswith(_library_dirs())
+    real = os.path.realpath(s)
+    return real.endswith(".py") and not _library_path(real)
 
 
 def user_file(module: object) -> Path | None:
@@ -107,9 +111,11 @@ def _imported_names(module: ModuleType, file: Path) -> Iterator[str]:
 def _referenced(module: ModuleType) -> Iterator[object]:
     """Modules reachable in one step from ``module``: module objects in its globals, the modules that
     defined its functions and classes, and the modules its import statements name."""
+    own_prefix = f"{module.__name__}." if hasattr(module, "__path__") else None
     for value in list(vars(module).values()):
         if isinstance(value, ModuleType):
-            yield value
+            if own_prefix is None or not value.__name__.startswith(own_prefix):
+                yield value  # a package's submodules are its attributes once anything imports them: not its code
             continue
         try:
             owner = getattr(value, "__module__", None)

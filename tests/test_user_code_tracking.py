@@ -259,3 +259,27 @@ def test_dependencies_follow_relative_and_function_level_imports(tmp_path: Path)
             del sys.modules[name]
     files = [f.relative_to(root.resolve()).as_posix() for f in deps]
     assert files == ["helper.py", "__init__.py", "consts.py", "lazy.py"]  # its own first; never unused.py
+
+
+def test_a_package_the_user_imported_keeps_working_in_their_session(tmp_path: Path) -> None:
+    """The model imports ``pkg.layers``; the user's process imported ``pkg`` only. After the build their
+    ``pkg`` is their own object and their own ``import pkg.layers`` still works."""
+    pkg = _unique("userpkg")
+    folder = tmp_path / "proj"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{pkg}.net:build"))
+    (folder / pkg).mkdir()
+    (folder / pkg / "__init__.py").write_text("")
+    (folder / pkg / "layers.py").write_text(RELU)
+    (folder / pkg / "net.py").write_text(HELPED_MODEL.format(helper=f"{pkg}.layers"))
+    sys.path.insert(0, str(folder))
+    try:
+        users = __import__(pkg)
+        built = edgedeploy.build(cfg, log=_quiet)
+        assert sys.modules[pkg] is users
+        layers = __import__(f"{pkg}.layers", fromlist=["act"])
+        assert users.layers is layers  # the user's own import binds it on their package
+        assert str((folder / pkg / "layers.py").resolve()) in _code_files(built.out, "model_code")
+    finally:
+        sys.path.remove(str(folder))
+        for name in [n for n in sys.modules if n == pkg or n.startswith(pkg + ".")]:
+            del sys.modules[name]

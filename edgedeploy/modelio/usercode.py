@@ -116,13 +116,23 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
         for name, old in set_aside.items():
             if name in users or name not in sys.modules:
                 sys.modules[name] = old  # the user's module, or one an earlier load imported and this one did not
-        _LOADED.update(n for n in new if n not in users)
+        # a fresh submodule of a package the user imported is not left behind: the user's package object
+        # lacks it as an attribute, so their own `import pkg.sub; pkg.sub` would fail
+        orphans = {n for n in new if n not in users and any(p in users for p in _parents(n))}
+        for name in orphans:
+            del sys.modules[name]
+        _LOADED.update(n for n in new if n not in users and n not in orphans)
     own = getattr(module, "__file__", None)
     files = [Path(own).resolve()] if own else []  # the module itself, even from a package (the zoo)
     deps = user_dependencies(module, fresh)
     files += [f for f in deps if f not in files]
     _refuse_stale(deps, fresh, roots)
     return LoadedCode(module=module, files=tuple(files))
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _refuse_stale(deps: dict[Path, ModuleType], fresh: list[ModuleType], roots: list[Path]) -> None:

@@ -138,6 +138,17 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
     return warnings
 
 
+def resolution_hint(metric: str, samples: int, target: float) -> str:
+    """A hint suffix when top-1 agreement on ``samples`` held-out samples cannot resolve ``target``: agreement
+    moves in steps of 1/N, so with N < 1 / (1 - target) a single flip already misses it."""
+    if metric != "top1_agreement" or not 0 < samples < 1 / max(1 - target, 1e-9):
+        return ""
+    return (
+        f"; judged on {samples} held-out samples, one disagreement costs {1 / samples:.1%}: give more samples "
+        "(precision.calib_samples, a quarter is held out) or validate.data to judge on more"
+    )
+
+
 def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
@@ -170,6 +181,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
+    judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
     from edgedeploy.precision.equalize_choice import choose_equalization
 
     float_model, equalized, bias = choose_equalization(
@@ -205,6 +217,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         latency_iters=max(cfg.validate.latency_iters, 3),
         log=log,
     )
+    resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], p.accuracy_target)
     if not result.met:
         final = result.final
         table = "; ".join(
@@ -228,7 +241,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             "precision",
             f"INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out data after "
             f"{len(result.tries) - 1} fallback tries ({table})",
-            hint=hint,
+            hint=hint + resolution,
         )
     if result.candidates and not _int8_compute_left(ctx.staging / deploy_model_name("int8")):
         scores = ", ".join(f"{t['float_nodes']} float: {t['score']:.3f}" for t in result.tries)
@@ -238,7 +251,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
             f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
             hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
-            "these tries reach",
+            "these tries reach" + resolution,
         )
     if result.excluded:
         warnings.append(

@@ -284,3 +284,55 @@ def test_a_package_the_user_imported_keeps_working_in_their_session(tmp_path: Pa
         sys.path.remove(str(folder))
         for name in [n for n in sys.modules if n == pkg or n.startswith(pkg + ".")]:
             del sys.modules[name]
+
+
+LAZY_MODEL = textwrap.dedent(
+    """
+    from torch import nn
+
+
+    class TinyNet(nn.Module):
+        def __init__(self, act, channels: int = 4, classes: int = 5):
+            super().__init__()
+            self.act = act
+            self.conv = nn.Conv2d(3, channels, 3, padding=1)
+            self.bn = nn.BatchNorm2d(channels)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(channels, classes)
+
+        def forward(self, image):
+            x = self.act(self.bn(self.conv(image)))
+            return self.fc(self.pool(x).flatten(1))
+
+
+    def build(channels: int = 4, classes: int = 5):
+        from {helper} import act  # imported when the factory runs, not when its module loads
+
+        return TinyNet(act, channels, classes)
+    """
+)
+
+
+@pytest.mark.parametrize("layout", ["package", "module"])
+def test_a_helper_the_factory_imports_when_it_runs_is_hashed_and_read_afresh(tmp_path: Path, layout: str) -> None:
+    folder = tmp_path / "proj"
+    name = _unique("lazy")
+    if layout == "package":  # pkg/net.py: from .layers import act, inside build()
+        cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}.net:build"))
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text("")
+        (folder / name / "net.py").write_text(LAZY_MODEL.format(helper=".layers"))
+        helper = folder / name / "layers.py"
+    else:  # tinynet.py: from <helper> import act, inside build(); the project is not on the user's sys.path
+        cfg = write_tiny_project(folder)
+        (folder / "tinynet.py").write_text(LAZY_MODEL.format(helper=name))
+        helper = folder / f"{name}.py"
+    helper.write_text(RELU)
+    first = edgedeploy.build(cfg, log=_quiet)
+    assert "Relu" in _ops(first.out / "model.onnx")
+    assert str(helper.resolve()) in _code_files(first.out, "model_code")
+
+    helper.write_text(TANH)
+    second = edgedeploy.build(cfg, log=_quiet)
+    assert _status(second)["export"] == "ran", _status(second)
+    assert "Tanh" in _ops(second.out / "model.onnx") and "Relu" not in _ops(second.out / "model.onnx")

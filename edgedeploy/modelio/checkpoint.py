@@ -7,7 +7,7 @@ from typing import Any
 
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import CheckpointError, ConfigError
-from edgedeploy.modelio.usercode import import_factory
+from edgedeploy.modelio.usercode import import_factory, running_user_code
 
 _NESTED_KEYS = ("state_dict", "model_state_dict", "model", "weights")
 SAFETENSORS_SUFFIXES = (".safetensors",)
@@ -93,7 +93,8 @@ def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
 
     factory = factory or import_factory(cfg)
     try:
-        model = factory(**cfg.model.kwargs)
+        with running_user_code(cfg):  # its late imports come from the project on disk, like its load's
+            model = factory(**cfg.model.kwargs)
     except Exception as exc:  # user code: report it as a config problem with the cause
         raise ConfigError(
             f"{cfg.source}: model.factory {cfg.model.factory!r} raised {type(exc).__name__}: {exc}",

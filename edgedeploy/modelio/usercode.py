@@ -26,6 +26,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -79,6 +81,56 @@ def _unique_name(file: Path) -> str:
     return f"edgedeploy_user_{digest}_{file.stem}"
 
 
+@contextmanager
+def _project_imports(roots: list[Path], *, set_aside_ours: bool) -> Iterator[list[ModuleType]]:
+    """Within the block, ``sys.path`` starts with ``roots`` and the project's modules already imported are
+    set aside, so imports read them from disk; yields the list that, after the block, holds the user modules
+    it imported. Afterwards ``sys.path`` is restored, the user's own modules are put back, and the ones
+    imported here are this loader's (dropped by :func:`forget`).
+
+    Args:
+        set_aside_ours: also set aside the modules this loader imported (a new load); False while the
+            factory runs, which imports what it needs next to the modules its load just imported.
+    """
+    set_aside = {n: m for n, m in project_modules(roots).items() if set_aside_ours or n not in _LOADED}
+    for name in set_aside:
+        del sys.modules[name]
+    users = {n for n in set_aside if n not in _LOADED}  # imported by the user's process: never ours to drop
+    before = set(sys.modules)
+    saved = list(sys.path)
+    sys.path[:0] = [str(r) for r in roots]
+    fresh: list[ModuleType] = []
+    try:
+        yield fresh
+    finally:
+        sys.path[:] = saved
+        new = sorted(n for n in set(sys.modules) - before if user_file(sys.modules.get(n)) is not None)
+        fresh.extend(sys.modules[n] for n in new)
+        for name, old in set_aside.items():
+            if name in users or name not in sys.modules:
+                sys.modules[name] = old  # the user's module, or one an earlier load imported and this one did not
+        # a fresh submodule of a package the user imported is not left behind: the user's package object
+        # lacks it as an attribute, so their own `import pkg.sub; pkg.sub` would fail
+        orphans = {n for n in new if n not in users and any(p in users for p in _parents(n))}
+        for name in orphans:
+            del sys.modules[name]
+        _LOADED.update(n for n in new if n not in users and n not in orphans)
+
+
+@contextmanager
+def running_user_code(cfg: DeployConfig) -> Iterator[None]:
+    """Run user code (the model factory) the way it was loaded: what it imports late (``from .layers
+    import Net`` inside ``build()``) comes from the project on disk, never from a stale module in
+    ``sys.modules``, and is this loader's to drop at the next build.
+    """
+    with _project_imports(_roots(cfg), set_aside_ours=False):
+        yield
+
+
+def _roots(cfg: DeployConfig) -> list[Path]:
+    return [r for r in (cfg.path(p) for p in cfg.model.python_path) if r is not None]
+
+
 def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
     """Import ``module_name``: by file location when it lives under ``roots``, else by name.
 
@@ -91,14 +143,7 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
     """
     importlib.invalidate_caches()  # a file written since the last import must be seen
     file = module_file_in_roots(module_name, roots)
-    set_aside = project_modules(roots)
-    for name in set_aside:
-        del sys.modules[name]
-    users = {n for n in set_aside if n not in _LOADED}  # imported by the user's process: never ours to drop
-    before = set(sys.modules)
-    saved = list(sys.path)
-    sys.path[:0] = [str(r) for r in roots]
-    try:
+    with _project_imports(roots, set_aside_ours=True) as fresh:
         if file is not None and file.name != "__init__.py" and "." not in module_name:
             name = _unique_name(file)
             spec = importlib.util.spec_from_file_location(name, file)
@@ -109,22 +154,9 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    finally:
-        sys.path[:] = saved
-        new = sorted(n for n in set(sys.modules) - before if user_file(sys.modules.get(n)) is not None)
-        fresh = [sys.modules[n] for n in new]
-        for name, old in set_aside.items():
-            if name in users or name not in sys.modules:
-                sys.modules[name] = old  # the user's module, or one an earlier load imported and this one did not
-        # a fresh submodule of a package the user imported is not left behind: the user's package object
-        # lacks it as an attribute, so their own `import pkg.sub; pkg.sub` would fail
-        orphans = {n for n in new if n not in users and any(p in users for p in _parents(n))}
-        for name in orphans:
-            del sys.modules[name]
-        _LOADED.update(n for n in new if n not in users and n not in orphans)
     own = getattr(module, "__file__", None)
     files = [Path(own).resolve()] if own else []  # the module itself, even from a package (the zoo)
-    deps = user_dependencies(module, fresh)
+    deps = user_dependencies(module, fresh, roots)
     files += [f for f in deps if f not in files]
     _refuse_stale(deps, fresh, roots)
     return LoadedCode(module=module, files=tuple(files))
@@ -135,7 +167,7 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _refuse_stale(deps: dict[Path, ModuleType], fresh: list[ModuleType], roots: list[Path]) -> None:
+def _refuse_stale(deps: dict[Path, ModuleType | None], fresh: list[ModuleType], roots: list[Path]) -> None:
     """A user module outside ``roots`` that was already imported is used as imported: refuse to build when
     its file changed since (the artifact would not match the hashed file, and the cache would keep it).
 
@@ -145,7 +177,7 @@ def _refuse_stale(deps: dict[Path, ModuleType], fresh: list[ModuleType], roots: 
     real = [r.resolve() for r in roots]
     done = {id(m) for m in fresh}
     for file, m in deps.items():
-        if id(m) in done or any(file.is_relative_to(r) for r in real):
+        if m is None or id(m) in done or any(file.is_relative_to(r) for r in real):
             continue  # read from disk by this load (the project's modules always are)
         if changed_since_import(file, m):
             raise ConfigError(

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
+from edgedeploy.config import module_file_in_roots
 from edgedeploy.fileio.hashing import sha256_file
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -81,14 +82,13 @@ def project_modules(roots: Iterable[Path]) -> dict[str, ModuleType]:
     return found
 
 
-def _imported_names(module: ModuleType, file: Path) -> Iterator[str]:
-    """Module names the import statements in ``file`` name (relative ones resolved), and ``pkg.attr`` for
-    every ``from pkg import attr`` (attr may be a submodule)."""
+def _imported_names(package: str, file: Path) -> Iterator[str]:
+    """Module names the import statements in ``file`` name (relative ones resolved against ``package``),
+    and ``pkg.attr`` for every ``from pkg import attr`` (attr may be a submodule)."""
     try:
         tree = ast.parse(file.read_text(encoding="utf-8", errors="replace"), filename=str(file))
     except (OSError, SyntaxError, ValueError):  # the file changed since it was imported: globals still count
         return
-    package = getattr(module, "__package__", None) or ""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -109,8 +109,8 @@ def _imported_names(module: ModuleType, file: Path) -> Iterator[str]:
 
 
 def _referenced(module: ModuleType) -> Iterator[object]:
-    """Modules reachable in one step from ``module``: module objects in its globals, the modules that
-    defined its functions and classes, and the modules its import statements name."""
+    """Modules reachable in one step through ``module``'s globals: module objects, and the modules that
+    defined its functions and classes."""
     own_prefix = f"{module.__name__}." if hasattr(module, "__path__") else None
     for value in list(vars(module).values()):
         if isinstance(value, ModuleType):
@@ -123,13 +123,11 @@ def _referenced(module: ModuleType) -> Iterator[object]:
             continue
         if isinstance(owner, str):
             yield sys.modules.get(owner)
-    file = user_file(module)
-    if file is not None:
-        for name in _imported_names(module, file):
-            yield sys.modules.get(name)
 
 
-def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> dict[Path, ModuleType]:
+def user_dependencies(
+    module: ModuleType, fresh: Iterable[ModuleType] = (), roots: Iterable[Path] = ()
+) -> dict[Path, ModuleType | None]:
     """The user files ``module`` depends on, each with the module that came from it: its own first, then
     every user module it reaches (sorted by path).
 
@@ -137,23 +135,45 @@ def user_dependencies(module: ModuleType, fresh: Iterable[ModuleType] = ()) -> d
         module: the loaded module.
         fresh: modules the load imported afresh (counted even when nothing references them: an import
             for its side effect, such as registering a layer).
+        roots: the project's folders (``model.python_path``): an import statement naming a module that is
+            not imported yet (``from .layers import Net`` inside the factory, run later) is found there by
+            file, without importing it, and mapped to None.
     """
-    found: dict[Path, ModuleType] = {}
-    todo = [module, *fresh]
-    visited: set[int] = set()
+    roots = list(roots)
+    found: dict[Path, ModuleType | None] = {}
+    todo: list[ModuleType | tuple[str, Path]] = [module, *fresh]
+    visited: set[object] = set()
     while todo:
-        m = todo.pop(0)  # breadth first: a file is attributed to the module nearest the loaded one
-        if id(m) in visited:
-            continue
-        visited.add(id(m))
-        f = user_file(m)
-        if f is None and m is not module:
-            continue  # the walk follows user modules only: never into torch, numpy, ...
-        if f is not None:
-            found.setdefault(f, m)
-        for ref in _referenced(m):
+        item = todo.pop(0)  # breadth first: a file is attributed to the module nearest the loaded one
+        if isinstance(item, ModuleType):
+            if id(item) in visited:
+                continue
+            visited.add(id(item))
+            f = user_file(item)
+            if f is None and item is not module:
+                continue  # the walk follows user modules only: never into torch, numpy, ...
+            refs = list(_referenced(item))
+            package = getattr(item, "__package__", None) or ""
+        else:  # a project file nothing has imported yet: its import statements only
+            name, f = item
+            if f in visited or f in found:
+                continue
+            refs = []
+            package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        if f is None:
+            names: list[str] = []
+        else:
+            visited.add(f)
+            found.setdefault(f, item if isinstance(item, ModuleType) else None)
+            names = list(_imported_names(package, f))
+        for ref in refs + [sys.modules.get(n) for n in names]:
             if isinstance(ref, ModuleType) and id(ref) not in visited and user_file(ref) is not None:
                 todo.append(ref)
+        for n in names:
+            if n not in sys.modules and roots:
+                file = module_file_in_roots(n, roots)
+                if file is not None and file not in visited:
+                    todo.append((n, file))
     own = user_file(module)
     order = ([own] if own in found else []) + sorted(f for f in found if f != own)
     return {f: found[f] for f in order}

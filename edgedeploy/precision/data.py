@@ -18,7 +18,7 @@ from edgedeploy.config import DeployConfig, InputSpec
 from edgedeploy.errors import ConfigError, InputError
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.modelio.inputs import _NP_DTYPES, check_feeds, feeds_at
-from edgedeploy.modelio.usercode import load_callable, module_source
+from edgedeploy.modelio.usercode import load_callable, module_source, running_user_code
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -233,7 +233,9 @@ def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
     names = [s.name for s in cfg.inputs]
     chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
     try:
-        for i, batch in enumerate(fn()):
+        with running_user_code(cfg):  # what it imports late comes from the project on disk
+            batches = list(fn())
+        for i, batch in enumerate(batches):
             if not isinstance(batch, dict):
                 if len(names) != 1:
                     raise InputError(f"calibration callable {spec}: batch {i} is not a dict of input name -> array")

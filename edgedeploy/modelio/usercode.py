@@ -12,8 +12,12 @@ files describe. Afterwards the modules the user's own process had imported (a no
 module objects it holds, and the build uses the code on disk. Modules this loader imported itself stay
 in ``sys.modules`` until the next build starts (:func:`forget`); the user's are never dropped.
 
+The factory (and a calibration callable) runs under the same rules (:func:`running_user_code`), so an
+import it makes only when called (``from .layers import Net`` inside ``build()``) reads the project on disk.
+
 Every user module the loaded module depends on is recorded (:mod:`edgedeploy.modelio.userfiles`): the
-ones the load imported and the ones it found already imported. Those files are the user's code,
+ones the load imported, the ones it found already imported, and project files its import statements name
+that nothing imported yet (the factory's late imports). Those files are the user's code,
 hashed into the cache key and listed in the manifest. User modules outside ``model.python_path``
 that were already imported are used as the process has them (they are hashed and listed, not
 re-imported: put their folder in ``model.python_path`` to have each build read them from disk).

@@ -20,6 +20,9 @@ CALIB_MODULE = textwrap.dedent(
     """
     from {helper} import load_batches
 
+    with open(__file__ + ".imports", "a") as log:  # how often a build executes this module
+        log.write("x")
+
 
     def batches():
         yield from load_batches()
@@ -116,8 +119,12 @@ def test_calibration_helper_edit_reruns_precision_and_lists_the_files(
     listed = _code_files(out, "calib_code")
     assert {str(calib.resolve()), str(helper.resolve())} <= listed, listed
 
+    imports = Path(f"{calib}.imports")
+    assert imports.read_text() == "x"  # loaded once per build: hashed, then used by reference and precision
+
     again = edgedeploy.build(cfg, log=_quiet)  # nothing edited: nothing runs again
     assert _status(again)["precision"] == "cached", _status(again)
+    assert imports.read_text() == "xx"
 
     helper.write_text(CALIB_HELPER.format(scale="0.5"))  # the callable's own file is unchanged
     second = edgedeploy.build(cfg, log=_quiet)

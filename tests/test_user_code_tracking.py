@@ -169,17 +169,12 @@ def user_imported(tmp_path: Path) -> Iterator[tuple[Path, Path, str]]:
         sys.modules.pop(helper, None)
 
 
-def test_a_helper_the_user_already_imported_is_hashed_and_listed(user_imported: tuple[Path, Path, str]) -> None:
-    cfg, helper, _ = user_imported
-    built = edgedeploy.build(cfg, log=_quiet)
-    assert str(helper.resolve()) in _code_files(built.out, "model_code")
-
-
-def test_a_helper_the_user_imported_and_then_edited_is_rebuilt(user_imported: tuple[Path, Path, str]) -> None:
+def test_a_helper_the_user_imported_is_listed_and_read_afresh(user_imported: tuple[Path, Path, str]) -> None:
     cfg, helper, name = user_imported
     users_module = sys.modules[name]
     first = edgedeploy.build(cfg, log=_quiet)
     assert "Relu" in _ops(first.out / "model.onnx")
+    assert str(helper.resolve()) in _code_files(first.out, "model_code")  # hashed although already imported
 
     helper.write_text(TANH)
     second = edgedeploy.build(cfg, log=_quiet)
@@ -215,16 +210,7 @@ def outside_helper(tmp_path: Path) -> Iterator[tuple[Path, Path, Path, str]]:
         sys.modules.pop(consts, None)
 
 
-def test_already_imported_helpers_outside_the_project_are_listed(
-    outside_helper: tuple[Path, Path, Path, str],
-) -> None:
-    cfg, helper, consts, _ = outside_helper
-    built = edgedeploy.build(cfg, log=_quiet)
-    # the helper is reached through the model's globals, its constant module through its import statement
-    assert {str(helper.resolve()), str(consts.resolve())} <= _code_files(built.out, "model_code")
-
-
-def test_an_imported_helper_outside_the_project_edited_since_is_refused_until_reloaded(
+def test_imported_helpers_outside_the_project_are_listed_and_refused_when_edited_since(
     outside_helper: tuple[Path, Path, Path, str],
 ) -> None:
     import importlib
@@ -232,7 +218,9 @@ def test_an_imported_helper_outside_the_project_edited_since_is_refused_until_re
     from edgedeploy.errors import ConfigError
 
     cfg, helper, consts, name = outside_helper
-    edgedeploy.build(cfg, log=_quiet)
+    built = edgedeploy.build(cfg, log=_quiet)
+    # the helper is reached through the model's globals, its constant module through its import statement
+    assert {str(helper.resolve()), str(consts.resolve())} <= _code_files(built.out, "model_code")
     consts.write_text("GAIN = 2.0\n")  # the process still runs GAIN = 1.0
     with pytest.raises(ConfigError, match=f"changed on disk since this process imported module '{name}'"):
         edgedeploy.build(cfg, log=_quiet)

@@ -6,8 +6,9 @@ the import machinery alone misses modules that were already in ``sys.modules`` (
 imported the model and its helpers before calling ``edgedeploy.build()``): the modules the load
 imported afresh, and a walk from the loaded module through every user module it reaches, by its
 globals (``import helper``, ``from helper import act``) and by the import statements in its source
-(``from helper import SCALE``, imports inside functions), resolved against ``sys.modules``. Nothing
-here imports or executes anything.
+(``from helper import SCALE``, imports inside functions), resolved against ``sys.modules`` or, for a
+module nothing imported yet (an import the factory makes only when it runs), found by file in the
+project's folders. Nothing here imports or executes anything.
 """
 
 from __future__ import annotations

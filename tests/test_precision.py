@@ -132,6 +132,15 @@ def test_int8_fallback_finds_the_outlier_layers(tmp_path: Path) -> None:
     assert all("INT8 sensitive" in why for why in result.excluded.values())
     assert {r["node"] for r in result.sensitivity[:2]} == {"/Mul", "/c2/Conv"}  # ranked most sensitive
     assert result.sensitivity[1]["output_error"] > 3 * result.sensitivity[2]["output_error"]
+    # at each size the k most sensitive nodes first, then the float prefix (the first k quantized nodes)
+    assert [(t.get("family"), t["float_nodes"]) for t in result.tries] == [
+        (None, 0),
+        ("sensitivity", 1),
+        ("prefix", 1),
+        ("sensitivity", 2),
+    ]
+    assert result.tries[2]["excluded"] == ["/c1/Conv"] and not result.tries[2]["met"]
+    assert result.final["family"] == "sensitivity"
     assert {"fp32", "int8_naive", "int8_final", "fallback_cost"} <= set(result.latency)
     ref = analysis.run_model(q.float_model, batches)
     assert analysis.accuracy(ref, analysis.run_model(tmp_path / "model.int8.onnx", batches), [])["score"] >= 0.99

@@ -221,7 +221,9 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     if not result.met:
         final = result.final
         table = "; ".join(
-            f"try {t['try']}: {t['float_nodes']} float nodes, {t['metric']} {t['score']:.4f}"
+            f"try {t['try']}: {t['float_nodes']} float nodes"
+            + (f" ({t['family']})" if t.get("family") else "")
+            + f", {t['metric']} {t['score']:.4f}"
             + (f" ({t['vetoed']})" if "vetoed" in t else "")
             for t in result.tries
         )
@@ -244,7 +246,10 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             hint=hint + resolution,
         )
     if result.candidates and not _int8_compute_left(ctx.staging / deploy_model_name("int8")):
-        scores = ", ".join(f"{t['float_nodes']} float: {t['score']:.3f}" for t in result.tries)
+        scores = ", ".join(
+            f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
+            for t in result.tries
+        )
         raise StageError(
             "precision",
             f"INT8 meets precision.accuracy_target = {p.accuracy_target} only with every Conv/Gemm/MatMul back in "

@@ -150,7 +150,7 @@ def test_auto_measures_plain_bias_corrected_and_equalized_and_keeps_the_best(tmp
         corrected = bias.outputs if method == "outputs" else bias.means is not None
         assert corrected == (best != "plain")
         assert note["bias_correction"] == {"applied": best != "plain", "method": method}
-        if method == "outputs" and best != "plain":  # measured once on the naive model, handed to the final one
+        if method == "outputs" and best != "plain":  # measured on the naive model, handed to the final one
             assert bias.shifts
 
 
@@ -216,6 +216,8 @@ def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> 
     q.quantize(tmp_path / "naive.int8.onnx", batches)
     assert q.output_shifts and set(q.output_shifts) == set(convs)
     kept = q.quantize(tmp_path / "kept.int8.onnx", batches, exclude=[convs[1]])
+    # measured again for this float set (the naive model's shifts would over-correct), without the float conv
+    assert q.output_shifts_for == (convs[1],) and set(q.output_shifts) == set(convs) - {convs[1]}
     model = onnx.load(str(kept))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     node = next(n for n in model.graph.node if n.name == convs[1])

@@ -66,13 +66,20 @@ def output_mean_shifts(
     """Conv node name -> per-channel value to add to its bias so that, conv by conv in graph order, the
     quantized model's output means match the float model's on ``batches`` (at most :data:`SAMPLES` samples).
 
-    Convs missing from the float model (renamed by the quantizer) are skipped.
+    Only quantized convs (weights behind a DequantizeLinear) are measured; convs missing from the float model
+    (renamed by the quantizer) are skipped.
     """
     import onnx
 
     batches = list(batches)[:SAMPLES]
     model = onnx.load(str(qdq_path))
-    convs = _corrected_convs(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+
+    def quantized(conv: NodeProto) -> bool:
+        weights = producers.get(conv.input[1])
+        return weights is not None and weights.op_type == "DequantizeLinear"
+
+    convs = [c for c in _corrected_convs(model) if quantized(c)]  # float convs take no shift
     reference = float_output_means(float_path, [c.name for c in convs], batches)
     convs = [c for c in convs if c.name in reference]
     if not convs or not batches:

@@ -24,16 +24,18 @@ Feeds = dict[str, np.ndarray]
 @dataclass
 class BiasSetup:
     """The bias correction chosen for the INT8 quantizers: float input means ("weights"), or layer-by-layer
-    output means ("outputs", with the shifts measured once on the naive model and reused)."""
+    output means ("outputs"; the shifts measured on the naive model are reused by the final quantizer's naive try)."""
 
     means: dict[str, np.ndarray] | None = None
     outputs: bool = False
     shifts: dict[str, np.ndarray] | None = None
+    shifts_for: tuple[str, ...] | None = None
 
     def configure(self, q: Quantizer, *, fresh: bool = False) -> None:
         q.bias_means = self.means
         q.output_bias_correction = self.outputs
         q.output_shifts = None if fresh else self.shifts
+        q.output_shifts_for = None if fresh else self.shifts_for
 
 
 def choose_equalization(
@@ -98,7 +100,7 @@ def choose_equalization(
         q = Quantizer(model, tmp / f"eq_{name}", flavour, method=p.calib_method, per_channel=p.per_channel)
         bias.configure(q)
         m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
-        bias.shifts = q.output_shifts  # measured on this naive model: the final quantizer reuses them
+        bias.shifts, bias.shifts_for = q.output_shifts, q.output_shifts_for  # the final naive try reuses them
         scores[name] = analysis.accuracy(reference, analysis.run_model(m, evals), classes)["score"]
     note["measured"] = scores
     best = max(scores, key=lambda k: (scores[k], k == "plain"))  # ties: the unmodified model

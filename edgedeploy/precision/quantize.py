@@ -145,10 +145,10 @@ class Quantizer:
     reduce_range: bool | None = None  # None: the flavour's default
     # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)
     bias_means: dict[str, np.ndarray] | None = None
-    # layer-by-layer output-mean correction (precision/bias_correction.py): measured on the first full
-    # quantization (the naive model) and reused by every later one, so a fallback try costs no re-measurement
+    # layer-by-layer output-mean correction (precision/bias_correction.py), measured for each set of float nodes
     output_bias_correction: bool = False
     output_shifts: dict[str, np.ndarray] | None = None
+    output_shifts_for: tuple[str, ...] | None = None  # the sorted exclusions the shifts were measured with
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -219,8 +219,12 @@ class Quantizer:
         if self.output_bias_correction and only is None:
             from edgedeploy.precision.bias_correction import apply_bias_shifts, output_mean_shifts
 
-            if self.output_shifts is None:
+            # measured per float set: keeping early layers float changes every later conv's mean shift, so
+            # shifts measured on the all-INT8 model would over-correct a fallback try
+            key = tuple(sorted(exclude))
+            if self.output_shifts is None or self.output_shifts_for != key:
                 self.output_shifts = output_mean_shifts(out, self.float_model, batches)
+                self.output_shifts_for = key
             apply_bias_shifts(out, self.output_shifts)
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)

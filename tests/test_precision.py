@@ -396,7 +396,7 @@ def test_int8_that_needs_every_layer_in_float_is_refused_not_shipped_as_int8(tmp
 
 
 def test_a_target_the_held_out_set_cannot_resolve_says_so() -> None:
-    from edgedeploy.stages.precision import resolution_hint
+    from edgedeploy.precision.heldout import resolution_hint
 
     hint = resolution_hint("top1_agreement", 16, 0.99)  # one flip in 16 is 6.25 %: 0.99 means "no flip"
     assert "judged on 16 held-out samples" in hint and "6.2%" in hint and "precision.calib_samples" in hint

@@ -58,3 +58,14 @@ def held_out_score(
         }
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "samples": int(len(ref)), "outputs": per_output}
+
+
+def resolution_hint(metric: str, samples: int, target: float) -> str:
+    """A hint suffix when top-1 agreement on ``samples`` held-out samples cannot resolve ``target``: agreement
+    moves in steps of 1/N, so with N < 1 / (1 - target) a single flip already misses it."""
+    if metric != "top1_agreement" or not 0 < samples < 1 / max(1 - target, 1e-9):
+        return ""
+    return (
+        f"; judged on {samples} held-out samples, one disagreement costs {1 / samples:.1%}: give more samples "
+        "(precision.calib_samples, a quarter is held out) or validate.data to judge on more"
+    )

@@ -138,17 +138,6 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
     return warnings
 
 
-def resolution_hint(metric: str, samples: int, target: float) -> str:
-    """A hint suffix when top-1 agreement on ``samples`` held-out samples cannot resolve ``target``: agreement
-    moves in steps of 1/N, so with N < 1 / (1 - target) a single flip already misses it."""
-    if metric != "top1_agreement" or not 0 < samples < 1 / max(1 - target, 1e-9):
-        return ""
-    return (
-        f"; judged on {samples} held-out samples, one disagreement costs {1 / samples:.1%}: give more samples "
-        "(precision.calib_samples, a quarter is held out) or validate.data to judge on more"
-    )
-
-
 def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
@@ -217,6 +206,8 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         latency_iters=max(cfg.validate.latency_iters, 3),
         log=log,
     )
+    from edgedeploy.precision.heldout import resolution_hint
+
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], p.accuracy_target)
     if not result.met:
         final = result.final

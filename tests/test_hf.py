@@ -90,6 +90,7 @@ def test_text_file_is_tokenized_to_the_input_spec(bert_folder: Path, tmp_path: P
         assert b["input_ids"][0, 0] == 2  # [CLS]
 
 
+@pytest.mark.slow  # a full BERT FP32 build (~16 s); the INT8 sentences build keeps BERT in the fast run
 def test_bert_embedder_with_output_named_embedding_builds_for_cpu(bert_folder: Path, tmp_path: Path) -> None:
     """No capture or exporter override; 'embedding' may collide with an internal tensor name."""
     text = tmp_path / "sentences.txt"

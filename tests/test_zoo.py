@@ -149,9 +149,9 @@ def _tv(name: str, **kwargs: Any) -> ZooModel:
     return ZooModel(f"torchvision.models:{name}", {"num_classes": 10, **kwargs})
 
 
-# The default run keeps one CNN, the ViT, the LSTM, the detection head and the transformer encoder, all with
-# default settings; the rest of the zoo (the OCR recognizer and the depthwise CNNs included) is `slow`, run by
-# CI's separate slow step (.ci/run --slow).
+# The default run keeps one CNN, the ViT, the LSTM and the detection head, all with default settings; the rest
+# of the zoo (the OCR recognizer, the transformer encoder and the depthwise CNNs included) is `slow`, run by CI's
+# separate slow step (.ci/run --slow).
 ZOO: dict[str, Any] = {
     "resnet18": _tv("resnet18"),
     "mobilenet_v2": pytest.param(_tv("mobilenet_v2", width_mult=0.25), marks=pytest.mark.slow),
@@ -225,12 +225,15 @@ ZOO: dict[str, Any] = {
         outputs=("boxes", "scores"),
         classifier=False,
     ),
-    "transformer_encoder": ZooModel(
-        "zoo_sequence:encoder",
-        inputs=[{"name": "tokens", "shape": ["batch", "seq"], "dtype": "int64", "range": [0, 49]}],
-        dims={"batch": {"min": 1, "opt": 2, "max": 3}, "seq": {"min": 2, "opt": 8, "max": 16}},
-        outputs=("scores",),
-        classifier=False,
+    "transformer_encoder": pytest.param(
+        ZooModel(
+            "zoo_sequence:encoder",
+            inputs=[{"name": "tokens", "shape": ["batch", "seq"], "dtype": "int64", "range": [0, 49]}],
+            dims={"batch": {"min": 1, "opt": 2, "max": 3}, "seq": {"min": 2, "opt": 8, "max": 16}},
+            outputs=("scores",),
+            classifier=False,
+        ),
+        marks=pytest.mark.slow,  # the ViT and the transformer INT8 tests keep attention in the fast run
     ),
     "resnet50": pytest.param(_tv("resnet50"), marks=pytest.mark.slow),
     "resnext50_32x4d": pytest.param(_tv("resnext50_32x4d"), marks=pytest.mark.slow),

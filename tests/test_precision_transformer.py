@@ -348,6 +348,7 @@ def _tiny_project(tmp_path: Path, target: str) -> Path:
     return proj / "deploy.toml"
 
 
+@pytest.mark.slow  # ~22 s; test_hf's INT8 BERT build from a sentences file keeps this path in the fast run
 def test_cpu_int8_build_of_a_transformer(tmp_path: Path) -> None:
     """deploy build --precision int8 on the tiny transformer: the transformer recipe, notes and validation."""
     result = edgedeploy.build(_tiny_project(tmp_path, "cpu"), log=lambda _: None)

@@ -149,9 +149,9 @@ def _tv(name: str, **kwargs: Any) -> ZooModel:
     return ZooModel(f"torchvision.models:{name}", {"num_classes": 10, **kwargs})
 
 
-# The default run keeps one CNN, the ViT, the LSTM and the detection head, all with default settings; the rest
-# of the zoo (the OCR recognizer, the transformer encoder and the depthwise CNNs included) is `slow`, run by CI's
-# separate slow step (.ci/run --slow).
+# The default run keeps one CNN (the demo's ResNet-18), the ViT, the LSTM and the detection head, all with default
+# settings; the rest of the zoo (the OCR recognizer, the transformer encoder and the depthwise CNNs included) is
+# `slow`, run by CI's separate slow step (.ci/run --slow).
 ZOO: dict[str, Any] = {
     "resnet18": _tv("resnet18"),
     "mobilenet_v2": pytest.param(_tv("mobilenet_v2", width_mult=0.25), marks=pytest.mark.slow),

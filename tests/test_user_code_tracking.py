@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_TOML, write_tiny_project
+from test_user_code import HELPED_MODEL as USER_CODE_MODEL
+from test_user_code import RELU, TANH
 
 import edgedeploy
 from edgedeploy.pipeline.runner import BuildResult
@@ -41,32 +43,8 @@ CALIB_HELPER = textwrap.dedent(
             yield {{"image": (SCALE * rng.uniform(-1, 1, (2, 3, 16, 16))).astype("float32")}}
     """
 )
-HELPED_MODEL = textwrap.dedent(
-    """
-    from torch import nn
-
-    from {helper} import act
-
-
-    class TinyNet(nn.Module):
-        def __init__(self, channels: int = 4, classes: int = 5):
-            super().__init__()
-            self.conv = nn.Conv2d(3, channels, 3, padding=1)
-            self.bn = nn.BatchNorm2d(channels)
-            self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(channels, classes)
-
-        def forward(self, image):
-            x = act(self.bn(self.conv(image)))
-            return self.fc(self.pool(x).flatten(1))
-
-
-    def build(channels: int = 4, classes: int = 5):
-        return TinyNet(channels, classes)
-    """
-)
-RELU = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
-TANH = "import torch\n\n\ndef act(x):\n    return 5 * torch.tanh(x)\n"
+# test_user_code's model, importing ``act`` from a helper module named per test
+HELPED_MODEL = USER_CODE_MODEL.replace("from tiny_helper import act", "from {helper} import act")
 
 
 def _quiet(_: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import warnings
@@ -246,7 +247,7 @@ def main() -> int:
     result["setup"] = {
         "calibration": "48 crops of the calibration photos (seed 0, the stage's calibrated share of 64)",
         "heldout": f"{args.heldout_crops} crops of {', '.join(base.HELDOUT_PHOTOS)} (seed 1)",
-        "load_average": list(__import__("os").getloadavg()),
+        "load_average": list(os.getloadavg()),
     }
     text = json.dumps(result, indent=2)
     print(text)

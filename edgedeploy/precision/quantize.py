@@ -149,6 +149,8 @@ class Quantizer:
     output_bias_correction: bool = False
     output_shifts: dict[str, np.ndarray] | None = None
     output_shifts_for: tuple[str, ...] | None = None  # the sorted exclusions the shifts were measured with
+    # learned weight rounding (precision/adaround.py): integer codes written over ORT's nearest rounding
+    weight_codes: Any = None  # adaround.RoundingResult
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +214,10 @@ class Quantizer:
                 calibration_cache_path=str(self._ranges_json),
             )
         bypass_qdq_into_float_nodes(out, self.float_model)
+        if self.weight_codes is not None:  # before bias correction: it measures the rounded model
+            from edgedeploy.precision.adaround import apply_codes
+
+            apply_codes(out, self.weight_codes)
         from edgedeploy.precision.equalize import correct_bias, integer_clip_bounds
 
         if self.bias_means:

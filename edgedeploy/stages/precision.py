@@ -192,6 +192,15 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
     q.reduce_range = reduce_range
     bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
+    rounding: dict[str, Any] = {"method": "nearest", "why": "precision.weight_rounding = nearest"}
+    if p.weight_rounding == "adaround":
+        from edgedeploy.precision.adaround import round_weights
+
+        rounding = round_weights(q, calib, tmp, exclude=p.keep_fp32)  # calibration batches only, never held-out
+        if log:
+            err = rounding["mean_output_error"]
+            log(f"INT8 weight rounding: adaround on {rounding['layers']} layers, mean layer output error "
+                f"{err['nearest']:.4g} -> {err['learned']:.4g}")  # fmt: skip
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
@@ -263,6 +272,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
         "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
         "calib_method": p.calib_method,
+        "weight_rounding": rounding,
         "equalize": equalized,
         "accuracy_target": p.accuracy_target,
         "judged_on": judged,

@@ -1,0 +1,139 @@
+"""Learned weight rounding (AdaRound) on EfficientNet-Lite0 INT8, judged on real photos never calibrated on.
+
+Same model, photos and split as ``bench/int8_cnn.py``; every variant calibrates on the precision stage's share
+of the 64 calibration crops (the first 48; the stage holds the last 16 out) and is scored against the FP32 ONNX
+model on 270 crops of 9 other photos and 270 fresh crops of the calibration photos. Variants (all every layer
+INT8, edgedeploy's quantizer with the cpu flavour, 8-bit per-channel weights, layer-by-layer output bias
+correction as the precision stage's default):
+
+- ``nearest``: ORT's round-to-nearest weights (today's best all-INT8 model);
+- ``adaround_float_inputs``: rounding learned to reconstruct each layer's float output from its float input;
+- ``adaround_quantized_inputs``: ... from its input in the nearest-rounded QDQ model (upstream error included);
+- ``adaround_sequential``: the same, a second time with the inputs of the AdaRound model of the first pass.
+
+Also ONNX Runtime CPU latency of each vs FP32 (batch 1, one thread, interleaved rounds) and the seconds the
+rounding took. Usage: ``python bench/int8_cnn_adaround.py --json bench/int8_cnn_adaround.json``
+(``--fp32 model.onnx`` reuses an exported FP32 model; else a cpu FP32 build exports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import int8_cnn as base
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--fp32", type=Path, help="the exported FP32 model.onnx (default: build it)")
+    ap.add_argument("--heldout-crops", type=int, default=270)
+    ap.add_argument("--iters", type=int, default=300, help="AdaRound steps per layer")
+    ap.add_argument("--variants", default="nearest,adaround_float_inputs,adaround_quantized_inputs,adaround_sequential")
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    from edgedeploy.precision.adaround import learn_rounding
+    from edgedeploy.precision.data import split_heldout
+    from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
+
+    pics = base.photos()
+    calib_crops = base.crops([pics[n] for n in base.CALIB_PHOTOS], 64, seed=0)
+    x_all = base.to_input(calib_crops)
+    calib, _ = split_heldout([{"image": x_all[i : i + 1]} for i in range(len(x_all))])
+    held = base.to_input(base.crops([pics[n] for n in base.HELDOUT_PHOTOS], args.heldout_crops, seed=1))
+    fresh = base.to_input(base.crops([pics[n] for n in base.CALIB_PHOTOS], args.heldout_crops, seed=2))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="int8-adaround-"))
+    work.mkdir(parents=True, exist_ok=True)
+    fp32 = args.fp32
+    if fp32 is None:
+        from edgedeploy.api import build
+
+        cfg = base.write_project(work / "project", calib_crops)
+        sys.path.insert(0, str(cfg.parent))
+        build(cfg, log=lambda _: None, build__target="cpu", build__out=str(work / "out-cpu"))
+        fp32 = work / "out-cpu" / "model.onnx"
+    pre = preprocess(fp32, work / "float.onnx")  # BN folded, as the precision stage quantizes it
+    flavour = flavour_for("onnxruntime")
+
+    def quantizer(name: str) -> Quantizer:
+        d = work / name
+        d.mkdir(exist_ok=True)
+        return Quantizer(pre, d, flavour, reduce_range=False)
+
+    naive = quantizer("naive").quantize(work / "naive.onnx", calib)
+    wanted = args.variants.split(",")
+    paths: dict[str, Path] = {}
+    rounding: dict[str, dict] = {}
+    for name in wanted:
+        q = quantizer(name)
+        q.output_bias_correction = True
+        t0 = time.perf_counter()
+        if name == "adaround_float_inputs":
+            q.weight_codes = learn_rounding(pre, calib, iters=args.iters)
+        elif name == "adaround_quantized_inputs":
+            q.weight_codes = learn_rounding(pre, calib, quantized_model=naive, iters=args.iters)
+        elif name == "adaround_sequential":
+            first = learn_rounding(pre, calib, quantized_model=naive, iters=args.iters)
+            q1 = quantizer(name + "_pass1")
+            q1.weight_codes = first
+            pass1 = q1.quantize(work / "pass1.onnx", calib)
+            q.weight_codes = learn_rounding(pre, calib, quantized_model=pass1, iters=args.iters)
+        elif name != "nearest":
+            raise SystemExit(f"unknown variant {name}")
+        learn_s = time.perf_counter() - t0
+        paths[name] = q.quantize(work / f"{name}.onnx", calib)
+        if q.weight_codes is not None:
+            layers = q.weight_codes.layers
+            rounding[name] = {
+                "seconds": round(learn_s, 1),
+                "layers_learned": sum(r["learned"] for r in layers),
+                "layers": len(layers),
+                "mean_output_error_nearest": round(float(np.mean([r["error_nearest"] for r in layers])), 5),
+                "mean_output_error_learned": round(float(np.mean([r["error_learned"] for r in layers])), 5),
+                "per_layer": layers,
+            }
+        print(name, "built", rounding.get(name, {}).get("seconds"), flush=True)
+    sessions = {"fp32": base.session(pre), **{k: base.session(v) for k, v in paths.items()}}
+    ref_held, ref_fresh = base.top1(sessions["fp32"], held), base.top1(sessions["fp32"], fresh)
+    agreement = {}
+    for name in paths:
+        s = sessions[name]
+        agreement[name] = {
+            "heldout_photos": round(float((base.top1(s, held) == ref_held).mean()), 4),
+            "fresh_crops_of_calibration_photos": round(float((base.top1(s, fresh) == ref_fresh).mean()), 4),
+        }
+        print(name, agreement[name], flush=True)
+    lat = base.latency(sessions, held, rounds=5, iters=15)
+    result = {
+        "agreement_top1_vs_fp32": agreement,
+        "speed_vs_fp32": {k: round(lat[k]["speedup_vs_fp32_median"], 2) for k in paths},
+        "p50_ms": {k: round(v["p50_ms_median"], 2) for k, v in lat.items()},
+        "rounding": rounding,
+        "setup": {
+            "calibration": "the first 48 of 64 crops of the calibration photos (seed 0): the stage's calibrated share",
+            "heldout": f"{args.heldout_crops} crops of {', '.join(base.HELDOUT_PHOTOS)} (seed 1), and "
+            f"{args.heldout_crops} fresh crops (seed 2) of the calibration photos",
+            "adaround_iters": args.iters,
+            "load_average": list(os.getloadavg()),
+        },
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -84,6 +84,7 @@ class RoundingResult:
 
     codes: dict[str, np.ndarray] = field(default_factory=dict)  # weight initializer -> int8 codes (its shape)
     scales: dict[str, np.ndarray] = field(default_factory=dict)  # weight initializer -> per-channel scale
+    axes: dict[str, int] = field(default_factory=dict)  # weight initializer -> its output-channel axis
     layers: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -137,6 +138,10 @@ def _patches(layer: Layer, x: Any) -> Any:
     """torch tensor (groups, patch, positions) of the layer's input patches (im2col)."""
     import torch.nn.functional as F
 
+    if layer.op == "Conv" and layer.kernel == (1, 1) and layer.strides == (1, 1) and not any(layer.pads):
+        b, c, h, w = x.shape  # a pointwise conv's patches are its input pixels
+        cols = x.reshape(b, layer.groups, c // layer.groups, h * w).permute(1, 2, 0, 3)
+        return cols.reshape(layer.groups, c // layer.groups, b * h * w)
     if layer.op == "Conv":
         top, left, bottom, right = layer.pads
         if (top, left) != (bottom, right):
@@ -339,6 +344,7 @@ def learn_rounding(
                 codes = learned if kept else nearest
                 result.codes[layer.weight] = layer.unrows(codes).astype(np.int8)
                 result.scales[layer.weight] = scale.reshape(-1)
+                result.axes[layer.weight] = 1 if layer.transposed else 0
                 flipped = float((learned != nearest).mean())
                 result.layers.append(
                     {"node": layer.node, "error_nearest": round(e_near, 6), "error_learned": round(e_learn, 6),
@@ -354,8 +360,10 @@ def learn_rounding(
 
 def apply_codes(qdq_path: Path, result: RoundingResult) -> int:
     """Write the learned codes into the QDQ model at ``qdq_path``: every weight DequantizeLinear whose int8
-    initializer was quantized from a weight in ``result`` with the same per-channel scales gets the learned
-    codes. Returns the weights rewritten (the file is rewritten only when there are any)."""
+    initializer was quantized from a weight in ``result`` gets the learned codes in each output channel whose
+    scale is the one they were learned for. ONNX Runtime raises the weight scale of a channel whose int32 bias
+    would overflow (a dead channel: near-zero weights, a bias); such channels keep ORT's codes.
+    Returns the weights rewritten (the file is rewritten only when there are any)."""
     import onnx
     from onnx import numpy_helper
 
@@ -382,9 +390,14 @@ def apply_codes(qdq_path: Path, result: RoundingResult) -> int:
         ours = result.scales[source]
         if old.dtype != np.int8 or old.shape != new.shape or scale.shape != ours.shape:
             continue
-        if not np.allclose(scale, ours, rtol=1e-6, atol=0):
+        same = np.isclose(scale, ours, rtol=1e-6, atol=0)
+        if not same.any():
             continue
-        inits[q_name].CopyFrom(numpy_helper.from_array(new.astype(np.int8), q_name))
+        axis = result.axes.get(source, 0)
+        shape = [1] * old.ndim
+        shape[axis] = -1
+        codes = np.where(same.reshape(shape), new, old).astype(np.int8)
+        inits[q_name].CopyFrom(numpy_helper.from_array(codes, q_name))
         done.add(q_name)
         changed += 1
     if changed:

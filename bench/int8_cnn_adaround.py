@@ -9,7 +9,8 @@ correction as the precision stage's default):
 - ``nearest``: ORT's round-to-nearest weights (today's best all-INT8 model);
 - ``adaround_float_inputs``: rounding learned to reconstruct each layer's float output from its float input;
 - ``adaround_quantized_inputs``: ... from its input in the nearest-rounded QDQ model (upstream error included);
-- ``adaround_sequential``: the same, a second time with the inputs of the AdaRound model of the first pass.
+- ``adaround_sequential[_N]``: the same, N layers at a time in graph order (default 4), each step's inputs taken
+  from the QDQ model with the layers before it already rounded.
 
 Also ONNX Runtime CPU latency of each vs FP32 (batch 1, one thread, interleaved rounds) and the seconds the
 rounding took. Usage: ``python bench/int8_cnn_adaround.py --json bench/int8_cnn_adaround.json``
@@ -83,12 +84,9 @@ def main() -> int:
             q.weight_codes = learn_rounding(pre, calib, iters=args.iters)
         elif name == "adaround_quantized_inputs":
             q.weight_codes = learn_rounding(pre, calib, quantized_model=naive, iters=args.iters)
-        elif name == "adaround_sequential":
-            first = learn_rounding(pre, calib, quantized_model=naive, iters=args.iters)
-            q1 = quantizer(name + "_pass1")
-            q1.weight_codes = first
-            pass1 = q1.quantize(work / "pass1.onnx", calib)
-            q.weight_codes = learn_rounding(pre, calib, quantized_model=pass1, iters=args.iters)
+        elif name.startswith("adaround_sequential"):  # adaround_sequential[_<layers per step>], default 4
+            step = int(name.rsplit("_", 1)[1]) if name[-1].isdigit() else 4
+            q.weight_codes = learn_rounding(pre, calib, quantized_model=naive, sequential=step, iters=args.iters)
         elif name != "nearest":
             raise SystemExit(f"unknown variant {name}")
         learn_s = time.perf_counter() - t0

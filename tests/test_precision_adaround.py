@@ -71,7 +71,9 @@ def test_learned_codes_sit_on_ort_grid_and_the_quantized_model_carries_them(tmp_
         codes, scale = again[n.name]
         np.testing.assert_array_equal(codes, result.codes[n.input[1]])
         np.testing.assert_allclose(scale.reshape(-1), result.scales[n.input[1]], rtol=1e-6)
-        w = numpy_helper.to_array(next(i for i in onnx.load(str(float_model)).graph.initializer if i.name == n.input[1]))
+        w = numpy_helper.to_array(
+            next(i for i in onnx.load(str(float_model)).graph.initializer if i.name == n.input[1])
+        )
         nearest = np.clip(np.round(w / scale.reshape(-1, 1, 1, 1)), -127, 127)
         flipped += int((nearest != codes).sum())
     assert flipped > 0  # it learned something other than nearest rounding
@@ -172,3 +174,19 @@ def test_weight_rounding_key_is_validated(tiny_project: Path) -> None:
     tiny_project.write_text(tiny_project.read_text() + '\n[precision]\nweight_rounding = "stochastic"\n')
     with pytest.raises(ConfigError, match="precision.weight_rounding"):
         load_config(tiny_project)
+
+
+def test_sequential_rounding_feeds_learned_codes_to_later_layers(tmp_path: Path) -> None:
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=16, batch=8)
+    (tmp_path / "q").mkdir()
+    nearest = Quantizer(float_model, tmp_path / "q", flavour_for("onnxruntime"), reduce_range=False).quantize(
+        tmp_path / "nearest.int8.onnx", batches
+    )
+    at_once = adaround.learn_rounding(float_model, batches, quantized_model=nearest, iters=60)
+    seq = adaround.learn_rounding(float_model, batches, quantized_model=nearest, sequential=1, iters=60)
+    assert [r["node"] for r in seq.layers] == [r["node"] for r in at_once.layers]
+    # the first layer's input does not depend on any rounding: the same statistics either way
+    assert seq.layers[0]["error_nearest"] == pytest.approx(at_once.layers[0]["error_nearest"], rel=1e-6)
+    # later layers read inputs computed with the learned codes upstream: different statistics
+    assert seq.layers[-1]["error_nearest"] != pytest.approx(at_once.layers[-1]["error_nearest"], rel=1e-6)

@@ -196,7 +196,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     if p.weight_rounding == "adaround":
         from edgedeploy.precision.adaround import round_weights
 
-        rounding = round_weights(q, calib, tmp, exclude=p.keep_fp32)  # calibration batches only, never held-out
+        rounding = round_weights(q, calib)  # calibration batches only, never held-out
         if log:
             err = rounding["mean_output_error"]
             log(f"INT8 weight rounding: adaround on {rounding['layers']} layers, mean layer output error "

@@ -388,7 +388,9 @@ def test_int8_that_needs_every_layer_in_float_is_refused_not_shipped_as_int8(tmp
     from edgedeploy.errors import StageError
     from edgedeploy.stages.precision import PrecisionFromOnnx
 
-    ctx = _stage_ctx(tmp_path, "cpu", "int8", outlier_net(), {"accuracy_target": 0.9999999, "max_fallback_tries": 12})
+    # nearest rounding: with AdaRound the stem conv alone in INT8 reaches cosine 0.99999997 and the build passes
+    over = {"accuracy_target": 0.9999999, "max_fallback_tries": 12, "weight_rounding": "nearest"}
+    ctx = _stage_ctx(tmp_path, "cpu", "int8", outlier_net(), over)
     with pytest.raises(StageError) as err:
         PrecisionFromOnnx().run(ctx)
     assert "only with every Conv/Gemm/MatMul back in float" in str(err.value) and "FP32 model" in str(err.value)

@@ -10,7 +10,10 @@ correction as the precision stage's default):
 - ``adaround_float_inputs``: rounding learned to reconstruct each layer's float output from its float input;
 - ``adaround_quantized_inputs``: ... from its input in the nearest-rounded QDQ model (upstream error included);
 - ``adaround_sequential[_N]``: the same, N layers at a time in graph order (default 4), each step's inputs taken
-  from the QDQ model with the layers before it already rounded.
+  from the QDQ model with the layers before it already rounded;
+- ``adaround_mix<P>[_sequential]``: reconstruct from ``P % x~ + (100 - P) % x`` (at once, or sequential);
+- ``weights_only_nearest`` / ``weights_only_adaround``: activations float, only the weights on the INT8 grid
+  (nearest, or AdaRound from float inputs): the weight rounding error alone.
 
 Also ONNX Runtime CPU latency of each vs FP32 (batch 1, one thread, interleaved rounds) and the seconds the
 rounding took. Usage: ``python bench/int8_cnn_adaround.py --json bench/int8_cnn_adaround.json``
@@ -32,6 +35,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import int8_cnn as base
+
+
+def weights_only(float_model: Path, out: Path, codes) -> Path:
+    """``float_model`` with every Conv/Gemm weight replaced by ``scale * code`` (nearest codes when ``codes`` is
+    None): weight rounding error only, activations float."""
+    import onnx
+    from onnx import numpy_helper as nh
+
+    from edgedeploy.precision.adaround import weight_scales, weighted_layers
+
+    model = onnx.load(str(float_model))
+    inits = {i.name: i for i in model.graph.initializer}
+    for layer in weighted_layers(model):
+        w = layer.rows(nh.to_array(inits[layer.weight]).astype(np.float32))
+        scale = weight_scales(w.reshape(-1, w.shape[-1])).reshape(w.shape[0], w.shape[1], 1)
+        q = np.clip(np.round(w / scale), -127, 127) if codes is None else layer.rows(codes.codes[layer.weight])
+        inits[layer.weight].CopyFrom(nh.from_array(layer.unrows(q * scale).astype(np.float32), layer.weight))
+    onnx.save(model, str(out))
+    return out
 
 
 def main() -> int:
@@ -87,10 +109,21 @@ def main() -> int:
         elif name.startswith("adaround_sequential"):  # adaround_sequential[_<layers per step>], default 4
             step = int(name.rsplit("_", 1)[1]) if name[-1].isdigit() else 4
             q.weight_codes = learn_rounding(pre, calib, quantized_model=naive, sequential=step, iters=args.iters)
-        elif name != "nearest":
+        elif name.startswith("adaround_mix"):  # adaround_mix<percent>[_sequential]: from mix x~ + (1 - mix) x
+            mix = int(name.split("_")[1][3:]) / 100
+            step = 4 if name.endswith("_sequential") else 0
+            q.weight_codes = learn_rounding(
+                pre, calib, quantized_model=naive, sequential=step, mix=mix, iters=args.iters
+            )
+        elif name == "weights_only_adaround":
+            q.weight_codes = learn_rounding(pre, calib, iters=args.iters)
+        elif name not in ("nearest", "weights_only_nearest"):
             raise SystemExit(f"unknown variant {name}")
         learn_s = time.perf_counter() - t0
-        paths[name] = q.quantize(work / f"{name}.onnx", calib)
+        if name.startswith("weights_only"):  # float activations, the weights on the INT8 grid (as float values)
+            paths[name] = weights_only(pre, work / f"{name}.onnx", q.weight_codes)
+        else:
+            paths[name] = q.quantize(work / f"{name}.onnx", calib)
         if q.weight_codes is not None:
             layers = q.weight_codes.layers
             rounding[name] = {

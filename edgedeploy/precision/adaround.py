@@ -314,6 +314,7 @@ def learn_rounding(
     *,
     quantized_model: Path | None = None,
     sequential: int = 0,
+    mix: float = 1.0,
     nodes: Sequence[str] | None = None,
     qmax: int = 127,
     iters: int = 300,
@@ -325,7 +326,9 @@ def learn_rounding(
     never passed here. ``quantized_model``: the QDQ model whose layer inputs are the ``x~`` to reconstruct
     from (see :func:`collect_stats`); ``sequential`` > 0 (with ``quantized_model``): layers are learned in
     graph order, ``sequential`` at a time, each group's ``x~`` taken from the QDQ model with the groups before
-    it already rounded (the learned codes fed in place of its weight codes). ``nodes``: only these layers.
+    it already rounded (the learned codes fed in place of its weight codes). ``mix`` < 1: reconstruct from
+    ``mix x~ + (1 - mix) x`` instead (halfway to the float input: less fitted to the calibration data's
+    activation error). ``nodes``: only these layers.
     A layer whose learned codes reconstruct worse than nearest rounding on the calibration data keeps nearest
     rounding.
     """
@@ -344,6 +347,14 @@ def learn_rounding(
     result = RoundingResult()
 
     def learn(layer: Layer, stats: Stats) -> np.ndarray:
+        if mix < 1.0:
+            a = mix
+            stats = Stats(
+                a * a * stats.qq + a * (1 - a) * (stats.xq + stats.xq.transpose(0, 2, 1)) + (1 - a) ** 2 * stats.xx,
+                a * stats.xq + (1 - a) * stats.xx,
+                stats.xx,
+                stats.n,
+            )
         w = layer.rows(numpy_helper.to_array(inits[layer.weight]).astype(np.float32))
         g, rows, _ = w.shape
         scale = weight_scales(w.reshape(g * rows, -1), qmax).reshape(g, rows)

@@ -46,35 +46,42 @@ def _snapped(float_model: Path, out: Path, result: adaround.RoundingResult) -> P
     return out
 
 
-def test_learned_codes_sit_on_ort_grid_and_the_quantized_model_carries_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("per_channel", "reduce_range"), [(True, False), (False, False), (True, True)])
+def test_learned_codes_sit_on_ort_grid_and_the_quantized_model_carries_them(
+    tmp_path: Path, per_channel: bool, reduce_range: bool
+) -> None:
     float_model = _model(tmp_path)
     batches = photo_batches(samples=16, batch=8)
-    result = adaround.learn_rounding(float_model, batches, iters=40)
+    qmax = 64 if reduce_range else 127  # ORT's 7-bit weights: int8 in [-64, 64]
+    (tmp_path / "q").mkdir()
+    flavour = flavour_for("onnxruntime")
+    q = Quantizer(float_model, tmp_path / "q", flavour, per_channel=per_channel, reduce_range=reduce_range)
+    note = adaround.round_weights(q, batches, iters=200)
+    result = q.weight_codes
+    assert note["method"] == "adaround" and note["layers"] == 3
     convs = [n for n in onnx.load(str(float_model)).graph.node if n.op_type == "Conv"]
     assert set(result.codes) == {n.input[1] for n in convs}
-    q = Quantizer(float_model, tmp_path / "q", flavour_for("onnxruntime"), reduce_range=False)
-    (tmp_path / "q").mkdir()
-    q.weight_codes = result
     written = _weight_codes(q.quantize(tmp_path / "ada.int8.onnx", batches))
     for n in convs:
         codes, scale = written[n.name]
         np.testing.assert_array_equal(codes, result.codes[n.input[1]])
-        np.testing.assert_array_equal(scale.reshape(-1), result.scales[n.input[1]])  # ORT's scale formula
+        ours = result.scales[n.input[1]]
+        np.testing.assert_array_equal(np.broadcast_to(scale.reshape(-1), ours.shape), ours)  # ORT's formula
+        assert np.abs(codes).max() <= qmax
     # the same grid from the other side: float weights snapped to scale * code, quantized by ORT's own
-    # round-to-nearest, give back exactly those codes and scales (each channel's max |w| stays at +-127 s)
+    # round-to-nearest, give back exactly those codes and scales (each channel's max |w| stays at +-qmax s)
     snapped = _snapped(float_model, tmp_path / "snapped.onnx", result)
     (tmp_path / "s").mkdir()
-    plain = Quantizer(snapped, tmp_path / "s", flavour_for("onnxruntime"), reduce_range=False)
+    plain = Quantizer(snapped, tmp_path / "s", flavour, per_channel=per_channel, reduce_range=reduce_range)
     again = _weight_codes(plain.quantize(tmp_path / "snapped.int8.onnx", batches))
+    weights = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_model)).graph.initializer}
     flipped = 0
     for n in convs:
         codes, scale = again[n.name]
         np.testing.assert_array_equal(codes, result.codes[n.input[1]])
-        np.testing.assert_allclose(scale.reshape(-1), result.scales[n.input[1]], rtol=1e-6)
-        w = numpy_helper.to_array(
-            next(i for i in onnx.load(str(float_model)).graph.initializer if i.name == n.input[1])
-        )
-        nearest = np.clip(np.round(w / scale.reshape(-1, 1, 1, 1)), -127, 127)
+        ours = result.scales[n.input[1]]
+        np.testing.assert_allclose(np.broadcast_to(scale.reshape(-1), ours.shape), ours, rtol=1e-6)
+        nearest = np.clip(np.round(weights[n.input[1]] / ours.reshape(-1, 1, 1, 1)), -qmax, qmax)
         flipped += int((nearest != codes).sum())
     assert flipped > 0  # it learned something other than nearest rounding
 

@@ -217,15 +217,20 @@ def _accumulate(
     for layer in layers:
         x = _patches(layer, torch.from_numpy(np.ascontiguousarray(fvals[layer.input], np.float32)))
         xx = torch.bmm(x, x.transpose(1, 2)).double().numpy()
-        if layer.node in qvals:
-            xq = _patches(layer, torch.from_numpy(np.ascontiguousarray(qvals[layer.node], np.float32)))
-            qq = torch.bmm(xq, xq.transpose(1, 2)).double().numpy()
-            xq_ = torch.bmm(x, xq.transpose(1, 2)).double().numpy()
-        else:
-            qq, xq_ = xx, xx
         s = stats.get(layer.node)
+        if layer.node not in qvals:  # x~ = x: one moment, shared (output_error and learn_layer rely on it)
+            if s is None:
+                stats[layer.node] = s = Stats(xx.copy(), xx, xx, 0)
+                s.xq = s.xx = s.qq
+            else:
+                s.qq += xx
+            s.n += x.shape[-1]
+            continue
+        xq = _patches(layer, torch.from_numpy(np.ascontiguousarray(qvals[layer.node], np.float32)))
+        qq = torch.bmm(xq, xq.transpose(1, 2)).double().numpy()
+        xq_ = torch.bmm(x, xq.transpose(1, 2)).double().numpy()
         if s is None:
-            stats[layer.node] = Stats(qq.copy(), xq_.copy(), xx.copy(), x.shape[-1])
+            stats[layer.node] = Stats(qq, xq_, xx, x.shape[-1])
         else:
             s.qq += qq
             s.xq += xq_
@@ -234,9 +239,17 @@ def _accumulate(
 
 
 def output_error(w: np.ndarray, w_hat: np.ndarray, s: Stats) -> float:
-    """Relative output error ``E||W x - W^ x~||^2 / E||W x||^2`` from the second moments (rows layout)."""
+    """Relative output error ``E||W x - W^ x~||^2 / E||W x||^2`` from the second moments (rows layout).
+
+    Written in the weight error ``D = W - W^`` and the input error ``e = x - x~`` (``W x - W^ x~ =
+    D x + W^ e``), so nothing cancels: with ``x~ = x`` it is exactly ``D E[x x^T] D^T``."""
+    d = w - w_hat
     ref = np.einsum("gmd,gde,gme->", w, s.xx, w)
-    err = ref - 2 * np.einsum("gmd,gde,gme->", w, s.xq, w_hat) + np.einsum("gmd,gde,gme->", w_hat, s.qq, w_hat)
+    err = np.einsum("gmd,gde,gme->", d, s.xx, d)
+    if s.qq is not s.xx:
+        xe = s.xx - s.xq  # sum x e^T
+        ee = xe - s.xq.transpose(0, 2, 1) + s.qq  # sum e e^T
+        err += 2 * np.einsum("gmd,gde,gme->", d, xe, w_hat) + np.einsum("gmd,gde,gme->", w_hat, ee, w_hat)
     return float(max(err, 0.0) / max(ref, 1e-30))
 
 
@@ -262,9 +275,12 @@ def learn_layer(
 
     w_t = torch.from_numpy(w.astype(np.float32))
     sc = torch.from_numpy(scale.astype(np.float32)).unsqueeze(-1)
-    qq = torch.from_numpy((s.qq / max(s.n, 1)).astype(np.float32))
-    xq = torch.from_numpy((s.xq / max(s.n, 1)).astype(np.float32))
-    target = torch.bmm(w_t, xq)  # W E[x x~^T]
+    n = max(s.n, 1)
+    qq = torch.from_numpy((s.qq / n).astype(np.float32))
+    # gradient 2 (W^ E[x~ x~^T] - W E[x x~^T]) = 2 ((W^ - W) E[x~ x~^T] + W (E[x~ x~^T] - E[x x~^T])):
+    # the second term is constant (zero for float inputs) and the first has no cancellation
+    same = s.qq is s.xx
+    offset = torch.zeros_like(w_t) if same else torch.bmm(w_t, torch.from_numpy(((s.qq - s.xq) / n).astype(np.float32)))
     hessian = _low_rank(qq)  # (U sqrt(L)): W^ qq = (W^ U sqrt(L)) (U sqrt(L))^T, cheaper when rank << patch
     ratio = w_t / sc
     floor = torch.floor(ratio)
@@ -280,7 +296,8 @@ def learn_layer(
         h = raw.clamp(0, 1)
         codes = (floor + h).clamp(-qmax, qmax)
         w_hat = sc * codes
-        grad_w = 2 * ((torch.bmm(w_hat, qq) if hessian is None else (w_hat @ hessian) @ hessian.T) - target)
+        d = w_hat - w_t
+        grad_w = 2 * ((torch.bmm(d, qq) if hessian is None else (d @ hessian) @ hessian.T) + offset)
         grad_h = grad_w * sc
         if t > start:
             b = beta[1] + (beta[0] - beta[1]) * max(0.0, 1 - (t - start) / max(iters - start, 1))
@@ -315,6 +332,7 @@ def learn_rounding(
     quantized_model: Path | None = None,
     sequential: int = 0,
     mix: float = 1.0,
+    per_channel: bool = True,
     nodes: Sequence[str] | None = None,
     qmax: int = 127,
     iters: int = 300,
@@ -328,7 +346,8 @@ def learn_rounding(
     graph order, ``sequential`` at a time, each group's ``x~`` taken from the QDQ model with the groups before
     it already rounded (the learned codes fed in place of its weight codes). ``mix`` < 1: reconstruct from
     ``mix x~ + (1 - mix) x`` instead (halfway to the float input: less fitted to the calibration data's
-    activation error). ``nodes``: only these layers.
+    activation error). ``per_channel``: ORT's per-channel weight scales, else one per tensor.
+    ``nodes``: only these layers.
     A layer whose learned codes reconstruct worse than nearest rounding on the calibration data keeps nearest
     rounding.
     """
@@ -357,7 +376,10 @@ def learn_rounding(
             )
         w = layer.rows(numpy_helper.to_array(inits[layer.weight]).astype(np.float32))
         g, rows, _ = w.shape
-        scale = weight_scales(w.reshape(g * rows, -1), qmax).reshape(g, rows)
+        if per_channel:
+            scale = weight_scales(w.reshape(g * rows, -1), qmax).reshape(g, rows)
+        else:  # one scale for the whole tensor, as ORT's per-tensor weights
+            scale = np.broadcast_to(weight_scales(w.reshape(1, -1), qmax), (g, rows)).copy()
         nearest = np.clip(np.round(w / scale[..., None]), -qmax, qmax)
         learned = learn_layer(w, scale, stats, qmax=qmax, iters=iters).astype(np.float64)
         w64 = w.astype(np.float64)
@@ -484,6 +506,8 @@ def apply_codes(qdq_path: Path, result: RoundingResult) -> int:
         new = result.codes[source]
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32).reshape(-1)
         ours = result.scales[source]
+        if scale.size == 1:  # per-tensor weights
+            scale = np.broadcast_to(scale, ours.shape)
         if old.dtype != np.int8 or old.shape != new.shape or scale.shape != ours.shape:
             continue
         same = np.isclose(scale, ours, rtol=1e-6, atol=0)
@@ -527,7 +551,9 @@ def round_weights(
     Returns the note for precision.json.
     """
     reduce_range = q.flavour.reduce_range if q.reduce_range is None else q.reduce_range
-    result = learn_rounding(q.float_model, batches, qmax=64 if reduce_range else 127, iters=iters, log=log)
+    result = learn_rounding(
+        q.float_model, batches, qmax=64 if reduce_range else 127, per_channel=q.per_channel, iters=iters, log=log
+    )
     q.weight_codes = result
     q.output_shifts = q.output_shifts_for = None  # the rounded model's mean shifts differ: measured again
     errors = {

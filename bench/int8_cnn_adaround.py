@@ -64,6 +64,12 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=300, help="AdaRound steps per layer")
     ap.add_argument("--variants", default="nearest,adaround_float_inputs,adaround_quantized_inputs,adaround_sequential")
     ap.add_argument("--workdir", type=Path)
+    ap.add_argument(
+        "--deploy-build",
+        metavar="TARGET",
+        help="only run `deploy build --target TARGET --precision int8 --calib photos/` (the default "
+        "precision.weight_rounding) as bench/int8_cnn.py does, and report it",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     from edgedeploy.precision.adaround import learn_rounding
@@ -78,6 +84,18 @@ def main() -> int:
     fresh = base.to_input(base.crops([pics[n] for n in base.CALIB_PHOTOS], args.heldout_crops, seed=2))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="int8-adaround-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.deploy_build:
+        cfg = base.write_project(work / "project", calib_crops)
+        sys.path.insert(0, str(cfg.parent))
+        row = base.deploy_build(cfg, args.deploy_build, work / f"out-{args.deploy_build}")
+        info = work / f"out-{args.deploy_build}" / "precision.json"
+        if info.is_file():
+            row["weight_rounding"] = json.loads(info.read_text()).get("weight_rounding")
+        text = json.dumps({"deploy_build": {args.deploy_build: row}}, indent=2)
+        print(text)
+        if args.json:
+            args.json.write_text(text + "\n")
+        return 0
     fp32 = args.fp32
     if fp32 is None:
         from edgedeploy.api import build

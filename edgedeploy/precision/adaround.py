@@ -1,5 +1,5 @@
 """Learned weight rounding for INT8 CNNs (AdaRound: Nagel et al. 2020, "Up or Down? Adaptive Rounding for
-Post-Training Quantization"), in the variant that reconstructs the float output from the *quantized* inputs.
+Post-Training Quantization").
 
 Rounding every weight to the nearest grid point minimizes each weight's own error, not the layer output's.
 AdaRound learns, per weight, whether to round down or up (a rectified sigmoid ``h(V)`` relaxed to [0, 1],
@@ -7,16 +7,18 @@ pushed to 0 or 1 by an annealed regularizer) to minimize the layer's output erro
 
     || W x  -  s (floor(W / s) + h(V)) x~ ||^2
 
-where ``x`` is the layer's input in the float model and ``x~`` its input in the quantized model (the
-asymmetric reconstruction of the paper, as in QDrop/BRECQ): the rounding then also compensates the error the
-activation quantization upstream adds. The loss is quadratic in the weights, so each layer needs only the
-second moments of its input patches (``E[x~ x~^T]``, ``E[x x~^T]``), accumulated once over the calibration
-batches; every optimization step is one matrix product and the gradient is closed-form (no autograd).
+where ``x`` is the layer's input in the float model and ``x~`` the input it reconstructs from: ``x`` itself
+(the default, :func:`round_weights`), or its input in a quantized model (the asymmetric reconstruction of
+the paper / QDrop / BRECQ, at once or sequentially, optionally half-way): measured on EfficientNet-Lite0
+those fitted the calibration photos' activation error and lost on held-out photos (docs/precision.md).
+The loss is quadratic in the weights, so each layer needs only the second moments of its input patches
+(``E[x~ x~^T]``, ``E[x x~^T]``, ``E[x x^T]``), accumulated once over the calibration batches; every
+optimization step is one matrix product and the gradient is closed-form (no autograd).
 
-The scales are ONNX Runtime's (per output channel, symmetric: ``max|w| / 127``, or ``/ 64`` with 7-bit
-``reduce_range``); :func:`apply_codes` writes the learned integer codes into a QDQ model the quantizer wrote,
-behind the same DequantizeLinear scales (checked per layer), so ONNX Runtime and TensorRT (which reads the
-Q/DQ scales) both run them. Grouped and depthwise convs are handled per group.
+The scales are ONNX Runtime's (per output channel or per tensor, symmetric: ``max|w| / 127``, or ``/ 64``
+with 7-bit ``reduce_range``); :func:`apply_codes` writes the learned integer codes into a QDQ model the
+quantizer wrote, behind the same DequantizeLinear scales (checked per channel), so ONNX Runtime and TensorRT
+(which reads the Q/DQ scales) both run them. Grouped and depthwise convs are handled per group.
 
 Domain layer: imports onnx, onnxruntime, numpy, torch and the precision package's plain helpers only.
 """

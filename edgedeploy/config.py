@@ -117,8 +117,8 @@ class PrecisionSection:
         default="outputs",
         metadata=_flag("--bias-correction", "INT8 bias correction: outputs or weights"),
     )
-    # INT8 CNN weight rounding (precision/adaround.py): "adaround" learns up/down per weight to reconstruct
-    # each layer's float output from its quantized input; "nearest" is ORT's round-to-nearest
+    # INT8 CNN weight rounding (precision/adaround.py): "adaround" learns up/down per weight so each layer's
+    # output on the calibration data stays closest to the float one; "nearest" is ORT's round-to-nearest
     weight_rounding: Literal["nearest", "adaround"] = field(
         default="adaround",
         metadata=_flag("--weight-rounding", "INT8 CNN weight rounding: adaround (learned) or nearest"),

@@ -22,6 +22,9 @@ from edgedeploy.validate.parity import (
     empty_histogram,
 )
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_validate")
+
 
 @pytest.fixture(scope="module")
 def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:

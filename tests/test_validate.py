@@ -98,11 +98,11 @@ def _golden_rows(point: str, flips: int, n: int, rng: np.random.Generator) -> li
 
 def test_top1_is_judged_pooled_over_real_samples_not_per_golden_or_on_random_inputs() -> None:
     rng = np.random.default_rng(0)
-    real_ok = _golden_rows("data", 1, 20, rng)  # 19 of 20 agree: 0.95
+    real_ok = _golden_rows("data", 1, 10, rng) + _golden_rows("calib-heldout", 0, 10, rng)  # 19 of 20: 0.95
     noise = _golden_rows("min", 1, 1, rng)  # a spec-random golden whose near-tie flipped
     assert all(r["passed"] for r in real_ok + noise)  # no per-golden top-1 verdict (batch 1 agrees 0 or 1)
     (pooled,) = pooled_top1(real_ok + noise, 0.95)
-    assert pooled["check"] == "top1_agreement" and pooled["shape"] == "data" and pooled["sample"] is None
+    assert pooled["check"] == "top1_agreement" and pooled["shape"] == "real" and pooled["sample"] is None
     assert pooled["rows"] == 20 and pooled["top1_agreement"] == pytest.approx(0.95) and pooled["passed"]
     (failing,) = pooled_top1(_golden_rows("data", 2, 20, rng), 0.95)  # 18 of 20: 0.90
     assert not failing["passed"] and failing["failure"] == ["top-k agreement"]
@@ -112,6 +112,10 @@ def test_top1_is_judged_pooled_over_real_samples_not_per_golden_or_on_random_inp
     assert spec_only["shape"] == "all" and spec_only["top1_agreement"] == pytest.approx(0.75)
     assert not spec_only["passed"]
     assert pooled_top1(real_ok, None) == []  # no top-1 tolerance: no row
+    from edgedeploy.precision.data import HELDOUT_POINT
+    from edgedeploy.validate.parity import REAL_DATA_POINTS
+
+    assert HELDOUT_POINT in REAL_DATA_POINTS  # held-out calibration goldens count as real samples
 
 
 def test_error_histogram_counts_every_value() -> None:

@@ -12,9 +12,9 @@ Failure codes (``row["failure"]``), one per kind of problem, so reports and gate
 - ``top-k agreement``: top-1 agreement of a classifier output below ``min_topk_agreement``.
 
 Top-1 agreement is judged once per classifier output, pooled over the goldens made from real samples
-(point ``data``: validation data or held-out calibration samples), by :func:`pooled_top1` — not per golden:
-a golden of batch 1 agrees 0 or 1, and on spec-random inputs a classifier's scores are near-ties whose order
-any rounding flips. Spec-random goldens are judged by their elementwise tolerance and cosine.
+(points ``data`` and ``calib-heldout``: validation data, calibration samples held out of calibration), by
+:func:`pooled_top1` — not per golden: a golden of batch 1 agrees 0 or 1, and on spec-random inputs a
+classifier's scores are near-ties whose order any rounding flips. Spec-random goldens are judged by their elementwise tolerance and cosine.
 
 A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
 never as ok): agreement between two constants says nothing about the model.
@@ -31,7 +31,9 @@ OUTSIDE_TOLERANCE = "outside tolerance"
 LOW_COSINE = "cosine"
 LOW_TOPK = "top-k agreement"
 
-REAL_DATA_POINT = "data"  # goldens from real samples; the other points (min/opt/max) are spec-random inputs
+# goldens points made from real samples (validate.data; calibration samples held out of calibration); the
+# other points (min/opt/max) are spec-random inputs
+REAL_DATA_POINTS = ("data", "calib-heldout")
 TOP1_CHECK = "top1_agreement"  # the check name of pooled_top1's rows
 
 # Fixed log10(|error|) bin edges, so histograms from several samples and shapes add up.
@@ -166,12 +168,12 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
     """One row per classifier output: top-1 agreement pooled over the real-sample goldens, judged.
 
     ``rows`` are :func:`compare_output` rows with ``shape`` (the golden's point) and ``output`` set. The pool
-    is the rows of point ``data`` (real samples); when no golden comes from real data, every row. Rows
+    is the rows of the real-sample points (``REAL_DATA_POINTS``); when no golden comes from real data, every row. Rows
     without a top-1 figure (not classifier outputs) are ignored. None when ``min_topk_agreement`` is None.
     """
     if min_topk_agreement is None:
         return []
-    real = [r for r in rows if r.get("shape") == REAL_DATA_POINT and "top1_agreement" in r]
+    real = [r for r in rows if r.get("shape") in REAL_DATA_POINTS and "top1_agreement" in r]
     pool = real or [r for r in rows if "top1_agreement" in r]
     totals = {}  # type: Dict[str, List[float]]
     for r in pool:
@@ -185,7 +187,7 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
         top1 = agree / total if total else 1.0
         row = {
             "check": TOP1_CHECK,
-            "shape": REAL_DATA_POINT if real else "all",
+            "shape": "real" if real else "all",
             "sample": None,
             "output": name,
             "top1_agreement": top1,

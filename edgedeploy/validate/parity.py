@@ -14,7 +14,8 @@ Failure codes (``row["failure"]``), one per kind of problem, so reports and gate
 Top-1 agreement is judged once per classifier output, pooled over the goldens made from real samples
 (points ``data`` and ``calib-heldout``: validation data, calibration samples held out of calibration), by
 :func:`pooled_top1` — not per golden: a golden of batch 1 agrees 0 or 1, and on spec-random inputs a
-classifier's scores are near-ties whose order any rounding flips. Spec-random goldens are judged by their elementwise tolerance and cosine.
+classifier's scores are near-ties whose order any rounding flips. Spec-random goldens are judged by their
+elementwise tolerance and cosine.
 
 A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
 never as ok): agreement between two constants says nothing about the model.

@@ -131,8 +131,8 @@ class CheckRow:
 
     @property
     def where(self) -> str:
-        """``shape#sample``, as failures name the row."""
-        return f"{self.shape}#{self.sample}"
+        """``shape#sample``, as failures name the row (``data (pooled)`` for pooled top-1 rows)."""
+        return f"{self.shape} (pooled)" if self.sample is None else f"{self.shape}#{self.sample}"
 
 
 @dataclass(frozen=True)

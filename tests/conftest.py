@@ -31,6 +31,9 @@ TINY_MODEL = textwrap.dedent(
     """
 )
 
+# The tiny project pins the TorchScript exporter: the tests using it are about the pipeline, and a cold dynamo export
+# costs seconds per build. The default route (dynamo first) is built end to end by `use_default_exporter` below
+# (test_pipeline), the exporter tests (test_export, test_capture, test_localize) and the model zoo.
 TINY_TOML = textwrap.dedent(
     """
     outputs = ["logits"]
@@ -56,10 +59,22 @@ TINY_TOML = textwrap.dedent(
     latency_warmup = 1
     classifier_outputs = ["logits"]
 
+    [export]
+    exporter = "torchscript"
+
     [build]
     out = "out"
     """
 )
+
+
+def use_default_exporter(cfg: Path) -> Path:
+    """Drop the tiny project's exporter pin from ``cfg``: the build takes the default route (dynamo first)."""
+    text = cfg.read_text()
+    pin = '[export]\nexporter = "torchscript"\n\n'
+    assert pin in text, "the tiny project's exporter pin moved: update use_default_exporter"
+    cfg.write_text(text.replace(pin, ""))
+    return cfg
 
 
 def write_tiny_project(folder: Path, *, seed: int = 0, toml: str = TINY_TOML) -> Path:

@@ -23,6 +23,9 @@ from edgedeploy.device import complete_bundle as device
 from edgedeploy.modelio.goldens import load_goldens
 from edgedeploy.trt import adapter
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_bundle")
+
 # run the bundled script the way a device would: no torch, no edgedeploy
 RUN_ISOLATED = (
     "import runpy, sys; sys.modules['torch'] = None; sys.modules['edgedeploy'] = None; "

@@ -91,26 +91,25 @@ def test_targets_lists_every_profile(capsys):
         assert name in out
 
 
-def test_python_dash_m_and_console_script(tiny_project: Path, tmp_path: Path):
+def test_python_dash_m_and_console_script(tmp_path: Path):
+    # Both entry points reach the same CLI: a listing exits 0, a missing config exits 2 with one line. (A full
+    # `python -m edgedeploy build` runs in tests/security/test_output_folder.py's concurrent-builds test.)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    res = subprocess.run(
-        [sys.executable, "-m", "edgedeploy", "build", "--config", str(tiny_project), "--out", str(tmp_path / "m")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
-    assert (tmp_path / "m" / "report.json").is_file()
-    bad = subprocess.run(
-        [sys.executable, "-m", "edgedeploy", "build", "--config", str(tmp_path / "missing.toml")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and "config file not found" in bad.stderr
+    script = Path(sys.executable).parent / "deploy"
+    assert script.is_file(), "the `deploy` console script is not installed (pip install -e .)"
+    for entry in ([sys.executable, "-m", "edgedeploy"], [str(script)]):
+        listing = subprocess.run([*entry, "targets"], capture_output=True, text=True, env=env, timeout=120)
+        assert listing.returncode == 0, listing.stderr
+        assert "jetson-orin" in listing.stdout
+        bad = subprocess.run(
+            [*entry, "build", "--config", str(tmp_path / "missing.toml")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert bad.returncode == 2, (entry, bad.stderr)
+        assert bad.stderr.strip().count("\n") == 0 and "config file not found" in bad.stderr
 
 
 def test_bundle_only_build_never_reads_as_validated(tiny_project: Path, tmp_path: Path, capsys):

@@ -15,6 +15,9 @@ from conftest import TINY_TOML, write_tiny_project
 from edgedeploy.cli import main
 from edgedeploy.fileio.hashing import sha256_file
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_gate")
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:

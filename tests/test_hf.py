@@ -17,6 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import ARCHS, SENTENCES, save_tiny  # noqa: E402
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_hf")
+
 
 def quiet(_line: str) -> None:
     """Progress sink for builds run inside tests."""
@@ -116,7 +119,13 @@ def test_bert_embedder_with_output_named_embedding_builds_for_cpu(bert_folder: P
 def test_int8_from_sentences_file_builds_for_cpu(bert_folder: Path, tmp_path: Path) -> None:
     text = tmp_path / "sentences.txt"
     text.write_text("\n".join(SENTENCES * 4))
-    raw = _raw(bert_folder, tmp_path / "out", precision={"mode": "int8", "calib": str(text)})
+    # the TorchScript exporter: this test is about the calibration text, and a dynamo export of BERT costs ~10 s
+    raw = _raw(
+        bert_folder,
+        tmp_path / "out",
+        precision={"mode": "int8", "calib": str(text)},
+        export={"exporter": "torchscript"},
+    )
     cfg = config_from_dict(raw, source="t", base_dir=tmp_path)
     result = edgedeploy.build(cfg, log=quiet)
     assert (result.out / "model.int8.onnx").is_file()

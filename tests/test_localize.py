@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_localize")
+
 RESNETISH = textwrap.dedent(
     """
     import torch
@@ -93,21 +96,35 @@ def write_project(folder: Path, module: str) -> Path:
 CONVS = ["stem.0", "layers.0.conv1", "layers.0.conv2", "layers.1.conv1", "layers.1.conv2", "layers.2.conv1"]
 
 
-@pytest.fixture(scope="module", params=["torchscript", "dynamo"])
-def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    """A finished cpu build of the residual CNN with each ONNX exporter: (config, output folder)."""
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory):
+    """exporter -> a finished cpu build of the residual CNN, built once per module (a parametrized module
+    fixture is torn down and rebuilt whenever pytest interleaves its parameters)."""
     import uuid
 
     from edgedeploy.config import load_config
     from edgedeploy.pipeline.runner import run_build
 
-    folder = tmp_path_factory.mktemp(f"resnetish-{request.param}")
-    path = write_project(folder, f"resnetish_{uuid.uuid4().hex[:8]}")
-    cfg = load_config(path, {"export.exporter": request.param})
-    result = run_build(cfg, log=lambda _: None)
-    assert result.ok
-    assert result.report["metrics"]["export"]["exporter"] == request.param
-    return cfg, result.out
+    done: dict[str, tuple[object, Path]] = {}
+
+    def get(exporter: str) -> tuple[object, Path]:
+        if exporter not in done:
+            folder = tmp_path_factory.mktemp(f"resnetish-{exporter}")
+            path = write_project(folder, f"resnetish_{uuid.uuid4().hex[:8]}")
+            cfg = load_config(path, {"export.exporter": exporter})
+            result = run_build(cfg, log=lambda _: None)
+            assert result.ok
+            assert result.report["metrics"]["export"]["exporter"] == exporter
+            done[exporter] = (cfg, result.out)
+        return done[exporter]
+
+    return get
+
+
+@pytest.fixture(params=["torchscript", "dynamo"])
+def built(request: pytest.FixtureRequest, builds) -> tuple[object, Path]:
+    """A finished cpu build of the residual CNN with each ONNX exporter: (config, output folder)."""
+    return builds(request.param)
 
 
 def _model(cfg: object) -> object:

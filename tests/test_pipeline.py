@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import use_default_exporter
 
 import edgedeploy
 from edgedeploy.errors import CheckpointError, ConfigError, InputError
@@ -17,7 +18,10 @@ def _snapshot(folder: Path) -> dict[str, str]:
     return {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()}
 
 
-def test_build_writes_artifacts_manifest_and_report(tiny_project: Path):
+@pytest.mark.parametrize("exporter", ["default", "torchscript"])
+def test_build_writes_artifacts_manifest_and_report(tiny_project: Path, exporter: str):
+    if exporter == "default":
+        use_default_exporter(tiny_project)
     result = edgedeploy.build(tiny_project, log=lambda _: None)
     out = result.out
     assert result.ok
@@ -36,9 +40,12 @@ def test_build_writes_artifacts_manifest_and_report(tiny_project: Path):
     assert not list(out.glob(".staging-*"))
 
 
-def test_onnx_runs_at_a_batch_never_used_during_export(tiny_project: Path):
+@pytest.mark.parametrize("exporter", ["default", "torchscript"])
+def test_onnx_runs_at_a_batch_never_used_during_export(tiny_project: Path, exporter: str):
     import onnxruntime as ort
 
+    if exporter == "default":
+        use_default_exporter(tiny_project)
     result = edgedeploy.build(tiny_project, log=lambda _: None)
     sess = ort.InferenceSession(str(result.out / "model.onnx"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).uniform(-1, 1, (3, 3, 16, 16)).astype(np.float32)  # batch 3: not min/opt/max

@@ -18,6 +18,9 @@ from test_bundle import run_device
 
 from edgedeploy.api import build
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_precision_fp16_build")
+
 OVERFLOW_MODEL = textwrap.dedent(
     """
     import torch

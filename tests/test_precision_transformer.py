@@ -17,6 +17,9 @@ from edgedeploy.errors import ConfigError
 from edgedeploy.precision import heldout, ranges, transformer
 from edgedeploy.precision.analysis import run_model
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_precision_transformer")
+
 TINY_TF = textwrap.dedent(
     """
     import torch

@@ -17,6 +17,9 @@ from conftest import TINY_TOML, write_tiny_project
 
 from edgedeploy.errors import ParityError
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report_formats")
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 

@@ -20,7 +20,11 @@ from edgedeploy.validate.parity import (
     batch_consistency,
     compare_output,
     empty_histogram,
+    pooled_top1,
 )
+
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_validate")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +80,42 @@ def test_metrics_and_topk_for_classifier_outputs() -> None:
     assert row["topk_overlap"] == pytest.approx(0.75)
     assert set(row["failure"]) == {OUTSIDE_TOLERANCE, "top-k agreement"}
     assert row["p99_abs"] <= row["max_abs"] and row["p99_rel"] <= row["max_rel"]
+
+
+def _golden_rows(point: str, flips: int, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """``n`` batch-1 classifier goldens at ``point``, the first ``flips`` of them with their top-1 swapped."""
+    rows = []
+    for i in range(n):
+        ref = rng.normal(size=(1, 10)).astype(np.float32)
+        cand = ref.copy()
+        if i < flips:
+            top, second = np.argsort(-ref[0])[:2]
+            cand[0, [top, second]] = ref[0, [second, top]]
+        row = compare_output(ref, cand, min_cosine=0.0, classifier=True)
+        rows.append(dict(row, shape=point, sample=i, output="logits"))
+    return rows
+
+
+def test_top1_is_judged_pooled_over_real_samples_not_per_golden_or_on_random_inputs() -> None:
+    rng = np.random.default_rng(0)
+    real_ok = _golden_rows("data", 1, 10, rng) + _golden_rows("calib-heldout", 0, 10, rng)  # 19 of 20: 0.95
+    noise = _golden_rows("min", 1, 1, rng)  # a spec-random golden whose near-tie flipped
+    assert all(r["passed"] for r in real_ok + noise)  # no per-golden top-1 verdict (batch 1 agrees 0 or 1)
+    (pooled,) = pooled_top1(real_ok + noise, 0.95)
+    assert pooled["check"] == "top1_agreement" and pooled["shape"] == "real" and pooled["sample"] is None
+    assert pooled["rows"] == 20 and pooled["top1_agreement"] == pytest.approx(0.95) and pooled["passed"]
+    (failing,) = pooled_top1(_golden_rows("data", 2, 20, rng), 0.95)  # 18 of 20: 0.90
+    assert not failing["passed"] and failing["failure"] == ["top-k agreement"]
+    assert "18 of 20 real samples" in failing["reason"]
+    # no real-sample goldens: the spec-random ones are pooled (the rule before real data existed)
+    (spec_only,) = pooled_top1(_golden_rows("opt", 1, 4, rng), 0.95)
+    assert spec_only["shape"] == "all" and spec_only["top1_agreement"] == pytest.approx(0.75)
+    assert not spec_only["passed"]
+    assert pooled_top1(real_ok, None) == []  # no top-1 tolerance: no row
+    from edgedeploy.precision.data import HELDOUT_POINT
+    from edgedeploy.validate.parity import REAL_DATA_POINTS
+
+    assert HELDOUT_POINT in REAL_DATA_POINTS  # held-out calibration goldens count as real samples
 
 
 def test_error_histogram_counts_every_value() -> None:

@@ -527,13 +527,13 @@ def validate(runner: Any, goldens: Dict[str, Any], spec: Dict[str, Any]) -> List
                         atol=tol.get("atol"),
                         rtol=tol.get("rtol"),
                         min_cosine=tol.get("min_cosine"),
-                        min_topk_agreement=tol.get("min_topk_agreement"),
                         topk=int(spec.get("topk", 1)),
                         classifier=name in spec.get("classifier_outputs", []),
                     )
                 row.update(shape=point, sample=sample, output=name)
                 rows.append(row)
-    return rows
+    # top-1 agreement pooled over the real-sample goldens, as the host judged it
+    return rows + parity.pooled_top1(rows, tol.get("min_topk_agreement"))
 
 
 def latency_ms(runner: Any, feeds: Dict[str, Any], iters: int, warmup: int = 3) -> Dict[str, Any]:
@@ -619,7 +619,8 @@ def _print_table(rows: List[Dict[str, Any]], label: str, log: Callable[[str], No
         max_abs = r.get("max_abs")
         cosine = r.get("cosine")
         log(
-            f"{label.split()[0]:<12} {r['shape']:<6} {r['sample']:<6} {r['output']:<16} "
+            f"{label.split()[0]:<12} {r['shape']:<6} {'all' if r['sample'] is None else r['sample']:<6} "
+            f"{r['output']:<16} "
             f"{'-' if max_abs is None else format(max_abs, '.3e'):>10} "
             f"{'-' if cosine is None else format(cosine, '.6f'):>9}  {'ok' if r.get('passed') else 'FAIL'}"
         )
@@ -699,7 +700,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         lat = latency
         log(f"latency (host-side, {lat['iters']} runs): p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms")
     if failures:
-        worst = "; ".join(f"{r['shape']}#{r['sample']} {r['output']}: {r.get('reason')}" for r in failures[:4])
+        worst = "; ".join(
+            f"{r['shape']}{'' if r['sample'] is None else '#' + str(r['sample'])} {r['output']}: {r.get('reason')}"
+            for r in failures[:4]
+        )
         raise ParityFailed(
             f"{len(failures)} of {len(rows)} checks against the PyTorch goldens failed ({runner.label}): {worst}",
             hint=f"see {os.path.join(folder, VALIDATION)}",

@@ -40,8 +40,14 @@ def _candidates(report: dict[str, Any]) -> list[dict[str, Any]]:
     return list((report.get("parity") or {}).get("candidates") or [])
 
 
+def _where(row: dict[str, Any]) -> str:
+    """``shape#sample``; ``data (pooled)`` for a row judged over every sample of its point (pooled top-1)."""
+    sample = row.get("sample")
+    return f"{row.get('shape')} (pooled)" if sample is None else f"{row.get('shape')}#{sample}"
+
+
 def _check_name(row: dict[str, Any]) -> str:
-    return f"{row.get('check', 'parity')} {row.get('shape')}#{row.get('sample')} {row.get('output')}"
+    return f"{row.get('check', 'parity')} {_where(row)} {row.get('output')}"
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -204,8 +210,8 @@ def markdown(report: dict[str, Any]) -> str:
                     else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
                 )
                 lines.append(
-                    f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {row.get('shape')}"
-                    f"#{row.get('sample')} | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "
+                    f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {_where(row)}"
+                    f" | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
                 )
@@ -312,7 +318,7 @@ def _parity_table(report: dict[str, Any]) -> str:
                 e(cand["name"]),
                 e(str(row.get("check"))),
                 e(str(row.get("output"))),
-                e(f"{row.get('shape')}#{row.get('sample')}"),
+                e(_where(row)),
             ]
             nums = [row.get(k) for k in ("max_abs", "p99_abs", "max_rel")] + [row.get("cosine")]
             figures = [_num(n) for n in nums[:3]] + [_num(nums[3], 6), _num(row.get("top1_agreement"))]

@@ -392,7 +392,8 @@ def _arrays_sha(batches: tuple[dict[str, np.ndarray], ...]) -> str:
 
 
 HELDOUT_FRACTION = 0.25
-HELDOUT_POINT = "calib-heldout"  # goldens point of the calibration samples held out of calibration
+# goldens point of the calibration samples held out of calibration (in validate.parity.REAL_DATA_POINTS)
+HELDOUT_POINT = "calib-heldout"
 
 
 def split_heldout(

@@ -95,12 +95,13 @@ def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTRO
         p = hist[:i].copy()
         p[-1] += hist[i:].sum()
         nonzero = p > 0
-        q = np.zeros(i)
-        for chunk in np.array_split(np.arange(i), levels):
-            mass = hist[chunk].sum()
-            nz = nonzero[chunk]
-            if nz.any():
-                q[chunk[nz]] = mass / nz.sum()
+        # Q: each of ``levels`` chunks (np.array_split's sizes) spreads its mass over its non-empty bins
+        sizes = np.full(levels, i // levels)
+        sizes[: i % levels] += 1
+        chunk_of = np.repeat(np.arange(levels), sizes)
+        mass = np.bincount(chunk_of, weights=hist[:i], minlength=levels)
+        filled = np.bincount(chunk_of, weights=nonzero.astype(np.float64), minlength=levels)
+        q = np.where(nonzero, (mass / np.maximum(filled, 1.0))[chunk_of], 0.0)
         p_n, q_n = p / p.sum(), q / max(q.sum(), 1e-12)
         mask = (p_n > 0) & (q_n > 0)
         kl = float(np.sum(p_n[mask] * np.log(p_n[mask] / q_n[mask]))) + float(np.sum(p_n[(p_n > 0) & (q_n == 0)]))

@@ -398,15 +398,18 @@ def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], d
 def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | None:
     """Why ``model`` would fail the goldens check that validation and the device step run, or None.
 
-    The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: a candidate that passes
-    here passes the bundle's own dry run (ONNX Runtime stand-in) on the same goldens.
+    The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: every golden within the
+    elementwise tolerance and cosine, and top-1 agreement pooled over the real-sample goldens
+    (:func:`edgedeploy.validate.parity.pooled_top1`); a candidate that passes here passes the bundle's own dry
+    run (ONNX Runtime stand-in) on the same goldens.
     """
     from edgedeploy.precision import analysis
-    from edgedeploy.validate.parity import compare_output
+    from edgedeploy.validate.parity import compare_output, pooled_top1
 
     cfg = ctx.cfg
     tol = cfg.tolerance_for("int8")
     outputs = analysis.run_model(model, [feeds for _, feeds, _ in cases])
+    rows = []
     for (point, _, ref), got in zip(cases, outputs):
         for name in cfg.outputs:
             if name not in ref or name not in got:
@@ -417,12 +420,15 @@ def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | Non
                 atol=tol.atol,
                 rtol=tol.rtol,
                 min_cosine=tol.min_cosine,
-                min_topk_agreement=tol.min_topk_agreement,
                 topk=cfg.validate.topk,
                 classifier=name in cfg.validate.classifier_outputs,
             )
-            if not row["passed"]:
-                return f"golden {point} {name} fails tolerance.int8: " + ", ".join(row.get("failure", []))[:120]
+            row.update(shape=point, output=name)
+            rows.append(row)
+    for row in rows + pooled_top1(rows, tol.min_topk_agreement):
+        if not row["passed"]:
+            why = row.get("reason") or ", ".join(row.get("failure", []))
+            return f"golden {row['shape']} {row['output']} fails tolerance.int8: {why}"[:200]
     return None
 
 

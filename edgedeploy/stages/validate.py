@@ -29,6 +29,7 @@ from edgedeploy.validate.parity import (
     batch_consistency,
     compare_output,
     empty_histogram,
+    pooled_top1,
 )
 from edgedeploy.validate.runners import (
     ENGINE_FILES,
@@ -170,13 +171,13 @@ class ParityFromGoldens(Stage):
                         atol=tol.atol,
                         rtol=tol.rtol,
                         min_cosine=tol.min_cosine,
-                        min_topk_agreement=tol.min_topk_agreement,
                         topk=cfg.validate.topk,
                         classifier=out_name in cfg.validate.classifier_outputs,
                     )
                     add_to_histogram(hist[out_name], ref, got[out_name])
                 row.update(check="parity", shape=point, sample=s, output=out_name)
                 cand["checks"].append(row)
+        cand["checks"] += pooled_top1(cand["checks"], tol.min_topk_agreement)  # real samples, pooled
         cand["histograms"] = hist
         lat = None
         with quiet_polygraphy(), runner:
@@ -234,7 +235,8 @@ class ParityFromGoldens(Stage):
                     worst = _worst_failure(failing)
                     lines.append(
                         f"{cand['name']} {check} {output}: {len(failing)} of {len(group)} fail, worst "
-                        f"{worst['shape']}#{worst['sample']}: {worst.get('reason')}"
+                        f"{worst['shape']}{'' if worst['sample'] is None else '#' + str(worst['sample'])}: "
+                        f"{worst.get('reason')}"
                     )
             if "localization" in cand:
                 lines.append(f"{cand['name']}: {describe(cand['localization'])}")

@@ -11,6 +11,12 @@ Failure codes (``row["failure"]``), one per kind of problem, so reports and gate
 - ``cosine``: cosine similarity below ``min_cosine``;
 - ``top-k agreement``: top-1 agreement of a classifier output below ``min_topk_agreement``.
 
+Top-1 agreement is judged once per classifier output, pooled over the goldens made from real samples
+(points ``data`` and ``calib-heldout``: validation data, calibration samples held out of calibration), by
+:func:`pooled_top1` — not per golden: a golden of batch 1 agrees 0 or 1, and on spec-random inputs a
+classifier's scores are near-ties whose order any rounding flips. Spec-random goldens are judged by their
+elementwise tolerance and cosine.
+
 A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
 never as ok): agreement between two constants says nothing about the model.
 """
@@ -25,6 +31,11 @@ SHAPE_MISMATCH = "shape mismatch"
 OUTSIDE_TOLERANCE = "outside tolerance"
 LOW_COSINE = "cosine"
 LOW_TOPK = "top-k agreement"
+
+# goldens points made from real samples (validate.data; calibration samples held out of calibration); the
+# other points (min/opt/max) are spec-random inputs
+REAL_DATA_POINTS = ("data", "calib-heldout")
+TOP1_CHECK = "top1_agreement"  # the check name of pooled_top1's rows
 
 # Fixed log10(|error|) bin edges, so histograms from several samples and shapes add up.
 HIST_LOG10_MIN = -12
@@ -139,6 +150,7 @@ def compare_output(
         cand_top = np.argsort(-ranked.reshape(-1, classes), axis=-1)[:, :k]
         top1 = float((ref_top[:, 0] == cand_top[:, 0]).mean())
         row["top1_agreement"] = top1
+        row["top1_rows"] = int(ref_top.shape[0])
         row["topk"] = k
         row["topk_overlap"] = float(np.mean([len(set(a) & set(b)) / float(k) for a, b in zip(ref_top, cand_top)]))
         if min_topk_agreement is not None and top1 < min_topk_agreement:
@@ -151,6 +163,46 @@ def compare_output(
         row["failure"] = failures
         row["reason"] = "; ".join(reasons)
     return row
+
+
+def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float]) -> List[Dict[str, Any]]:
+    """One row per classifier output: top-1 agreement pooled over the real-sample goldens, judged.
+
+    ``rows`` are :func:`compare_output` rows with ``shape`` (the golden's point) and ``output`` set. The pool
+    is the rows of the real-sample points (``REAL_DATA_POINTS``); when no golden comes from real data, every row. Rows
+    without a top-1 figure (not classifier outputs) are ignored. None when ``min_topk_agreement`` is None.
+    """
+    if min_topk_agreement is None:
+        return []
+    real = [r for r in rows if r.get("shape") in REAL_DATA_POINTS and "top1_agreement" in r]
+    pool = real or [r for r in rows if "top1_agreement" in r]
+    totals = {}  # type: Dict[str, List[float]]
+    for r in pool:
+        n = int(r.get("top1_rows", 1))
+        agree_total = totals.setdefault(r["output"], [0.0, 0.0])
+        agree_total[0] += float(r["top1_agreement"]) * n
+        agree_total[1] += n
+    out = []
+    for name in sorted(totals):
+        agree, total = totals[name]
+        top1 = agree / total if total else 1.0
+        row = {
+            "check": TOP1_CHECK,
+            "shape": "real" if real else "all",
+            "sample": None,
+            "output": name,
+            "top1_agreement": top1,
+            "rows": int(total),
+            "passed": top1 >= min_topk_agreement,
+        }  # type: Dict[str, Any]
+        if not row["passed"]:
+            where = "real samples" if real else "goldens (no real-sample goldens)"
+            row["failure"] = [LOW_TOPK]
+            row["reason"] = "{}: top-1 agreement {:.4f} ({} of {} {}) < {}".format(
+                LOW_TOPK, top1, int(round(agree)), int(total), where, min_topk_agreement
+            )
+        out.append(row)
+    return out
 
 
 def batch_consistency(

@@ -17,6 +17,9 @@ from edgedeploy.cli import main
 from edgedeploy.device import complete_bundle as device
 from edgedeploy.fileio.hashing import sha256_file
 
+# one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_bundle_hijack")
+
 PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('pwned')\n"
 
 

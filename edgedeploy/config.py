@@ -118,10 +118,11 @@ class PrecisionSection:
         metadata=_flag("--bias-correction", "INT8 bias correction: outputs or weights"),
     )
     # INT8 CNN weight rounding (precision/adaround.py): "adaround" learns up/down per weight so each layer's
-    # output on the calibration data stays closest to the float one; "nearest" is ORT's round-to-nearest
-    weight_rounding: Literal["nearest", "adaround"] = field(
-        default="adaround",
-        metadata=_flag("--weight-rounding", "INT8 CNN weight rounding: adaround (learned) or nearest"),
+    # output on the calibration data stays closest to the float one; "nearest" is ORT's round-to-nearest;
+    # "auto" learns only when the round-to-nearest model misses accuracy_target (learning costs minutes)
+    weight_rounding: Literal["auto", "nearest", "adaround"] = field(
+        default="auto",
+        metadata=_flag("--weight-rounding", "INT8 CNN weight rounding: auto, adaround (learned) or nearest"),
     )
     accuracy_target: float = 0.99
     max_fallback_tries: int = 8

@@ -197,3 +197,29 @@ def test_sequential_rounding_feeds_learned_codes_to_later_layers(tmp_path: Path)
     assert seq.layers[0]["error_nearest"] == pytest.approx(at_once.layers[0]["error_nearest"], rel=1e-6)
     # later layers read inputs computed with the learned codes upstream: different statistics
     assert seq.layers[-1]["error_nearest"] != pytest.approx(at_once.layers[-1]["error_nearest"], rel=1e-6)
+
+
+def test_auto_learns_the_rounding_only_when_round_to_nearest_misses_the_target(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = adaround.round_weights
+
+    def spy(q, batches, **kwargs):
+        calls.append(len(batches))
+        return real(q, batches, **kwargs)
+
+    monkeypatch.setattr(adaround, "round_weights", spy)
+    cfg = _normalized_project(tiny_project)
+    # judged by cosine (top-1 of this tiny net agrees whatever the rounding): a target can be out of reach
+    cfg.write_text(cfg.read_text().replace('classifier_outputs = ["logits"]', "classifier_outputs = []"))
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    argv = ["build", "--config", str(cfg), "--target", "cpu", "--precision", "int8", "--calib", str(calib)]
+    assert main([*argv, "--out", str(tmp_path / "met")]) == 0  # "auto" is the default
+    plan = json.loads((tmp_path / "met" / "precision.json").read_text())
+    assert plan["weight_rounding"]["method"] == "nearest" and not calls
+    assert plan["weight_rounding"]["why"].startswith("auto: round-to-nearest met the target")
+    # a target round-to-nearest cannot meet: the rounding is learned (whatever the build's outcome)
+    cfg.write_text(cfg.read_text() + "\n[precision]\naccuracy_target = 0.99999999\nmax_fallback_tries = 1\n")
+    main([*argv, "--out", str(tmp_path / "missed")])
+    assert len(calls) == 1 and calls[0] >= 1

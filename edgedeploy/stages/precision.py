@@ -193,10 +193,24 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     q.reduce_range = reduce_range
     bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
     rounding: dict[str, Any] = {"method": "nearest", "why": "precision.weight_rounding = nearest"}
-    if p.weight_rounding == "adaround":
+    learn = p.weight_rounding == "adaround"
+    if p.weight_rounding == "auto":  # learning costs minutes on a real CNN: only when round-to-nearest misses
+        nearest = q.quantize(tmp / "nearest.int8.onnx", calib, exclude=list(p.keep_fp32))
+        reference = analysis.run_model(float_model, evals or calib)
+        score = analysis.accuracy(
+            reference, analysis.run_model(nearest, evals or calib), cfg.validate.classifier_outputs
+        )
+        learn = score["score"] < p.accuracy_target
+        verdict = "missed" if learn else "met"
+        figure = f"{score['metric']} {score['score']:.4f}, target {p.accuracy_target}"
+        why = f"auto: round-to-nearest {verdict} the target ({figure})"
+        rounding["why"] = why
+    if learn:
         from edgedeploy.precision.adaround import round_weights
 
         rounding = round_weights(q, calib)  # calibration batches only, never held-out
+        if p.weight_rounding == "auto":
+            rounding["why"] = why
         if log:
             err = rounding["mean_output_error"]
             log(f"INT8 weight rounding: adaround on {rounding['layers']} layers, mean layer output error "

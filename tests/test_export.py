@@ -18,6 +18,9 @@ from edgedeploy.pipeline.runner import run_build
 from edgedeploy.stages.export import OnnxFromTorch
 from edgedeploy.targets import get_target
 
+# tests about what the stage does around the exporter (not the exporter itself) pin the faster one
+TORCHSCRIPT_IS_FASTER = "torchscript"
+
 # Python control flow on a tensor value: torch.export cannot capture it, tracing can
 DATA_BRANCH_MODEL = """
 import torch
@@ -132,7 +135,7 @@ def test_large_weights_go_to_external_data(tmp_path: Path) -> None:
 
 
 def test_small_weights_stay_inline(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, GOOD_MODEL)
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"exporter": TORCHSCRIPT_IS_FASTER})
     result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     assert not (result.out / ONNX_DATA).exists()
     assert result.report["metrics"]["export"]["external_data"] is False
@@ -145,7 +148,7 @@ def test_simplification_that_changes_outputs_is_discarded(tmp_path: Path, monkey
 
     from edgedeploy.onnxtools.simplify import simplify_checked
 
-    cfg = make_config(tmp_path, GOOD_MODEL, export={"simplify": False})
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"simplify": False, "exporter": TORCHSCRIPT_IS_FASTER})
     result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     proto = onnx.load(str(result.out / ONNX_MODEL))
     feeds = [{"x": np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 4)).astype(np.float32)}]
@@ -167,7 +170,7 @@ def test_simplification_that_changes_outputs_is_discarded(tmp_path: Path, monkey
 
 
 def test_export_is_cached_by_content(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, GOOD_MODEL)
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"exporter": TORCHSCRIPT_IS_FASTER})
     cfg = dataclasses.replace(cfg, build=dataclasses.replace(cfg.build, cache=True))
     first = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     second = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)

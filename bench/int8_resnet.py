@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import textwrap
@@ -37,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int8_cnn import CALIB_PHOTOS, HELDOUT_PHOTOS, crops, latency, ort_defaults, photos, session
+from int8_cnn import CALIB_PHOTOS, HELDOUT_PHOTOS, crops, emit, latency, machine, ort_defaults, photos, session
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -186,11 +184,6 @@ def main() -> int:
     ref = embed(models["fp32"], held)
     fidelity = {name: cosines(ref, embed(s, held)) for name, s in models.items() if name != "fp32"}
     print("cosine vs fp32", json.dumps(fidelity), flush=True)
-    import onnxruntime
-    import torch
-
-    from edgedeploy.precision.quantize import cpu_int8_flags
-
     result = {
         "deploy_build_cpu_int8": built,
         "cosine_vs_fp32_heldout": fidelity,
@@ -199,21 +192,10 @@ def main() -> int:
             "model": "ResNet-50 (AugNet self-supervised, 768-d tanh embedding), weights from PyPI imgsim 0.1.2",
             "calibration": f"64 crops of {', '.join(CALIB_PHOTOS)}",
             "heldout": f"{args.heldout_crops} crops of {', '.join(HELDOUT_PHOTOS)} (never calibrated on)",
-            "cpu": platform.processor() or platform.machine(),
-            "cpu_int8_flags": list(cpu_int8_flags()),
-            "cores": os.cpu_count(),
-            "load_average": list(os.getloadavg()),
-            "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__,
-            "rounds": args.rounds,
-            "iters": args.iters,
-            "note": "machine shared with other jobs; ratios are per round (models interleaved), median over rounds",
+            **machine(args.rounds, args.iters),
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 

@@ -179,6 +179,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     reduce_range, rr_scores = choices[0], {}
+    reference = None  # the float model's outputs on the held-out data, computed once when needed
     if len(choices) > 1:  # measured, not assumed: the naive model with each weight width on the held-out data
         reference = analysis.run_model(float_model, evals or calib)
         for choice in choices:
@@ -196,7 +197,8 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     learn = p.weight_rounding == "adaround"
     if p.weight_rounding == "auto":  # learning costs minutes on a real CNN: only when round-to-nearest misses
         nearest = q.quantize(tmp / "nearest.int8.onnx", calib, exclude=list(p.keep_fp32))
-        reference = analysis.run_model(float_model, evals or calib)
+        if reference is None:
+            reference = analysis.run_model(float_model, evals or calib)
         score = analysis.accuracy(
             reference, analysis.run_model(nearest, evals or calib), cfg.validate.classifier_outputs
         )

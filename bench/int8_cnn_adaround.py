@@ -91,10 +91,7 @@ def main() -> int:
         info = work / f"out-{args.deploy_build}" / "precision.json"
         if info.is_file():
             row["weight_rounding"] = json.loads(info.read_text()).get("weight_rounding")
-        text = json.dumps({"deploy_build": {args.deploy_build: row}}, indent=2)
-        print(text)
-        if args.json:
-            args.json.write_text(text + "\n")
+        base.emit({"deploy_build": {args.deploy_build: row}}, args.json)
         return 0
     fp32 = args.fp32
     if fp32 is None:
@@ -177,10 +174,7 @@ def main() -> int:
             "load_average": list(os.getloadavg()),
         },
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    base.emit(result, args.json)
     return 0
 
 

@@ -22,7 +22,6 @@ Usage: ``python bench/int8_cnn_error_budget.py --json bench/int8_cnn_error_budge
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -249,10 +248,7 @@ def main() -> int:
         "heldout": f"{args.heldout_crops} crops of {', '.join(base.HELDOUT_PHOTOS)} (seed 1)",
         "load_average": list(os.getloadavg()),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    base.emit(result, args.json)
     return 0
 
 

@@ -700,10 +700,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         lat = latency
         log(f"latency (host-side, {lat['iters']} runs): p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms")
     if failures:
-        worst = "; ".join(
-            f"{r['shape']}{'' if r['sample'] is None else '#' + str(r['sample'])} {r['output']}: {r.get('reason')}"
-            for r in failures[:4]
-        )
+        parity = sibling("parity")
+        worst = "; ".join(f"{parity.where(r)} {r['output']}: {r.get('reason')}" for r in failures[:4])
         raise ParityFailed(
             f"{len(failures)} of {len(rows)} checks against the PyTorch goldens failed ({runner.label}): {worst}",
             hint=f"see {os.path.join(folder, VALIDATION)}",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.fileio.store import atomic_write_text
+from edgedeploy.validate.parity import where
 
 JUNIT = "report.junit.xml"
 MARKDOWN = "report.md"
@@ -40,14 +41,8 @@ def _candidates(report: dict[str, Any]) -> list[dict[str, Any]]:
     return list((report.get("parity") or {}).get("candidates") or [])
 
 
-def _where(row: dict[str, Any]) -> str:
-    """``shape#sample``; ``data (pooled)`` for a row judged over every sample of its point (pooled top-1)."""
-    sample = row.get("sample")
-    return f"{row.get('shape')} (pooled)" if sample is None else f"{row.get('shape')}#{sample}"
-
-
 def _check_name(row: dict[str, Any]) -> str:
-    return f"{row.get('check', 'parity')} {_where(row)} {row.get('output')}"
+    return f"{row.get('check', 'parity')} {where(row)} {row.get('output')}"
 
 
 def _num(v: Any, digits: int = 3) -> str:
@@ -210,7 +205,7 @@ def markdown(report: dict[str, Any]) -> str:
                     else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
                 )
                 lines.append(
-                    f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {_where(row)}"
+                    f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {where(row)}"
                     f" | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
@@ -318,7 +313,7 @@ def _parity_table(report: dict[str, Any]) -> str:
                 e(cand["name"]),
                 e(str(row.get("check"))),
                 e(str(row.get("output"))),
-                e(_where(row)),
+                e(where(row)),
             ]
             nums = [row.get(k) for k in ("max_abs", "p99_abs", "max_rel")] + [row.get("cosine")]
             figures = [_num(n) for n in nums[:3]] + [_num(nums[3], 6), _num(row.get("top1_agreement"))]

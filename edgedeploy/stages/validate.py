@@ -30,6 +30,7 @@ from edgedeploy.validate.parity import (
     compare_output,
     empty_histogram,
     pooled_top1,
+    where,
 )
 from edgedeploy.validate.runners import (
     ENGINE_FILES,
@@ -235,8 +236,7 @@ class ParityFromGoldens(Stage):
                     worst = _worst_failure(failing)
                     lines.append(
                         f"{cand['name']} {check} {output}: {len(failing)} of {len(group)} fail, worst "
-                        f"{worst['shape']}{'' if worst['sample'] is None else '#' + str(worst['sample'])}: "
-                        f"{worst.get('reason')}"
+                        f"{where(worst)}: {worst.get('reason')}"
                     )
             if "localization" in cand:
                 lines.append(f"{cand['name']}: {describe(cand['localization'])}")

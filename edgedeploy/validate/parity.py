@@ -165,6 +165,12 @@ def compare_output(
     return row
 
 
+def where(row: Dict[str, Any]) -> str:
+    """How reports name a comparison row: ``shape#sample``, or ``shape (pooled)`` for a pooled top-1 row."""
+    sample = row.get("sample")
+    return "{} (pooled)".format(row.get("shape")) if sample is None else "{}#{}".format(row.get("shape"), sample)
+
+
 def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float]) -> List[Dict[str, Any]]:
     """One row per classifier output: top-1 agreement pooled over the real-sample goldens, judged.
 

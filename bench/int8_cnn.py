@@ -292,6 +292,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--workdir", type=Path, help="keep the project and builds here (default: a temp folder)")
+    ap.add_argument("--targets", default="cpu,jetson-orin", help="the deploy builds to run (comma-separated)")
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -308,7 +309,7 @@ def main() -> int:
     cfg = write_project(work / "project", calib_crops)
     sys.path.insert(0, str(cfg.parent))
     builds = {}
-    for target in () if args.quick else ("cpu", "jetson-orin"):
+    for target in () if args.quick else args.targets.split(","):
         print(f"deploy build --target {target} --precision int8 --calib photos/ ...", flush=True)
         builds[target] = deploy_build(cfg, target, work / f"out-{target}")
         print(f"  {builds[target]['status']} in {builds[target]['seconds']} s", flush=True)

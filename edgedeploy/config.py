@@ -124,6 +124,12 @@ class PrecisionSection:
         default="auto",
         metadata=_flag("--weight-rounding", "INT8 CNN weight rounding: auto, adaround (learned) or nearest"),
     )
+    # INT8 on onnxruntime: keep the first layers float where they measure faster than INT8 on this CPU
+    # (precision/speed_probe.py; a network's 3-channel stem usually does)
+    float_when_faster: bool = field(
+        default=True,
+        metadata=_flag("--float-when-faster", "INT8: keep early layers float where measured faster (onnxruntime)"),
+    )
     accuracy_target: float = 0.99
     max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()

@@ -124,6 +124,7 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
             calib = "{calib}"
             calib_samples = 24
             accuracy_target = 0.99
+            float_when_faster = false  # the fallback search is under test, not the speed probe
             [validate]
             samples = 1
             latency_iters = 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,7 +373,7 @@ def quantize_with_fallback(
     accuracy_target: float,
     max_tries: int,
     eval_batches: Sequence[dict[str, np.ndarray]] | None = None,
-    keep_fp32: Sequence[str] = (),
+    keep_fp32: Sequence[str] | Mapping[str, str] = (),
     extra_check: Callable[[Path], str | None] | None = None,
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
@@ -391,13 +391,18 @@ def quantize_with_fallback(
     ``k`` quantized nodes in graph order: one float -> INT8 boundary) is tried too, after the sensitive set.
     Latency of the naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
 
+    ``keep_fp32``: nodes float in every try; a mapping gives each one's reason (default: listed in
+    precision.keep_fp32).
+
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
     """
     say = log or (lambda _line: None)
     evals = list(eval_batches) if eval_batches else list(batches)
     reference = analysis.run_model(q.float_model, evals)
-    pinned = {n: "listed in precision.keep_fp32" for n in keep_fp32}
+    pinned = (
+        dict(keep_fp32) if isinstance(keep_fp32, Mapping) else {n: "listed in precision.keep_fp32" for n in keep_fp32}
+    )
     tries: list[dict[str, Any]] = []
 
     def attempt(k: int, excl: dict[str, str], family: str = "") -> tuple[bool, Path]:

@@ -31,9 +31,11 @@ from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from edgedeploy.precision.data import CalibrationSet
+    from edgedeploy.precision.quantize import Quantizer
+    from edgedeploy.precision.speed_probe import SpeedProbe
 
     Feeds = dict[str, np.ndarray]  # one batch: input name -> array
 
@@ -193,10 +195,13 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
     q.reduce_range = reduce_range
     bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
+    pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
+    probe = _speed_probe(ctx, q, calib, list(pinned), log)
+    pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
     rounding: dict[str, Any] = {"method": "nearest", "why": "precision.weight_rounding = nearest"}
     learn = p.weight_rounding == "adaround"
     if p.weight_rounding == "auto":  # learning costs minutes on a real CNN: only when round-to-nearest misses
-        nearest = q.quantize(tmp / "nearest.int8.onnx", calib, exclude=list(p.keep_fp32))
+        nearest = q.quantize(tmp / "nearest.int8.onnx", calib, exclude=list(pinned))
         if reference is None:
             reference = analysis.run_model(float_model, evals or calib)
         score = analysis.accuracy(
@@ -225,7 +230,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=p.accuracy_target,
         max_tries=p.max_fallback_tries,
-        keep_fp32=p.keep_fp32,
+        keep_fp32=pinned,
         extra_check=(lambda model: _goldens_veto(ctx, model, goldens)) if goldens else None,
         latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),
@@ -289,6 +294,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
         "calib_method": p.calib_method,
         "weight_rounding": rounding,
+        "float_when_faster": probe.plan(),
         "equalize": equalized,
         "accuracy_target": p.accuracy_target,
         "judged_on": judged,
@@ -306,6 +312,19 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _speed_probe(
+    ctx: BuildContext, q: Quantizer, calib: Sequence[Feeds], pinned: list[str], log: Callable[[str], None] | None
+) -> SpeedProbe:
+    """precision.float_when_faster: the early layers that run faster in float on this CPU (measured)."""
+    from edgedeploy.precision.speed_probe import probe_float_prefix, skipped
+
+    if not ctx.cfg.precision.float_when_faster:
+        return skipped("precision.float_when_faster = false")
+    if not q.flavour.host_cpu_kernels:
+        return skipped(f"{ctx.target.runtime}: its INT8 kernels are not this CPU's, so speed is not measured here")
+    return probe_float_prefix(q, calib, calib[0], pinned=pinned, log=log)
 
 
 def _int8_transformer(

@@ -1,0 +1,142 @@
+"""Early layers kept float where that is *faster* on the CPU the INT8 model is built for: measured, not assumed.
+
+ONNX Runtime's INT8 convolution is not faster for every layer. A network's first convolution reads the image
+(3 channels): its INT8 kernel cannot use the wide dot-product instructions that make the rest fast, and the
+input needs its own QuantizeLinear and an NCHW -> NHWC transpose. On EfficientNet-Lite0 (one thread) the
+stem in INT8 took 1.32 ms against 0.66 ms in float, and keeping the stem and the first depthwise conv float
+made the whole model 2.05x FP32 instead of 1.82x all-INT8 (bench/int8_cnn_float_prefix.py). Those two layers are
+also the most sensitive to rounding, so the float prefix is more accurate as well as faster.
+
+So before the accuracy search the precision stage quantizes the model with its first ``k`` quantized nodes
+in float (``k`` = 0 .. :data:`MAX_PREFIX`), times each on one thread, the models interleaved round by round,
+and keeps the fastest prefix when it beats all-INT8 by at least :data:`MARGIN` in the median round. Only
+where the model runs on this host's kind of kernels (the onnxruntime CPU target); a TensorRT target's
+kernels are not this CPU's, so nothing is measured there and nothing is kept float for speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgedeploy.onnxtools.ort import ort_session
+
+if TYPE_CHECKING:
+    from edgedeploy.precision.quantize import Quantizer
+
+MAX_PREFIX = 3  # the stem and the first block: where INT8 kernels lose to float, if anywhere
+MARGIN = 0.03  # a float prefix must be >= 3 % faster than all-INT8 in the median round (timing noise)
+
+
+@dataclass
+class SpeedProbe:
+    """What the probe measured and which nodes it keeps float (node -> why)."""
+
+    status: str  # "measured" or "skipped"
+    why: str
+    kept: dict[str, str] = field(default_factory=dict)
+    measured: list[dict[str, Any]] = field(default_factory=list)
+
+    def plan(self) -> dict[str, Any]:
+        """The precision.json entry."""
+        return {"status": self.status, "why": self.why, "kept": list(self.kept), "measured": self.measured}
+
+
+def skipped(why: str) -> SpeedProbe:
+    """A probe that measured nothing (the reason is reported in precision.json)."""
+    return SpeedProbe(status="skipped", why=why)
+
+
+def interleaved_p50(
+    runs: Mapping[str, Callable[[], Any]], *, rounds: int, iters: int, warmup: int = 2
+) -> dict[str, list[float]]:
+    """Per-round p50 milliseconds of each callable, the callables taking turns round by round (so a change in
+    machine load hits all of them alike)."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    per_round: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                run()
+                times.append((time.perf_counter() - t0) * 1e3)
+            per_round[name].append(float(np.median(times)))
+    return per_round
+
+
+def probe_float_prefix(
+    q: Quantizer,
+    batches: Sequence[dict[str, np.ndarray]],
+    feeds: dict[str, np.ndarray],
+    *,
+    pinned: Sequence[str] = (),
+    max_prefix: int = MAX_PREFIX,
+    margin: float = MARGIN,
+    rounds: int = 7,
+    iters: int = 10,
+    log: Callable[[str], None] | None = None,
+) -> SpeedProbe:
+    """Time the model with its first ``k`` quantized nodes (graph order) in float, ``k`` = 0 .. ``max_prefix``,
+    and keep the fastest prefix if it beats all-INT8 by ``margin`` in the median round.
+
+    Timing models only: they are quantized without weight rounding or bias correction (neither changes the
+    graph, so neither changes speed). ``pinned`` nodes are float in every model.
+
+    Raises:
+        StageError: a quantization or an ONNX Runtime session fails (named in the message).
+    """
+    import onnx
+
+    from edgedeploy.precision.analysis import quantized_nodes
+
+    plain = dataclasses.replace(q, bias_means=None, output_bias_correction=False, weight_codes=None)
+    models: dict[int, Path] = {0: plain.quantize(q.workdir / "speed0.int8.onnx", batches, exclude=list(pinned))}
+    order = quantized_nodes(onnx.load(str(models[0])))
+    if not order:
+        return skipped("no quantized node to time")
+    for k in range(1, min(max_prefix, len(order)) + 1):
+        models[k] = plain.quantize(q.workdir / f"speed{k}.int8.onnx", batches, exclude=[*pinned, *order[:k]])
+    sessions = {k: ort_session(path, threads=1, stage="precision") for k, path in models.items()}
+    names = {k: [o.name for o in s.get_outputs()] for k, s in sessions.items()}
+
+    def caller(k: int) -> Callable[[], Any]:
+        return lambda: sessions[k].run(names[k], feeds)
+
+    runs = {str(k): caller(k) for k in sessions}
+    per_round = interleaved_p50(runs, rounds=rounds, iters=iters)
+    measured: list[dict[str, Any]] = []
+    for k in models:
+        ratios = [a / b for a, b in zip(per_round["0"], per_round[str(k)])]
+        measured.append(
+            {
+                "float_nodes": k,
+                "nodes": list(order[:k]),
+                "p50_ms": round(float(np.median(per_round[str(k)])), 3),
+                "speedup_vs_all_int8": round(float(np.median(ratios)), 3),
+            }
+        )
+    best = max(measured, key=lambda row: (row["speedup_vs_all_int8"], -row["float_nodes"]))
+    if log:
+        log("INT8 speed probe (one thread): " + ", ".join(
+            f"{row['float_nodes']} float {row['p50_ms']:.2f} ms" for row in measured))  # fmt: skip
+    if best["float_nodes"] == 0 or best["speedup_vs_all_int8"] < 1 + margin:
+        return SpeedProbe(
+            status="measured",
+            why=f"no float prefix of up to {len(models) - 1} nodes is {margin:.0%} faster than all-INT8 here",
+            measured=measured,
+        )
+    all_int8 = measured[0]["p50_ms"]
+    why = (
+        f"faster in float on this CPU: the first {best['float_nodes']} quantized node(s) float run "
+        f"{best['p50_ms']:.2f} ms vs {all_int8:.2f} ms all-INT8 (x{best['speedup_vs_all_int8']:.2f}, one thread)"
+    )
+    return SpeedProbe(status="measured", why=why, kept={n: why for n in best["nodes"]}, measured=measured)

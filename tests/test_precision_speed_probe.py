@@ -1,0 +1,113 @@
+"""precision.float_when_faster: early layers kept float where they measure faster than INT8 (speed_probe.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from test_calib_data import photo_folder
+from test_precision import photo_batches
+from test_precision_build import _normalized_project
+from test_precision_equalize import _model
+
+from edgedeploy.cli import main
+from edgedeploy.precision import speed_probe
+from edgedeploy.precision.analysis import quantized_nodes
+from edgedeploy.precision.quantize import Quantizer, flavour_for
+
+
+def _timings(p50_by_prefix: dict[int, float]):
+    """An ``interleaved_p50`` that reports fixed per-round times: prefix k -> ms (the models are still built,
+    quantized and run by the probe; only the clock is scripted, so the decision rule is what is tested)."""
+
+    def fake(runs, *, rounds, iters, warmup=2):
+        for run in runs.values():
+            run()  # the sessions really run
+        return {name: [p50_by_prefix[int(name)]] * rounds for name in runs}
+
+    return fake
+
+
+def _quantizer(tmp_path: Path) -> Quantizer:
+    (tmp_path / "q").mkdir()
+    return Quantizer(_model(tmp_path), tmp_path / "q", flavour_for("onnxruntime"), reduce_range=False)
+
+
+def test_the_fastest_float_prefix_is_kept_with_its_measured_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _quantizer(tmp_path)
+    batches = photo_batches(samples=8, batch=4)
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 8.0, 2: 9.0, 3: 9.5}))
+    probe = speed_probe.probe_float_prefix(q, batches, batches[0])
+    order = quantized_nodes(onnx.load(str(q.workdir / "speed0.int8.onnx")))
+    assert probe.status == "measured" and list(probe.kept) == order[:1]
+    assert [row["float_nodes"] for row in probe.measured] == [0, 1, 2, 3]
+    assert probe.measured[1]["speedup_vs_all_int8"] == pytest.approx(1.25)
+    assert "8.00 ms vs 10.00 ms all-INT8" in probe.kept[order[0]]
+    # each timed model really has its prefix in float: the first node reads no DequantizeLinear
+    assert order[0] not in quantized_nodes(onnx.load(str(q.workdir / "speed1.int8.onnx")))
+    assert order[1] in quantized_nodes(onnx.load(str(q.workdir / "speed1.int8.onnx")))
+
+
+def test_nothing_is_kept_float_when_no_prefix_beats_all_int8_by_the_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _quantizer(tmp_path)
+    batches = photo_batches(samples=8, batch=4)
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 9.8, 2: 10.5, 3: 12.0}))
+    probe = speed_probe.probe_float_prefix(q, batches, batches[0])
+    assert probe.status == "measured" and probe.kept == {}
+    assert "faster than all-INT8" in probe.why
+
+
+def test_pinned_nodes_stay_float_and_the_prefix_starts_after_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _quantizer(tmp_path)
+    batches = photo_batches(samples=8, batch=4)
+    first = quantized_nodes(onnx.load(str(q.quantize(tmp_path / "all.int8.onnx", batches))))
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 5.0, 2: 9.0, 3: 9.0}))
+    probe = speed_probe.probe_float_prefix(q, batches, batches[0], pinned=[first[0]])
+    assert list(probe.kept) == [first[1]]
+    for k in range(4):
+        assert first[0] not in quantized_nodes(onnx.load(str(q.workdir / f"speed{k}.int8.onnx")))
+
+
+def test_models_are_timed_in_turns_round_by_round() -> None:
+    calls: list[str] = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    per_round = speed_probe.interleaved_p50(runs, rounds=3, iters=2, warmup=1)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert {k: len(v) for k, v in per_round.items()} == {"a": 3, "b": 3}
+
+
+def _build(cfg: Path, calib: Path, out: Path, *extra: str) -> dict:
+    argv = ["build", "--config", str(cfg), "--out", str(out), "--precision", "int8", "--calib", str(calib)]
+    assert main([*argv, *extra]) == 0
+    return json.loads((out / "precision.json").read_text())
+
+
+def test_stage_keeps_the_faster_prefix_float_and_says_why(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 6.0, 2: 7.0, 3: 8.0}))
+    plan = _build(cfg, calib, tmp_path / "cpu", "--target", "cpu")
+    probe = plan["float_when_faster"]
+    assert probe["status"] == "measured" and len(probe["kept"]) == 1
+    kept = {row["node"]: row["why"] for row in plan["kept_float"]}
+    assert kept[probe["kept"][0]].startswith("faster in float on this CPU")
+    shipped = onnx.load(str(tmp_path / "cpu" / "model.int8.onnx"))
+    assert probe["kept"][0] not in quantized_nodes(shipped) and quantized_nodes(shipped)
+    # the key turns it off; a TensorRT target's kernels are not this CPU's: nothing is timed there
+    off = _build(cfg, calib, tmp_path / "off", "--target", "cpu", "--float-when-faster", "false")
+    assert off["float_when_faster"] == {
+        "status": "skipped", "why": "precision.float_when_faster = false", "kept": [], "measured": []
+    }  # fmt: skip
+    assert not any(row["why"].startswith("faster") for row in off["kept_float"])
+    trt = _build(cfg, calib, tmp_path / "orin", "--target", "jetson-orin")
+    assert trt["float_when_faster"]["status"] == "skipped" and "not this CPU's" in trt["float_when_faster"]["why"]

@@ -63,6 +63,15 @@ def test_nothing_is_kept_float_when_no_prefix_beats_all_int8_by_the_margin(
     assert "faster than all-INT8" in probe.why
 
 
+def test_a_model_faster_than_a_millisecond_is_not_probed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _quantizer(tmp_path)
+    batches = photo_batches(samples=8, batch=4)
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 0.4, 1: 0.1, 2: 0.1, 3: 0.1}))
+    probe = speed_probe.probe_float_prefix(q, batches, batches[0])
+    assert probe.status == "skipped" and probe.kept == {} and "0.40 ms" in probe.why
+    assert not (q.workdir / "speed1.int8.onnx").exists()  # nothing more was quantized
+
+
 def test_pinned_nodes_stay_float_and_the_prefix_starts_after_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

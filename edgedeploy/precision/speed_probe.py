@@ -2,14 +2,15 @@
 
 ONNX Runtime's INT8 convolution is not faster for every layer. A network's first convolution reads the image
 (3 channels): its INT8 kernel cannot use the wide dot-product instructions that make the rest fast, and the
-input needs its own QuantizeLinear and an NCHW -> NHWC transpose. On EfficientNet-Lite0 (one thread) the
-stem in INT8 took 1.32 ms against 0.66 ms in float, and keeping the stem and the first depthwise conv float
-made the whole model 2.05x FP32 instead of 1.82x all-INT8 (bench/int8_cnn_float_prefix.py). Those two layers are
+input needs its own QuantizeLinear and an NCHW -> NHWC transpose. On EfficientNet-Lite0 (one thread) keeping the
+stem and the first depthwise conv float made the whole model 2.02x FP32 instead of 1.82x all-INT8
+(bench/int8_cnn_float_prefix.json). Those two layers are
 also the most sensitive to rounding, so the float prefix is more accurate as well as faster.
 
 So before the accuracy search the precision stage quantizes the model with its first ``k`` quantized nodes
 in float (``k`` = 0 .. :data:`MAX_PREFIX`), times each on one thread, the models interleaved round by round,
-and keeps the fastest prefix when it beats all-INT8 by at least :data:`MARGIN` in the median round. Only
+and keeps the fastest prefix when it beats all-INT8 by at least :data:`MARGIN` in the median round. A model
+whose all-INT8 run takes under :data:`MIN_MS` is not probed (its few percent would be timer noise). Only
 where the model runs on this host's kind of kernels (the onnxruntime CPU target); a TensorRT target's
 kernels are not this CPU's, so nothing is measured there and nothing is kept float for speed.
 """
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 MAX_PREFIX = 3  # the stem and the first block: where INT8 kernels lose to float, if anywhere
 MARGIN = 0.03  # a float prefix must be >= 3 % faster than all-INT8 in the median round (timing noise)
+MIN_MS = 1.0  # all-INT8 faster than this: a few percent of it is timer noise, not a saving worth a float layer
 
 
 @dataclass
@@ -103,14 +105,19 @@ def probe_float_prefix(
     order = quantized_nodes(onnx.load(str(models[0])))
     if not order:
         return skipped("no quantized node to time")
-    for k in range(1, min(max_prefix, len(order)) + 1):
-        models[k] = plain.quantize(q.workdir / f"speed{k}.int8.onnx", batches, exclude=[*pinned, *order[:k]])
-    sessions = {k: ort_session(path, threads=1, stage="precision") for k, path in models.items()}
-    names = {k: [o.name for o in s.get_outputs()] for k, s in sessions.items()}
+    sessions = {0: ort_session(models[0], threads=1, stage="precision")}
+    names = {0: [o.name for o in sessions[0].get_outputs()]}
 
     def caller(k: int) -> Callable[[], Any]:
         return lambda: sessions[k].run(names[k], feeds)
 
+    all_int8_ms = interleaved_p50({"0": caller(0)}, rounds=1, iters=iters)["0"][0]
+    if all_int8_ms < MIN_MS:
+        return skipped(f"all-INT8 runs in {all_int8_ms:.2f} ms: too short for a float prefix to save measurable time")
+    for k in range(1, min(max_prefix, len(order)) + 1):
+        models[k] = plain.quantize(q.workdir / f"speed{k}.int8.onnx", batches, exclude=[*pinned, *order[:k]])
+        sessions[k] = ort_session(models[k], threads=1, stage="precision")
+        names[k] = [o.name for o in sessions[k].get_outputs()]
     runs = {str(k): caller(k) for k in sessions}
     per_round = interleaved_p50(runs, rounds=rounds, iters=iters)
     measured: list[dict[str, Any]] = []

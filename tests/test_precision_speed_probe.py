@@ -45,8 +45,9 @@ def test_the_fastest_float_prefix_is_kept_with_its_measured_figures(
     order = quantized_nodes(onnx.load(str(q.workdir / "speed0.int8.onnx")))
     assert probe.status == "measured" and list(probe.kept) == order[:1]
     assert [row["float_nodes"] for row in probe.measured] == [0, 1, 2, 3]
-    assert probe.measured[1]["speedup_vs_all_int8"] == pytest.approx(1.25)
-    assert "8.00 ms vs 10.00 ms all-INT8" in probe.kept[order[0]]
+    assert probe.measured[1]["latency_ratio_vs_all_int8"] == pytest.approx(1.25)
+    assert probe.measured[1]["p50_ms"] == pytest.approx(8.0)
+    assert probe.kept[order[0]].startswith("faster in float on this CPU: the first 1 quantized node(s)")
     # each timed model really has its prefix in float: the first node reads no DequantizeLinear
     assert order[0] not in quantized_nodes(onnx.load(str(q.workdir / "speed1.int8.onnx")))
     assert order[1] in quantized_nodes(onnx.load(str(q.workdir / "speed1.int8.onnx")))
@@ -68,7 +69,8 @@ def test_a_model_faster_than_a_millisecond_is_not_probed(tmp_path: Path, monkeyp
     batches = photo_batches(samples=8, batch=4)
     monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 0.4, 1: 0.1, 2: 0.1, 3: 0.1}))
     probe = speed_probe.probe_float_prefix(q, batches, batches[0])
-    assert probe.status == "skipped" and probe.kept == {} and "0.40 ms" in probe.why
+    assert probe.status == "skipped" and probe.kept == {} and "under 1 ms" in probe.why
+    assert probe.measured == [{"float_nodes": 0, "nodes": [], "p50_ms": 0.4}]
     assert not (q.workdir / "speed1.int8.onnx").exists()  # nothing more was quantized
 
 
@@ -110,6 +112,11 @@ def test_stage_keeps_the_faster_prefix_float_and_says_why(
     assert probe["status"] == "measured" and len(probe["kept"]) == 1
     kept = {row["node"]: row["why"] for row in plan["kept_float"]}
     assert kept[probe["kept"][0]].startswith("faster in float on this CPU")
+    assert "p50_ms" not in json.dumps(plan)  # precision.json is hashed into the bundle: no timings in it
+    report = json.loads((tmp_path / "cpu" / "report.json").read_text())
+    assert report["metrics"]["precision"]["float_when_faster"]["measured"][1]["p50_ms"] == 6.0
+    assert any("1 node(s) kept in float because faster on this CPU" in w for w in report["warnings"])
+    assert not any("for accuracy" in w for w in report["warnings"])
     shipped = onnx.load(str(tmp_path / "cpu" / "model.int8.onnx"))
     assert probe["kept"][0] not in quantized_nodes(shipped) and quantized_nodes(shipped)
     # the key turns it off; a TensorRT target's kernels are not this CPU's: nothing is timed there

@@ -279,12 +279,13 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
             "these tries reach" + resolution,
         )
-    if result.excluded:
-        warnings.append(
-            f"INT8: {len(result.excluded)} node(s) kept in float for accuracy: "
-            + ", ".join(list(result.excluded)[:6])
-            + (" ..." if len(result.excluded) > 6 else "")
-        )
+    for why, nodes in (
+        ("for accuracy", [n for n in result.excluded if n not in pinned]),
+        ("because faster on this CPU (precision.float_when_faster)", list(probe.kept)),
+    ):
+        if nodes:
+            more = " ..." if len(nodes) > 6 else ""
+            warnings.append(f"INT8: {len(nodes)} node(s) kept in float {why}: " + ", ".join(nodes[:6]) + more)
     from edgedeploy.precision.fp16 import single_float_output_nodes
 
     typed_outputs = single_float_output_nodes(onnx.load(str(float_model)), list(result.excluded))

@@ -1,6 +1,7 @@
 """Which early layers of EfficientNet-Lite0 are faster (and more accurate) left in float on ONNX Runtime CPU.
 
-The evidence behind ``precision.float_when_faster`` (``edgedeploy/precision/speed_probe.py``): the same
+The evidence behind ``precision.float_when_faster`` (``edgedeploy/precision/speed_probe.py``) and the float
+graph outputs (``edgedeploy/precision/float_outputs.py``, rows ``*_quantized_logits`` without them): the same
 quantizer, calibration and layer-by-layer output bias correction as the precision stage (cpu flavour, 8-bit
 per-channel weights, round-to-nearest), every layer INT8 except the float set named by each row; top-1
 agreement with the FP32 model on 810 crops of 9 photos never calibrated on and 810 fresh crops of the
@@ -32,6 +33,8 @@ VARIANTS = {
     "float_first_3": [STEM, FIRST_DW, FIRST_PW],
     "float_first_5": [STEM, FIRST_DW, FIRST_PW, "node_Conv_802", "node_Conv_883"],
 }
+# the same float sets with the graph output (logits) quantized, as onnxruntime's quantizer leaves it
+QUANTIZED_OUTPUTS = ("all_int8", "float_first_3")
 
 
 def main() -> int:
@@ -68,9 +71,12 @@ def main() -> int:
     pre = preprocess(fp32, work / "float.onnx")  # BN folded, as the precision stage quantizes it
     (work / "q").mkdir(exist_ok=True)
     paths = {}
-    for name, floats in VARIANTS.items():
+    runs = [(name, floats, True) for name, floats in VARIANTS.items()]
+    runs += [(f"{name}_quantized_logits", VARIANTS[name], False) for name in QUANTIZED_OUTPUTS]
+    for name, floats, float_outputs in runs:
         q = Quantizer(pre, work / "q", flavour_for("onnxruntime"), reduce_range=False)
         q.output_bias_correction = True
+        q.float_outputs = float_outputs
         paths[name] = q.quantize(work / f"{name}.onnx", calib, exclude=floats)
     if args.build_model:
         paths["deploy_build"] = args.build_model

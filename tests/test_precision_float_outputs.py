@@ -36,6 +36,8 @@ def test_quantized_model_writes_its_outputs_from_the_last_layer_in_float(tmp_pat
         onnx.checker.check_model(model)
         got = analysis.run_model(out, batches)  # loads and runs in ONNX Runtime with all optimizations
         assert all(np.isfinite(g[names[0]]).all() for g in got)
+    q.float_outputs = False  # onnxruntime's own placement, kept for comparison (bench/int8_cnn_float_prefix.py)
+    assert _producers(q.quantize(tmp_path / "quantized_out.int8.onnx", batches))[names[0]] == "DequantizeLinear"
 
 
 def test_only_a_private_quantize_dequantize_pair_is_removed(tmp_path: Path) -> None:

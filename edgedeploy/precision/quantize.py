@@ -151,6 +151,7 @@ class Quantizer:
     output_shifts_for: tuple[str, ...] | None = None  # the sorted exclusions the shifts were measured with
     # learned weight rounding (precision/adaround.py): integer codes written over ORT's nearest rounding
     weight_codes: Any = None  # adaround.RoundingResult
+    float_outputs: bool = True  # graph outputs written in float by the last layer (precision/float_outputs.py)
     _ranges_json: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -216,7 +217,8 @@ class Quantizer:
         bypass_qdq_into_float_nodes(out, self.float_model)
         from edgedeploy.precision.float_outputs import float_graph_outputs
 
-        float_graph_outputs(out)  # a classifier's near-tie logits would otherwise share one INT8 code
+        if self.float_outputs:  # a classifier's near-tie logits would otherwise share one INT8 code
+            float_graph_outputs(out)
         if self.weight_codes is not None:  # before bias correction: it measures the rounded model
             from edgedeploy.precision.adaround import apply_codes
 

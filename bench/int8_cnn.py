@@ -261,19 +261,11 @@ def top1(sess, x: np.ndarray) -> np.ndarray:
 
 def latency(models: dict[str, object], x: np.ndarray, rounds: int, iters: int) -> dict:
     """p50 ms per model per round (models alternate round-robin) and per-round ratios vs fp32, median."""
+    from edgedeploy.precision.speed_probe import interleaved_p50
+
     feeds = {"image": x[:1]}
-    for s in models.values():
-        for _ in range(3):
-            s.run(None, feeds)
-    per_round: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(rounds):
-        for name, s in models.items():
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                s.run(None, feeds)
-                times.append((time.perf_counter() - t0) * 1e3)
-            per_round[name].append(float(np.median(times)))
+    runs = {name: (lambda s=s: s.run(None, feeds)) for name, s in models.items()}
+    per_round = interleaved_p50(runs, rounds=rounds, iters=iters, warmup=3)
     out = {}
     for name in models:
         ratios = [f / m for f, m in zip(per_round["fp32"], per_round[name])]
@@ -282,6 +274,20 @@ def latency(models: dict[str, object], x: np.ndarray, rounds: int, iters: int) -
             "speedup_vs_fp32_median": float(np.median(ratios)),
             "speedup_per_round": [round(r, 3) for r in ratios],
         }
+    return out
+
+
+def agreement(sessions: dict, held: np.ndarray, fresh: np.ndarray, names) -> dict:
+    """Top-1 agreement of each named session with ``sessions["fp32"]`` on the held-out and the fresh crops."""
+    ref_held, ref_fresh = top1(sessions["fp32"], held), top1(sessions["fp32"], fresh)
+    out = {}
+    for name in names:
+        s = sessions[name]
+        out[name] = {
+            "heldout_photos": round(float((top1(s, held) == ref_held).mean()), 4),
+            "fresh_crops_of_calibration_photos": round(float((top1(s, fresh) == ref_fresh).mean()), 4),
+        }
+        print(name, out[name], flush=True)
     return out
 
 

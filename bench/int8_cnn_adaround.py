@@ -151,15 +151,7 @@ def main() -> int:
             }
         print(name, "built", rounding.get(name, {}).get("seconds"), flush=True)
     sessions = {"fp32": base.session(pre), **{k: base.session(v) for k, v in paths.items()}}
-    ref_held, ref_fresh = base.top1(sessions["fp32"], held), base.top1(sessions["fp32"], fresh)
-    agreement = {}
-    for name in paths:
-        s = sessions[name]
-        agreement[name] = {
-            "heldout_photos": round(float((base.top1(s, held) == ref_held).mean()), 4),
-            "fresh_crops_of_calibration_photos": round(float((base.top1(s, fresh) == ref_fresh).mean()), 4),
-        }
-        print(name, agreement[name], flush=True)
+    agreement = base.agreement(sessions, held, fresh, paths)
     lat = base.latency(sessions, held, rounds=5, iters=15)
     result = {
         "agreement_top1_vs_fp32": agreement,

@@ -215,9 +215,9 @@ class Quantizer:
                 calibration_cache_path=str(self._ranges_json),
             )
         bypass_qdq_into_float_nodes(out, self.float_model)
-        from edgedeploy.precision.float_outputs import float_graph_outputs
-
         if self.float_outputs:  # a classifier's near-tie logits would otherwise share one INT8 code
+            from edgedeploy.precision.float_outputs import float_graph_outputs
+
             float_graph_outputs(out)
         if self.weight_codes is not None:  # before bias correction: it measures the rounded model
             from edgedeploy.precision.adaround import apply_codes

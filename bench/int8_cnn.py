@@ -135,6 +135,17 @@ def crops(images: list[np.ndarray], n: int, seed: int) -> list[np.ndarray]:
     return out
 
 
+def stage_calibration(pics: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """The 64 calibration crops (uint8) and the precision stage's calibrated share of them as batches of one
+    (the first 48: the stage holds the last 16 out)."""
+    from edgedeploy.precision.data import split_heldout
+
+    calib_crops = crops([pics[n] for n in CALIB_PHOTOS], 64, seed=0)
+    x_all = to_input(calib_crops)
+    calib, _ = split_heldout([{"image": x_all[i : i + 1]} for i in range(len(x_all))])
+    return calib_crops, calib
+
+
 def to_input(crops_u8: list[np.ndarray]) -> np.ndarray:
     x = np.stack(crops_u8).astype(np.float32) / 255.0
     return ((x - 0.5) / 0.5).transpose(0, 3, 1, 2).copy()

@@ -73,13 +73,10 @@ def main() -> int:
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     from edgedeploy.precision.adaround import learn_rounding
-    from edgedeploy.precision.data import split_heldout
     from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
     pics = base.photos()
-    calib_crops = base.crops([pics[n] for n in base.CALIB_PHOTOS], 64, seed=0)
-    x_all = base.to_input(calib_crops)
-    calib, _ = split_heldout([{"image": x_all[i : i + 1]} for i in range(len(x_all))])
+    calib_crops, calib = base.stage_calibration(pics)
     held = base.to_input(base.crops([pics[n] for n in base.HELDOUT_PHOTOS], args.heldout_crops, seed=1))
     fresh = base.to_input(base.crops([pics[n] for n in base.CALIB_PHOTOS], args.heldout_crops, seed=2))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="int8-adaround-"))

@@ -47,13 +47,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    from edgedeploy.precision.data import split_heldout
     from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
     pics = base.photos()
-    calib_crops = base.crops([pics[n] for n in base.CALIB_PHOTOS], 64, seed=0)
-    x_all = base.to_input(calib_crops)
-    calib, _ = split_heldout([{"image": x_all[i : i + 1]} for i in range(len(x_all))])
+    calib_crops, calib = base.stage_calibration(pics)
     held_photos = [pics[n] for n in base.HELDOUT_PHOTOS]
     calib_photos = [pics[n] for n in base.CALIB_PHOTOS]
     held = base.to_input([c for seed in (1, 3, 4) for c in base.crops(held_photos, 270, seed=seed)])

@@ -130,7 +130,9 @@ class PrecisionSection:
         default=True,
         metadata=_flag("--float-when-faster", "INT8: keep early layers float where measured faster (onnxruntime)"),
     )
-    accuracy_target: float = 0.99
+    # held-out score the reduced-precision model must reach; unset: top-1 agreement at the gate's
+    # tolerance.<precision>.min_topk_agreement for classifier outputs, mean cosine 0.99 otherwise
+    accuracy_target: float | None = None
     max_fallback_tries: int = 8
     keep_fp32: tuple[str, ...] = ()
     # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing

@@ -404,3 +404,41 @@ def test_a_target_the_held_out_set_cannot_resolve_says_so() -> None:
     assert "judged on 16 held-out samples" in hint and "6.2%" in hint and "precision.calib_samples" in hint
     assert resolution_hint("top1_agreement", 200, 0.99) == ""  # 1 flip in 200 still meets 0.99
     assert resolution_hint("cosine", 16, 0.99) == ""  # a continuous score has no such steps
+
+
+def test_default_target_is_the_gates_top1_agreement_for_classifiers_and_cosine_otherwise() -> None:
+    from edgedeploy.precision.heldout import accuracy_target_for
+
+    target, why = accuracy_target_for(None, ["logits"], ["logits"], 0.95)
+    assert target == 0.95 and "min_topk_agreement" in why
+    assert accuracy_target_for(None, ["logits"], ["logits"], 0.9)[0] == 0.9  # follows tolerance.int8
+    assert accuracy_target_for(None, ["logits"], ["logits"], None)[0] == 0.95  # no top-1 tolerance: gate default
+    assert accuracy_target_for(None, ["embedding"], [], 0.95)[0] == 0.99  # cosine
+    assert accuracy_target_for(None, ["logits", "boxes"], ["logits"], 0.95)[0] == 0.99  # the stricter one
+    assert accuracy_target_for(0.97, ["logits"], ["logits"], 0.95) == (0.97, "precision.accuracy_target")
+
+
+def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None:
+    from edgedeploy.precision.heldout import VIEW_CROP, heldout_views
+
+    import skimage.data
+
+    pic = skimage.data.astronaut()  # a real photo, (512, 512, 3) uint8
+    nhwc = np.stack([pic[:48, :64], pic[48:96, 64:128]]).astype(np.float32) / 255.0  # two samples, 48 x 64
+    nchw = np.ascontiguousarray(nhwc.transpose(0, 3, 1, 2))
+    views = heldout_views([{"image": nchw}], "NCHW")
+    assert len(views) == 6 and all(v["image"].shape == nchw.shape and v["image"].dtype == np.float32 for v in views)
+    assert np.array_equal(views[0]["image"], nchw) and np.array_equal(views[1]["image"], nchw[..., ::-1])
+    crops = [v["image"] for v in views[2:]]
+    assert all(not np.allclose(c, nchw, atol=1e-3) for c in crops)
+    assert all(not np.allclose(a, b, atol=1e-3) for i, a in enumerate(crops) for b in crops[i + 1 :])
+    # a horizontal ramp shows which columns each crop came from: left crops span the left 80 %, right the right
+    ramp = np.broadcast_to(np.arange(64, dtype=np.float32), (1, 1, 48, 64)).copy()
+    tl, tr, bl, br = (v["image"] for v in heldout_views([{"image": ramp}], "NCHW")[2:])
+    assert tl.max() <= 64 * VIEW_CROP and tr.min() >= 64 * (1 - VIEW_CROP) - 1 and np.array_equal(tl, bl)
+    assert np.array_equal(tr, br)
+    # NHWC gives the same views, transposed; a non-image batch is judged as it is
+    views_hwc = heldout_views([{"image": nhwc}], "NHWC")
+    assert all(np.allclose(a["image"], b["image"].transpose(0, 3, 1, 2)) for a, b in zip(views, views_hwc))
+    tokens = [{"ids": np.zeros((2, 8), np.int64)}]
+    assert heldout_views(tokens, "NCHW") == tokens

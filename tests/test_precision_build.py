@@ -39,6 +39,11 @@ def test_cli_int8_build_with_image_folder(tiny_project: Path, tmp_path: Path, ca
     assert prec["calibration"]["source_sha256"] == hash_directory(calib)
     assert prec["calibration"]["samples_used"] == 12
     assert prec["qdq_flavour"]["name"] == "U8S8" and prec["accuracy"]["score"] >= 0.99
+    # a classifier output, no precision.accuracy_target: the gate's top-1 agreement, judged on six views of
+    # each held-out photo (12 photos in batches of 2: the last 2 batches held out)
+    assert prec["accuracy_target"]["value"] == 0.95 and "min_topk_agreement" in prec["accuracy_target"]["why"]
+    assert prec["judged_on"]["heldout_batches"] == 2 and prec["judged_on"]["views_per_heldout_batch"] == 6
+    assert prec["judged_on"]["samples"] == 24
     assert any("12 samples, fewer than precision.calib_samples = 64" in w for w in report["warnings"])
     import onnx
 

@@ -12,6 +12,13 @@ from typing import Any
 
 import numpy as np
 
+# the default target for a similarity output (each held-out sample's cosine vs FP32, mean)
+COSINE_TARGET = 0.99
+# the default target for a classifier output when no top-1 tolerance is set: the gate's INT8 default
+TOP1_TARGET = 0.95
+# corner crops of held-out images judged besides the image itself and its mirror image
+VIEW_CROP = 0.8
+
 
 def split_held_out(batches: Sequence[Any], every: int = 4) -> tuple[list[Any], list[Any]]:
     """(calibration, held-out) batches: every ``every``-th batch is held out, never calibrated on.
@@ -69,3 +76,53 @@ def resolution_hint(metric: str, samples: int, target: float) -> str:
         f"; judged on {samples} held-out samples, one disagreement costs {1 / samples:.1%}: give more samples "
         "(precision.calib_samples, a quarter is held out) or validate.data to judge on more"
     )
+
+
+def accuracy_target_for(
+    setting: float | None,
+    outputs: Sequence[str],
+    classifier_outputs: Sequence[str],
+    top1_tolerance: float | None,
+) -> tuple[float, str]:
+    """(target, why) the held-out score must reach: ``setting`` when given, else by what is judged.
+
+    The default asks of the search what the release gate asks of the artifact: top-1 agreement at the gate's
+    ``tolerance.<precision>.min_topk_agreement`` when every output is a classifier output (a cosine of 0.99 is a
+    small shift, one top-1 flip in a hundred is a stricter test than the gate applies), cosine ``COSINE_TARGET``
+    otherwise, and the stricter of the two when a model has both kinds (the score is the worst output's).
+    """
+    if setting is not None:
+        return float(setting), "precision.accuracy_target"
+    top1 = TOP1_TARGET if top1_tolerance is None else float(top1_tolerance)
+    judged_top1 = [o for o in outputs if o in classifier_outputs]
+    if judged_top1 and len(judged_top1) == len(outputs):
+        return top1, "default for classifier outputs: the gate's top-1 agreement (tolerance min_topk_agreement)"
+    if judged_top1:
+        return max(top1, COSINE_TARGET), "default for mixed outputs: the stricter of top-1 agreement and cosine"
+    return COSINE_TARGET, "default for non-classifier outputs: mean cosine vs FP32"
+
+
+def heldout_views(batches: Sequence[dict[str, np.ndarray]], layout: str) -> list[dict[str, np.ndarray]]:
+    """Each held-out image batch, its mirror image and its four corner crops (``VIEW_CROP`` of each side,
+    resized back): six views of every held-out photo, so top-1 agreement moves in steps six times finer.
+
+    The views are of held-out images only, never of calibration ones. Batches whose single input is not a
+    4-D float image (``layout`` NCHW or NHWC) are returned as they are.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    views: list[dict[str, np.ndarray]] = []
+    for batch in batches:
+        (name, x), *rest = batch.items()
+        if rest or x.ndim != 4 or x.dtype.kind != "f":
+            return list(batches)
+        t = torch.from_numpy(np.ascontiguousarray(x if layout == "NCHW" else x.transpose(0, 3, 1, 2)))
+        h, w = t.shape[2:]
+        ch, cw = max(1, round(h * VIEW_CROP)), max(1, round(w * VIEW_CROP))
+        corners = [t[:, :, y : y + ch, x0 : x0 + cw] for y in (0, h - ch) for x0 in (0, w - cw)]
+        resized = [F.interpolate(c.float(), size=(h, w), mode="bilinear", align_corners=False) for c in corners]
+        for v in [t, torch.flip(t, dims=[3]), *resized]:
+            a = v.to(t.dtype).numpy()
+            views.append({name: np.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 2, 3, 1))})
+    return views

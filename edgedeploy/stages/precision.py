@@ -92,7 +92,7 @@ class PrecisionFromOnnx(Stage):
             warnings += _data_warnings(ctx, calib)
             with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
                 if ctx.precision == "int8":
-                    plan = _int8(ctx, calib.batches, Path(tmp), warnings)
+                    plan = _int8(ctx, calib.batches, Path(tmp), warnings, images=calib.kind == "images")
                 else:
                     plan = _fp16(ctx, calib.batches, Path(tmp), warnings)
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
@@ -113,6 +113,25 @@ def _host_kernels(runtime: str) -> bool:
     from edgedeploy.precision.quantize import flavour_for
 
     return flavour_for(runtime).host_cpu_kernels
+
+
+def _accuracy_target(ctx: BuildContext, model: Any) -> tuple[float, str]:
+    """(held-out target, why) for ``model``'s outputs: precision.accuracy_target, else the default by metric."""
+    from edgedeploy.precision.heldout import COSINE_TARGET, accuracy_target_for
+
+    cfg = ctx.cfg
+    top1 = cfg.tolerance_for(ctx.precision).min_topk_agreement
+    if top1 is None and ctx.precision == "fp16":  # FP16 rounding should flip next to no top-1 answer
+        top1 = COSINE_TARGET
+    outputs = [o.name for o in model.graph.output]
+    return accuracy_target_for(cfg.precision.accuracy_target, outputs, cfg.validate.classifier_outputs, top1)
+
+
+def _target_text(ctx: BuildContext, target: float) -> str:
+    """How a failure names the target: the user's key, or the default it came from."""
+    if ctx.cfg.precision.accuracy_target is not None:
+        return f"precision.accuracy_target = {target}"
+    return f"the default held-out target {target} (set precision.accuracy_target to change it)"
 
 
 def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
@@ -140,7 +159,9 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
     return warnings
 
 
-def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
+def _int8(
+    ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str], *, images: bool = False
+) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
@@ -166,12 +187,20 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings)
     flavour = flavour_for(target.runtime)
     calib, held = split_heldout(list(batches))
+    judged: dict[str, Any] = {"heldout_batches": len(held)}
+    if images and held:  # an image folder: judge each held-out photo on six views of it (finer agreement steps)
+        from edgedeploy.precision.heldout import heldout_views
+
+        views = heldout_views(held, p.calib_layout)
+        judged["views_per_heldout_batch"] = len(views) // len(held)
+        held = views
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
-    judged = {"heldout_batches": len(held), "validate_data_batches": len(real_data), "calibration_batches": len(calib)}
+    judged.update(validate_data_batches=len(real_data), calibration_batches=len(calib))
+    accuracy_target, target_why = _accuracy_target(ctx, onnx.load(str(float_model)))
     judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
     from edgedeploy.precision.equalize_choice import choose_equalization
 
@@ -207,9 +236,9 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         score = analysis.accuracy(
             reference, analysis.run_model(nearest, evals or calib), cfg.validate.classifier_outputs
         )
-        learn = score["score"] < p.accuracy_target
+        learn = score["score"] < accuracy_target
         verdict = "missed" if learn else "met"
-        figure = f"{score['metric']} {score['score']:.4f}, target {p.accuracy_target}"
+        figure = f"{score['metric']} {score['score']:.4f}, target {accuracy_target}"
         why = f"auto: round-to-nearest {verdict} the target ({figure})"
         rounding["why"] = why
     if learn:
@@ -228,7 +257,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         batches=calib,
         eval_batches=evals or None,
         classifier_outputs=cfg.validate.classifier_outputs,
-        accuracy_target=p.accuracy_target,
+        accuracy_target=accuracy_target,
         max_tries=p.max_fallback_tries,
         keep_fp32=pinned,
         extra_check=(lambda model: _goldens_veto(ctx, model, goldens)) if goldens else None,
@@ -238,7 +267,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
     )
     from edgedeploy.precision.heldout import resolution_hint
 
-    resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], p.accuracy_target)
+    resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)
     if not result.met:
         final = result.final
         table = "; ".join(
@@ -262,7 +291,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             )
         raise StageError(
             "precision",
-            f"INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out data after "
+            f"INT8 misses {_target_text(ctx, accuracy_target)} on held-out data after "
             f"{len(result.tries) - 1} fallback tries ({table})",
             hint=hint + resolution,
         )
@@ -273,7 +302,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         )
         raise StageError(
             "precision",
-            f"INT8 meets precision.accuracy_target = {p.accuracy_target} only with every Conv/Gemm/MatMul back in "
+            f"INT8 meets {_target_text(ctx, accuracy_target)} only with every Conv/Gemm/MatMul back in "
             f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
             f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
             hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
@@ -297,7 +326,7 @@ def _int8(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "weight_rounding": rounding,
         "float_when_faster": probe.plan(),
         "equalize": equalized,
-        "accuracy_target": p.accuracy_target,
+        "accuracy_target": {"value": accuracy_target, "why": target_why},
         "judged_on": judged,
         "accuracy": result.final,
         "kept_float": [
@@ -338,6 +367,8 @@ def _int8_transformer(
 ) -> dict[str, Any]:
     """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
     (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
+    import onnx
+
     from edgedeploy.precision.analysis import measure_latency
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
     from edgedeploy.precision.transformer import host_has_int8_dot, quantize_transformer, scheme_for
@@ -350,9 +381,10 @@ def _int8_transformer(
     setting = getattr(p, "reduce_range", "auto")
     reduce_range = (scheme.activations == "dynamic" and int8_dot is False) if setting == "auto" else bool(setting)
     out = ctx.staging / deploy_model_name("int8")
+    accuracy_target, target_why = _accuracy_target(ctx, onnx.load(str(float_model)))
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,
-        accuracy_target=p.accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,
+        accuracy_target=accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,
         smoothquant_alpha=p.smoothquant_alpha, per_channel=p.per_channel, reduce_range=reduce_range,
         log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
     )  # fmt: skip
@@ -371,7 +403,7 @@ def _int8_transformer(
             fixes.insert(0, "set precision.smoothquant_alpha = 0.5")
         raise StageError(
             "precision",
-            f"transformer INT8 misses precision.accuracy_target = {p.accuracy_target} on held-out calibration "
+            f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out calibration "
             f"data after {len(result.tries) - 1} fallback tries ({table})",
             hint=", or ".join(fixes),
         )
@@ -390,7 +422,7 @@ def _int8_transformer(
         "int8_recipe": {"setting": p.int8_recipe, "chosen": "transformer", "evidence": evidence},
         **plan,
         "host_int8_dot_product": int8_dot,
-        "accuracy_target": p.accuracy_target,
+        "accuracy_target": {"value": accuracy_target, "why": target_why},
         "accuracy": last,
         "kept_float": [{"node": n, "why": why} for n, why in result.kept_float.items()],
         "fallback_tries": result.tries,
@@ -511,10 +543,11 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             or "build in FP32 (--precision fp32): no layer was found to pin",
         )
     check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
-    if check["score"] < cfg.precision.accuracy_target:
+    fp16_target, _ = _accuracy_target(ctx, proto)
+    if check["score"] < fp16_target:
         warnings.append(
-            f"FP16 host check: {check['metric']} {check['score']:.4f} < precision.accuracy_target "
-            f"{cfg.precision.accuracy_target} (FP16 rounding simulated in ONNX Runtime; the device's kernels differ)"
+            f"FP16 host check: {check['metric']} {check['score']:.4f} < {_target_text(ctx, fp16_target)} "
+            "(FP16 rounding simulated in ONNX Runtime; the device's kernels differ)"
         )
     if library_warnings:
         warnings.append(

@@ -419,9 +419,9 @@ def test_default_target_is_the_gates_top1_agreement_for_classifiers_and_cosine_o
 
 
 def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None:
-    from edgedeploy.precision.heldout import VIEW_CROP, heldout_views
-
     import skimage.data
+
+    from edgedeploy.precision.heldout import VIEW_CROP, heldout_views
 
     pic = skimage.data.astronaut()  # a real photo, (512, 512, 3) uint8
     nhwc = np.stack([pic[:48, :64], pic[48:96, 64:128]]).astype(np.float32) / 255.0  # two samples, 48 x 64
@@ -442,3 +442,6 @@ def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None
     assert all(np.allclose(a["image"], b["image"].transpose(0, 3, 1, 2)) for a, b in zip(views, views_hwc))
     tokens = [{"ids": np.zeros((2, 8), np.int64)}]
     assert heldout_views(tokens, "NCHW") == tokens
+    # views stop multiplying at max_samples: 2 samples, at most 9 judged -> 4 views; 96 and more -> none
+    assert len(heldout_views([{"image": nchw}], "NCHW", max_samples=9)) == 4
+    assert len(heldout_views([{"image": nchw}], "NCHW", max_samples=2)) == 1

@@ -44,6 +44,11 @@ def test_cli_int8_build_with_image_folder(tiny_project: Path, tmp_path: Path, ca
     assert prec["accuracy_target"]["value"] == 0.95 and "min_topk_agreement" in prec["accuracy_target"]["why"]
     assert prec["judged_on"]["heldout_batches"] == 2 and prec["judged_on"]["views_per_heldout_batch"] == 6
     assert prec["judged_on"]["samples"] == 24
+    # the goldens hold the same views, so the bundle's own check judges on what the stage judged on
+    from edgedeploy.modelio.goldens import load_goldens
+
+    held = load_goldens(out / "goldens.npz")["calib-heldout"]
+    assert sum(len(case["in"]["image"]) for case in held.values()) == 24
     assert any("12 samples, fewer than precision.calib_samples = 64" in w for w in report["warnings"])
     import onnx
 

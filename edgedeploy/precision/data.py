@@ -410,3 +410,18 @@ def split_heldout(
         return list(batches), []
     k = max(1, round(n * fraction))
     return list(batches[: n - k]), list(batches[n - k :])
+
+
+def split_for_judging(
+    batches: Sequence[dict[str, np.ndarray]], kind: str, layout: str
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """(calibration, judged) batches: ``split_heldout``, then for an image folder the held-out photos' views
+    (``precision.heldout.heldout_views``). The precision stage judges candidates on these and the reference
+    stage puts the same ones into the goldens, so the bundle's own check sees what the stage judged on.
+    """
+    calib, held = split_heldout(batches)
+    if kind == "images" and held:
+        from edgedeploy.precision.heldout import heldout_views
+
+        held = heldout_views(held, layout)
+    return calib, held

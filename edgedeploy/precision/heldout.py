@@ -18,6 +18,8 @@ COSINE_TARGET = 0.99
 TOP1_TARGET = 0.95
 # corner crops of held-out images judged besides the image itself and its mirror image
 VIEW_CROP = 0.8
+# views stop multiplying past this many judged samples (they also go into goldens.npz, so into the bundle)
+MAX_VIEWED_SAMPLES = 96
 
 
 def split_held_out(batches: Sequence[Any], every: int = 4) -> tuple[list[Any], list[Any]]:
@@ -102,16 +104,21 @@ def accuracy_target_for(
     return COSINE_TARGET, "default for non-classifier outputs: mean cosine vs FP32"
 
 
-def heldout_views(batches: Sequence[dict[str, np.ndarray]], layout: str) -> list[dict[str, np.ndarray]]:
+def heldout_views(
+    batches: Sequence[dict[str, np.ndarray]], layout: str, max_samples: int = MAX_VIEWED_SAMPLES
+) -> list[dict[str, np.ndarray]]:
     """Each held-out image batch, its mirror image and its four corner crops (``VIEW_CROP`` of each side,
-    resized back): six views of every held-out photo, so top-1 agreement moves in steps six times finer.
+    resized back): up to six views of every held-out photo, so top-1 agreement moves in finer steps.
 
-    The views are of held-out images only, never of calibration ones. Batches whose single input is not a
-    4-D float image (``layout`` NCHW or NHWC) are returned as they are.
+    As many views as keep the total within ``max_samples`` (at least the batches themselves). The views are of
+    held-out images only, never of calibration ones. Batches whose single input is not a 4-D float image
+    (``layout`` NCHW or NHWC) are returned as they are.
     """
     import torch
     import torch.nn.functional as F
 
+    samples = sum(len(next(iter(b.values()))) for b in batches)
+    count = min(6, max(1, max_samples // max(samples, 1)))
     views: list[dict[str, np.ndarray]] = []
     for batch in batches:
         (name, x), *rest = batch.items()
@@ -122,7 +129,7 @@ def heldout_views(batches: Sequence[dict[str, np.ndarray]], layout: str) -> list
         ch, cw = max(1, round(h * VIEW_CROP)), max(1, round(w * VIEW_CROP))
         corners = [t[:, :, y : y + ch, x0 : x0 + cw] for y in (0, h - ch) for x0 in (0, w - cw)]
         resized = [F.interpolate(c.float(), size=(h, w), mode="bilinear", align_corners=False) for c in corners]
-        for v in [t, torch.flip(t, dims=[3]), *resized]:
+        for v in [t, torch.flip(t, dims=[3]), *resized][:count]:
             a = v.to(t.dtype).numpy()
             views.append({name: np.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 2, 3, 1))})
     return views

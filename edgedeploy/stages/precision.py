@@ -92,7 +92,7 @@ class PrecisionFromOnnx(Stage):
             warnings += _data_warnings(ctx, calib)
             with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
                 if ctx.precision == "int8":
-                    plan = _int8(ctx, calib.batches, Path(tmp), warnings, images=calib.kind == "images")
+                    plan = _int8(ctx, calib.batches, Path(tmp), warnings, kind=calib.kind)
                 else:
                     plan = _fp16(ctx, calib.batches, Path(tmp), warnings)
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
@@ -160,13 +160,13 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
 
 
 def _int8(
-    ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str], *, images: bool = False
+    ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str], *, kind: str = ""
 ) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
-    from edgedeploy.precision.data import split_heldout
+    from edgedeploy.precision.data import split_for_judging, split_heldout
     from edgedeploy.precision.quantize import (
         Quantizer,
         cpu_int8_flags,
@@ -186,14 +186,10 @@ def _int8(
     if recipe == "transformer":
         return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings)
     flavour = flavour_for(target.runtime)
-    calib, held = split_heldout(list(batches))
-    judged: dict[str, Any] = {"heldout_batches": len(held)}
-    if images and held:  # an image folder: judge each held-out photo on six views of it (finer agreement steps)
-        from edgedeploy.precision.heldout import heldout_views
-
-        views = heldout_views(held, p.calib_layout)
-        judged["views_per_heldout_batch"] = len(views) // len(held)
-        held = views
+    calib, held = split_for_judging(batches, kind, p.calib_layout)
+    judged: dict[str, Any] = {"heldout_batches": len(split_heldout(batches)[1])}
+    if kind == "images" and held:  # an image folder: each held-out photo judged on views of it (finer agreement steps)
+        judged["views_per_heldout_batch"] = len(held) // judged["heldout_batches"]
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data

@@ -131,7 +131,7 @@ def _heldout_key(ctx: BuildContext) -> Any:
         return None
     from edgedeploy.precision.data import calibration_fingerprint
 
-    return [ctx.precision, calibration_fingerprint(ctx.cfg)]
+    return [ctx.precision, calibration_fingerprint(ctx.cfg), "views-1"]  # views-1: held-out image views
 
 
 def _heldout_calibration(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
@@ -144,10 +144,10 @@ def _heldout_calibration(ctx: BuildContext) -> list[dict[str, np.ndarray]]:
     if ctx.precision == "fp32" or not (p.calib or p.calib_callable):
         return []
     from edgedeploy.errors import DeployError
-    from edgedeploy.precision.data import load_calibration, split_heldout
+    from edgedeploy.precision.data import load_calibration, split_for_judging
 
     try:
         calib = load_calibration(ctx.cfg)
     except DeployError:  # the precision stage fails on the same data with the full message
         return []
-    return split_heldout(list(calib.batches))[1]
+    return split_for_judging(calib.batches, calib.kind, p.calib_layout)[1]

@@ -179,24 +179,27 @@ def _int8(
     cfg, target = ctx.cfg, ctx.target
     p = cfg.precision
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
-    _check_node_names(p.keep_fp32, onnx.load(str(float_model)), "precision.keep_fp32")
+    float_proto = onnx.load(str(float_model))
+    _check_node_names(p.keep_fp32, float_proto, "precision.keep_fp32")
+    accuracy_target, target_why = _accuracy_target(ctx, float_proto)
     from edgedeploy.precision.transformer import choose_recipe
 
-    recipe, evidence = choose_recipe(p.int8_recipe, onnx.load(str(float_model)))
+    recipe, evidence = choose_recipe(p.int8_recipe, float_proto)
+    del float_proto  # a real model's graph: not kept through the search
     if recipe == "transformer":
-        return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings)
+        return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings, (accuracy_target, target_why))
     flavour = flavour_for(target.runtime)
     calib, held = split_for_judging(batches, kind, p.calib_layout)
-    judged: dict[str, Any] = {"heldout_batches": len(split_heldout(batches)[1])}
-    if kind == "images" and held:  # an image folder: each held-out photo judged on views of it (finer agreement steps)
-        judged["views_per_heldout_batch"] = len(held) // judged["heldout_batches"]
+    held_batches = len(split_heldout(batches)[1])
+    judged: dict[str, Any] = {"heldout_batches": held_batches}
+    if len(held) > held_batches:  # an image folder: each held-out photo judged on views of it
+        judged["views_per_heldout_batch"] = len(held) // held_batches
     goldens = _golden_cases(ctx)
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged.update(validate_data_batches=len(real_data), calibration_batches=len(calib))
-    accuracy_target, target_why = _accuracy_target(ctx, onnx.load(str(float_model)))
     judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
     from edgedeploy.precision.equalize_choice import choose_equalization
 
@@ -360,11 +363,10 @@ def _int8_transformer(
     tmp: Path,
     evidence: dict[str, int],
     warnings: list[str],
+    accuracy: tuple[float, str],
 ) -> dict[str, Any]:
     """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
     (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
-    import onnx
-
     from edgedeploy.precision.analysis import measure_latency
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
     from edgedeploy.precision.transformer import host_has_int8_dot, quantize_transformer, scheme_for
@@ -377,7 +379,7 @@ def _int8_transformer(
     setting = getattr(p, "reduce_range", "auto")
     reduce_range = (scheme.activations == "dynamic" and int8_dot is False) if setting == "auto" else bool(setting)
     out = ctx.staging / deploy_model_name("int8")
-    accuracy_target, target_why = _accuracy_target(ctx, onnx.load(str(float_model)))
+    accuracy_target, target_why = accuracy  # (value, where it came from)
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,

@@ -364,19 +364,9 @@ def main() -> int:
         )
         if not args.quick:
             models["int8_ort_defaults"] = session(ort_defaults(fp32_path, x_calib, work / "ort_default.onnx"))
-        ref_held, ref_fresh = top1(models["fp32"], held), top1(models["fp32"], fresh)
-        agreement = {}
-        for name, s in models.items():
-            if name == "fp32":
-                continue
-            agreement[name] = {
-                "heldout_photos": float((top1(s, held) == ref_held).mean()),
-                "fresh_crops_of_calibration_photos": float((top1(s, fresh) == ref_fresh).mean()),
-            }
-        print("agreement", json.dumps(agreement), flush=True)
         result = {
             "builds": builds,
-            "agreement_top1_vs_fp32": agreement,
+            "agreement_top1_vs_fp32": agreement(models, held, fresh, [n for n in models if n != "fp32"]),
             "latency_batch1_one_thread": latency(models, held, args.rounds, args.iters),
         }
     result["setup"] = {

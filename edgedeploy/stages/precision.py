@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
-    version = "4"  # 4: no FP16 ONNX for TensorRT <= 10; own FP16 pass; held-out INT8 scoring
+    version = "5"  # 5: auto weight rounding keeps AdaRound only when it scores higher on held-out data
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -226,30 +226,22 @@ def _int8(
     pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
     probe = _speed_probe(ctx, q, calib, list(pinned), log)
     pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
-    rounding: dict[str, Any] = {"method": "nearest", "why": "precision.weight_rounding = nearest"}
-    learn = p.weight_rounding == "adaround"
-    if p.weight_rounding == "auto":  # learning costs minutes on a real CNN: only when round-to-nearest misses
-        nearest = q.quantize(tmp / "nearest.int8.onnx", calib, exclude=list(pinned))
-        if reference is None:
-            reference = analysis.run_model(float_model, evals or calib)
-        score = analysis.accuracy(
-            reference, analysis.run_model(nearest, evals or calib), cfg.validate.classifier_outputs
-        )
-        learn = score["score"] < accuracy_target
-        verdict = "missed" if learn else "met"
-        figure = f"{score['metric']} {score['score']:.4f}, target {accuracy_target}"
-        why = f"auto: round-to-nearest {verdict} the target ({figure})"
-        rounding["why"] = why
-    if learn:
-        from edgedeploy.precision.adaround import round_weights
+    from edgedeploy.precision.rounding_choice import choose_rounding
 
-        rounding = round_weights(q, calib)  # calibration batches only, never held-out
-        if p.weight_rounding == "auto":
-            rounding["why"] = why
-        if log:
-            err = rounding["mean_output_error"]
-            log(f"INT8 weight rounding: adaround on {rounding['layers']} layers, mean layer output error "
-                f"{err['nearest']:.4g} -> {err['learned']:.4g}")  # fmt: skip
+    if reference is None and p.weight_rounding == "auto":
+        reference = analysis.run_model(float_model, evals or calib)
+    rounding = choose_rounding(
+        p.weight_rounding,
+        q,
+        calib,
+        evals or calib,
+        reference or [],
+        exclude=list(pinned),
+        target=accuracy_target,
+        classifier_outputs=cfg.validate.classifier_outputs,
+        workdir=tmp,
+        log=log,
+    )
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),

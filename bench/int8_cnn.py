@@ -20,7 +20,7 @@ What runs:
 Also every layer INT8 with cross-layer equalization, CLE + bias correction, and bias correction only
 (``edgedeploy.precision.equalize``), in the same agreement and latency tables.
 
-Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 15-25 minutes on 2 shared cores);
+Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 35-55 minutes on 2 shared cores);
 ``--quick`` skips the deploy builds and the ORT-defaults row (about 8 minutes).
 """
 

@@ -32,9 +32,7 @@ def _weights(path: Path) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_quantized")}
 
 
-def test_auto_keeps_nearest_when_the_learned_codes_score_lower(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_auto_keeps_nearest_when_the_learned_codes_score_lower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     q, calib, judge, reference = _setup(tmp_path)
     real = adaround.learn_rounding
 

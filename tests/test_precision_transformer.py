@@ -159,7 +159,7 @@ def test_cpu_dynamic_int8_quantizes_weights_only_and_holds_out(tiny_tf: Path, tm
     quantized_inputs = {n.input[0] for n in q.graph.node if n.op_type == "DynamicQuantizeLinear"}
     assert not quantized_inputs & {a["tensor"] for a in plan["absurd_ranges"]}
     assert any(a["range"] and a["range"][0] < -1e8 for a in plan["absurd_ranges"])  # listed in precision.json
-    # judged on batches never used for ranges: every 4th
+    # judged on batches never used for ranges: the last quarter, as the goldens
     assert plan["held_out"] == {**plan["held_out"], "batches": 4, "calibration_batches": 12, "disjoint": True}
     assert result.met and result.tries[-1]["samples"] == 8
     # and it holds up on fresh held-out inputs too
@@ -284,11 +284,27 @@ def test_nothing_left_to_quantize_is_an_error_not_a_float_artifact(tiny_tf: Path
         )
 
 
-def test_split_held_out_is_disjoint() -> None:
-    batches = [{"x": np.full((1,), i)} for i in range(10)]
-    calib, held = heldout.split_held_out(batches)
-    assert [int(b["x"][0]) for b in held] == [3, 7]
-    assert not {id(b) for b in calib} & {id(b) for b in held} and len(calib) + len(held) == 10
+def test_transformer_judges_the_held_out_batches_the_goldens_carry(
+    tiny_tf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgedeploy.precision import analysis
+    from edgedeploy.precision.data import split_heldout
+
+    batches = _batches(16, seed=3)
+    calls: list[tuple[str, list[int]]] = []
+    real = analysis.run_model
+    monkeypatch.setattr(
+        analysis, "run_model", lambda path, b: calls.append((str(path), [id(x) for x in b])) or real(path, b)
+    )
+    _, plan, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"), batches=batches
+    )
+    _, held = split_heldout(batches)  # what the reference stage puts into the goldens: the last quarter
+    assert [id(b) for b in held] == [id(b) for b in batches[-4:]] and plan["held_out"]["batches"] == 4
+    held_ids = [id(b) for b in held]
+    judged = [ids for _, ids in calls if set(ids) & set(held_ids)]
+    # the float reference and the candidate ran on exactly those batches; nothing mixed them with calibration
+    assert len(judged) >= 2 and all(ids == held_ids for ids in judged)
 
 
 def test_smoothquant_alpha_is_validated(tiny_project: Path) -> None:

@@ -1,6 +1,7 @@
 """Judging a reduced-precision model on data it was not calibrated on.
 
-Calibration batches are split: every 4th is held out and never used for ranges, smoothing or sensitivity; the
+Calibration batches are split (``edgedeploy.precision.data.split_heldout``): the last quarter is held out and
+never used for ranges, smoothing or sensitivity; the
 candidate is scored sample by sample against the FP32 model on those (cosine similarity of each sample's
 output, or top-1 agreement for classifier outputs).
 """
@@ -20,18 +21,6 @@ TOP1_TARGET = 0.95
 VIEW_CROP = 0.8
 # views stop multiplying past this many judged samples (they also go into goldens.npz, so into the bundle)
 MAX_VIEWED_SAMPLES = 96
-
-
-def split_held_out(batches: Sequence[Any], every: int = 4) -> tuple[list[Any], list[Any]]:
-    """(calibration, held-out) batches: every ``every``-th batch is held out, never calibrated on.
-
-    With fewer than 2 batches nothing can be held out: both lists are the input (the caller reports it).
-    """
-    if len(batches) < 2:
-        return list(batches), list(batches)
-    held = [b for i, b in enumerate(batches) if i % every == every - 1] or [batches[-1]]
-    calib = [b for b in batches if not any(b is h for h in held)]
-    return calib, held
 
 
 def held_out_score(

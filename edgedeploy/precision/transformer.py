@@ -30,7 +30,7 @@ import numpy as np
 
 from edgedeploy.errors import StageError
 from edgedeploy.precision import ranges as rng
-from edgedeploy.precision.heldout import held_out_score, split_held_out
+from edgedeploy.precision.heldout import held_out_score
 from edgedeploy.precision.quantize import ort_quantization
 
 if TYPE_CHECKING:
@@ -425,8 +425,8 @@ def quantize_transformer(
 ) -> tuple[TransformerResult, dict[str, Any], TransformerQuantizer]:
     """The transformer INT8 recipe on ``float_model``, written to ``out``.
 
-    Steps: Gemm -> MatMul (dynamic schemes); hold out every 4th batch; ranges of every float tensor on the
-    calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and the weight
+    Steps: Gemm -> MatMul (dynamic schemes); hold out the last quarter of the batches; ranges of every float
+    tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and the weight
     MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
     batches against ``float_model``.
 
@@ -454,7 +454,11 @@ def quantize_transformer(
             "transformer INT8 found no MatMul or Gemm with a constant 2-D weight to quantize",
             hint="use precision.int8_recipe = 'cnn' (or 'auto') for this model",
         )
-    calib, held = split_held_out(batches)
+    from edgedeploy.precision.data import split_heldout
+
+    # the split the CNN recipe and the reference stage's goldens use, so the bundle's check judges these too
+    calib, held = split_heldout(batches)
+    held = held or calib  # one batch: nothing can be held out ("disjoint": false in the plan)
     channel = {n.input[0] for n in model.graph.node if n.name in set(candidates)} if smoothquant_alpha else set()
     stats = rng.collect_ranges(base, calib, workdir, channel_tensors=channel)
     absurd = rng.absurd_ranges(stats, model)
@@ -515,7 +519,8 @@ def quantize_transformer(
             "batches": len(held),
             "calibration_batches": len(calib),
             "disjoint": len(batches) >= 2,
-            "rule": "every 4th calibration batch is held out: never used for ranges, smoothing or sensitivity",
+            "rule": "the last quarter of the calibration batches is held out (the goldens carry the same ones): never "
+            "used for ranges, smoothing or sensitivity",
         },
         "absurd_ranges": [
             {"tensor": t, **info, "consumers": consumers.get(t, [])[:8]} for t, info in sorted(absurd.items())

@@ -1,9 +1,8 @@
 """Judging a reduced-precision model on data it was not calibrated on.
 
 Calibration batches are split (``edgedeploy.precision.data.split_heldout``): the last quarter is held out and
-never used for ranges, smoothing or sensitivity; the
-candidate is scored sample by sample against the FP32 model on those (cosine similarity of each sample's
-output, or top-1 agreement for classifier outputs).
+never used for ranges, smoothing or sensitivity; the candidate is scored sample by sample against the FP32
+model on those (cosine similarity of each sample's output, or top-1 agreement for classifier outputs).
 """
 
 from __future__ import annotations

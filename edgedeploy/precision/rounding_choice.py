@@ -60,6 +60,7 @@ def choose_rounding(
     nearest: dict[str, Any] | None = None
     if setting == "auto":
         nearest = held_out("nearest")
+        nearest_shifts = (q.output_shifts, q.output_shifts_for)  # the bias correction measured on that model
         figure = f"{nearest['metric']} {nearest['score']:.4f}, target {target}"
         if nearest["score"] >= target:
             return {"method": "nearest", "why": f"auto: round-to-nearest met the target ({figure})"}
@@ -80,7 +81,7 @@ def choose_rounding(
         return note
     # lower layer error on the calibration batches, not higher agreement on held-out data: keep nearest
     q.weight_codes = None
-    q.output_shifts = q.output_shifts_for = None  # measured on the rounded model: measured again
+    q.output_shifts, q.output_shifts_for = nearest_shifts  # the rounded model's shifts do not apply
     if log:
         log(f"INT8 weight rounding: adaround scored {learned['score']:.4f} on held-out data, nearest "
             f"{nearest['score']:.4f}: kept round-to-nearest")  # fmt: skip

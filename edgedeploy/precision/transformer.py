@@ -426,8 +426,8 @@ def quantize_transformer(
     """The transformer INT8 recipe on ``float_model``, written to ``out``.
 
     Steps: Gemm -> MatMul (dynamic schemes); hold out the last quarter of the batches; ranges of every float
-    tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and the weight
-    MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
+    tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and
+    the weight MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
     batches against ``float_model``.
 
     Returns:

@@ -217,7 +217,7 @@ def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp
     from test_precision import _stage_ctx, outlier_net
 
     from edgedeploy.modelio.goldens import golden_key
-    from edgedeploy.stages.precision import _golden_cases, _goldens_veto
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
 
     ctx = _stage_ctx(tmp_path, "jetson-orin", "int8", outlier_net(), {"accuracy_target": 0.5})
     feeds = {"image": np.full((1, 3, 16, 16), 0.5, np.float32)}
@@ -226,9 +226,9 @@ def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp
         ctx.staging / "goldens.npz",
         **{golden_key("opt", 0, "in", "image"): feeds["image"], golden_key("opt", 0, "out", "logits"): wrong["logits"]},
     )
-    cases = _golden_cases(ctx)
+    cases = golden_cases(ctx.path("goldens.npz"))
     assert [c[0] for c in cases] == ["opt"]
-    reason = _goldens_veto(ctx, ctx.staging / "model.onnx", cases)
+    reason = goldens_veto(ctx.cfg, ctx.staging / "model.onnx", cases)
     assert reason and "golden opt logits fails tolerance.int8" in reason
     from edgedeploy.errors import StageError
     from edgedeploy.stages.precision import PrecisionFromOnnx

@@ -13,7 +13,7 @@ from test_precision import photo_batches
 from test_precision_equalize import _model
 
 from edgedeploy.precision import adaround, analysis
-from edgedeploy.precision.quantize import Quantizer, flavour_for
+from edgedeploy.precision.quantize import Quantizer, flavour_for, quantize_with_fallback
 from edgedeploy.precision.rounding_choice import choose_rounding
 
 
@@ -42,7 +42,7 @@ def test_auto_keeps_nearest_when_the_learned_codes_score_lower(tmp_path: Path, m
         return result
 
     monkeypatch.setattr(adaround, "learn_rounding", sabotaged)
-    note = choose_rounding(
+    note, first = choose_rounding(
         "auto", q, calib, judge, reference, exclude=[], target=1.01, classifier_outputs=["logits"],
         workdir=tmp_path,
     )  # fmt: skip
@@ -56,19 +56,32 @@ def test_auto_keeps_nearest_when_the_learned_codes_score_lower(tmp_path: Path, m
     plain.output_bias_correction = True
     nearest = _weights(plain.quantize(tmp_path / "plain.int8.onnx", calib))
     assert after.keys() == nearest.keys() and after
+    assert first is not None  # the fallback search's try 0: the nearest model auto scored, as later tries build it
+    returned = _weights(first)
     for name in after:
         np.testing.assert_array_equal(after[name], nearest[name])
+        np.testing.assert_array_equal(returned[name], nearest[name])
 
 
 def test_auto_learns_nothing_when_nearest_meets_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     q, calib, judge, reference = _setup(tmp_path)
     called: list[int] = []
     monkeypatch.setattr(adaround, "learn_rounding", lambda *a, **k: called.append(1))
-    note = choose_rounding(
+    note, first = choose_rounding(
         "auto", q, calib, judge, reference, exclude=[], target=0.0, classifier_outputs=["logits"], workdir=tmp_path
     )
     assert note["method"] == "nearest" and note["why"].startswith("auto: round-to-nearest met the target")
     assert not called and q.weight_codes is None
+    # the fallback search scores that model as its try 0 instead of quantizing it again
+    quantized: list[Path] = []
+    real_quantize = q.quantize
+    monkeypatch.setattr(q, "quantize", lambda out, *a, **k: quantized.append(out) or real_quantize(out, *a, **k))
+    result = quantize_with_fallback(
+        q, out=tmp_path / "final.int8.onnx", batches=calib, eval_batches=judge, classifier_outputs=["logits"],
+        accuracy_target=0.0, max_tries=0, first_try=first,
+    )  # fmt: skip
+    assert result.met and len(result.tries) == 1 and not quantized
+    assert (tmp_path / "final.int8.onnx").read_bytes() == first.read_bytes()
 
 
 def test_adaround_setting_learns_without_scoring_nearest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,9 +91,9 @@ def test_adaround_setting_learns_without_scoring_nearest(tmp_path: Path, monkeyp
     monkeypatch.setattr(analysis, "run_model", lambda path, b: runs.append(str(path)) or real_run(path, b))
     real = adaround.learn_rounding
     monkeypatch.setattr(adaround, "learn_rounding", lambda *a, **k: real(*a, **{**k, "iters": 20}))
-    note = choose_rounding(
+    note, first = choose_rounding(
         "adaround", q, calib, judge, reference, exclude=[], target=1.01, classifier_outputs=["logits"],
         workdir=tmp_path,
     )  # fmt: skip
-    assert note["method"] == "adaround" and "measured" not in note
+    assert note["method"] == "adaround" and "measured" not in note and first is None
     assert q.weight_codes is not None and not runs

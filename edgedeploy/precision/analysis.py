@@ -157,6 +157,33 @@ def quantized_nodes(qdq_model: ModelProto) -> list[str]:
     ]
 
 
+def check_node_names(names: Sequence[str], model: ModelProto, key: str) -> None:
+    """Check that every node named under config ``key`` (e.g. ``precision.keep_fp32``) is in ``model``.
+
+    Raises:
+        ConfigError: names the key and the first unknown node names.
+    """
+    known = {n.name for n in model.graph.node}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        from edgedeploy.errors import ConfigError
+
+        raise ConfigError(
+            f"key '{key}' names nodes not in model.onnx: {', '.join(unknown[:5])}",
+            hint="use ONNX node names (e.g. from precision.json or Netron)",
+        )
+
+
+def int8_compute_left(model: Path) -> bool:
+    """Whether any Conv/ConvTranspose/Gemm/MatMul of the QDQ model at ``model`` still runs in INT8 (reads
+    DequantizeLinear outputs): a fallback that put every one back in float is an FP32 model, not INT8."""
+    import onnx
+
+    proto = onnx.load(str(model))
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    return any(ops.get(n) in ("Conv", "ConvTranspose", "Gemm", "MatMul") for n in quantized_nodes(proto))
+
+
 def accuracy(
     reference: Sequence[dict[str, np.ndarray]],
     candidate: Sequence[dict[str, np.ndarray]],

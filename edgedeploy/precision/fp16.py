@@ -315,3 +315,32 @@ def single_float_output_nodes(model: ModelProto, nodes: Sequence[str]) -> set[st
         for n in model.graph.node
         if n.name in wanted and len(n.output) == 1 and types.get(n.output[0]) == onnx.TensorProto.FLOAT
     }
+
+
+def first_nonfinite_layers(sim: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path) -> list[str]:
+    """Layers to pin when the simulated FP16 model (:func:`mixed_fp16` with ``simulate=True``) gives NaN/Inf:
+    the first layer (graph order) whose output is non-finite, if it runs in FP16, and the FP16 layers feeding
+    it (an input flushed to 0 or rounded to Inf). Empty when no layer's output is non-finite."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+
+    stats = analysis.tensor_ranges(sim, batches, workdir)
+    model = onnx.load(str(sim))
+    ours = ("__round_Cast", "__back_Cast")
+    producers = {o: n for n in model.graph.node for o in n.output}
+
+    def origin(tensor: str) -> str | None:  # the FP16 layer behind a rounded tensor
+        back = producers.get(tensor)
+        if back is None or not back.name.endswith("__back_Cast"):
+            return None
+        return producers[producers[back.input[0]].input[0]].name
+
+    for node in model.graph.node:
+        if node.name.endswith(ours):
+            continue
+        if any(stats.get(o) is not None and stats[o].nonfinite for o in node.output):
+            rounded_out = any(o.endswith("__exact") for o in node.output)
+            feeders = [f for f in (origin(i) for i in node.input) if f]
+            return list(dict.fromkeys(([node.name] if rounded_out else []) + feeders))
+    return []

@@ -379,6 +379,7 @@ def quantize_with_fallback(
     max_tries: int,
     eval_batches: Sequence[dict[str, np.ndarray]] | None = None,
     keep_fp32: Sequence[str] | Mapping[str, str] = (),
+    first_try: Path | None = None,
     extra_check: Callable[[Path], str | None] | None = None,
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
@@ -397,7 +398,8 @@ def quantize_with_fallback(
     Latency of the naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
 
     ``keep_fp32``: nodes float in every try; a mapping gives each one's reason (default: listed in
-    precision.keep_fp32).
+    precision.keep_fp32). ``first_try``: a model ``q`` already quantized with exactly ``keep_fp32`` float (the
+    weight rounding choice's), scored as try 0 instead of quantizing it again.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
@@ -410,8 +412,8 @@ def quantize_with_fallback(
     )
     tries: list[dict[str, Any]] = []
 
-    def attempt(k: int, excl: dict[str, str], family: str = "") -> tuple[bool, Path]:
-        model = q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
+    def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
+        model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
         score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs)
         veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
@@ -423,7 +425,7 @@ def quantize_with_fallback(
         tries.append(row)
         return row["met"], model
 
-    met, naive = attempt(0, pinned)
+    met, naive = attempt(0, pinned, done=first_try)
     chosen, excluded, sensitivity = naive, dict(pinned), []
     if not met and max_tries > 0:
         import onnx

@@ -37,9 +37,10 @@ def choose_rounding(
     classifier_outputs: Sequence[str],
     workdir: Path,
     log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Path | None]:
     """Set ``q.weight_codes`` per ``setting`` (``nearest``, ``adaround`` or ``auto``) and return the note for
-    precision.json (``method``, ``why``; ``measured`` when ``auto`` scored both).
+    precision.json (``method``, ``why``; ``measured`` when ``auto`` scored both) and the model ``auto`` already
+    quantized with the chosen rounding (``exclude`` float, the fallback search's first try), else None.
 
     ``calib``: the batches the rounding learns from; ``judge``: the held-out batches it is scored on, with the
     float model's outputs on them in ``reference``; ``exclude``: the nodes every try keeps float.
@@ -50,10 +51,11 @@ def choose_rounding(
     from edgedeploy.precision import analysis
 
     if setting == "nearest":
-        return {"method": "nearest", "why": "precision.weight_rounding = nearest"}
+        return {"method": "nearest", "why": "precision.weight_rounding = nearest"}, None
+    models = {name: workdir / f"{name}.int8.onnx" for name in ("nearest", "learned")}
 
     def held_out(name: str) -> dict[str, Any]:
-        model = q.quantize(workdir / f"{name}.int8.onnx", calib, exclude=list(exclude))
+        model = q.quantize(models[name], calib, exclude=list(exclude))
         return analysis.accuracy(reference, analysis.run_model(model, judge), classifier_outputs)
 
     why = "precision.weight_rounding = adaround"
@@ -63,7 +65,7 @@ def choose_rounding(
         nearest_shifts = (q.output_shifts, q.output_shifts_for)  # the bias correction measured on that model
         figure = f"{nearest['metric']} {nearest['score']:.4f}, target {target}"
         if nearest["score"] >= target:
-            return {"method": "nearest", "why": f"auto: round-to-nearest met the target ({figure})"}
+            return {"method": "nearest", "why": f"auto: round-to-nearest met the target ({figure})"}, models["nearest"]
         why = f"auto: round-to-nearest missed the target ({figure})"
     from edgedeploy.precision.adaround import round_weights
 
@@ -74,21 +76,22 @@ def choose_rounding(
         log(f"INT8 weight rounding: adaround on {note['layers']} layers, mean layer output error "
             f"{err['nearest']:.4g} -> {err['learned']:.4g}")  # fmt: skip
     if nearest is None:
-        return note
+        return note, None
     learned = held_out("learned")
     note["measured"] = {"nearest": round(nearest["score"], 6), "learned": round(learned["score"], 6)}
     if learned["score"] > nearest["score"]:
-        return note
+        return note, models["learned"]
     # lower layer error on the calibration batches, not higher agreement on held-out data: keep nearest
     q.weight_codes = None
     q.output_shifts, q.output_shifts_for = nearest_shifts  # the rounded model's shifts do not apply
     if log:
         log(f"INT8 weight rounding: adaround scored {learned['score']:.4f} on held-out data, nearest "
             f"{nearest['score']:.4f}: kept round-to-nearest")  # fmt: skip
-    return {
+    kept = {
         "method": "nearest",
         "why": f"{why}; adaround learned, then scored {learned['metric']} {learned['score']:.4f} on the "
         "held-out data, not higher: nearest kept",
         "measured": note["measured"],
         "adaround": {k: note[k] for k in ("layers", "iterations", "mean_output_error")},
     }
+    return kept, models["nearest"]  # bit-identical to what q quantizes now (codes and shifts restored)

@@ -76,6 +76,28 @@ def interleaved_p50(
     return per_round
 
 
+def probe_when_set(
+    enabled: bool,
+    q: Quantizer,
+    batches: Sequence[dict[str, np.ndarray]],
+    pinned: Sequence[str],
+    *,
+    runtime: str,
+    log: Callable[[str], None] | None = None,
+) -> SpeedProbe:
+    """``precision.float_when_faster``: the early layers that run faster in float on this CPU (measured), or a
+    skipped probe saying why nothing was measured (turned off; the runtime's INT8 kernels are not this CPU's).
+
+    Raises:
+        StageError: a quantization or an ONNX Runtime session fails (named in the message).
+    """
+    if not enabled:
+        return skipped("precision.float_when_faster = false")
+    if not q.flavour.host_cpu_kernels:
+        return skipped(f"{runtime}: its INT8 kernels are not this CPU's, so speed is not measured here")
+    return probe_float_prefix(q, batches, batches[0], pinned=pinned, log=log)
+
+
 def probe_float_prefix(
     q: Quantizer,
     batches: Sequence[dict[str, np.ndarray]],

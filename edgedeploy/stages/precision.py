@@ -31,11 +31,9 @@ from edgedeploy.fileio.stable import stable_json
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, partial_result
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from edgedeploy.precision.data import CalibrationSet
-    from edgedeploy.precision.quantize import Quantizer
-    from edgedeploy.precision.speed_probe import SpeedProbe
 
     Feeds = dict[str, np.ndarray]  # one batch: input name -> array
 
@@ -180,7 +178,7 @@ def _int8(
     p = cfg.precision
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     float_proto = onnx.load(str(float_model))
-    _check_node_names(p.keep_fp32, float_proto, "precision.keep_fp32")
+    analysis.check_node_names(p.keep_fp32, float_proto, "precision.keep_fp32")
     accuracy_target, target_why = _accuracy_target(ctx, float_proto)
     from edgedeploy.precision.transformer import choose_recipe
 
@@ -194,7 +192,9 @@ def _int8(
     judged: dict[str, Any] = {"heldout_batches": held_batches}
     if len(held) > held_batches:  # an image folder: each held-out photo judged on views of it
         judged["views_per_heldout_batch"] = len(held) // held_batches
-    goldens = _golden_cases(ctx)
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
+
+    goldens = golden_cases(ctx.path(GOLDENS))
     real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
@@ -224,13 +224,15 @@ def _int8(
     q.reduce_range = reduce_range
     bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
     pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
-    probe = _speed_probe(ctx, q, calib, list(pinned), log)
+    from edgedeploy.precision.speed_probe import probe_when_set
+
+    probe = probe_when_set(p.float_when_faster, q, calib, list(pinned), runtime=target.runtime, log=log)
     pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
     from edgedeploy.precision.rounding_choice import choose_rounding
 
     if reference is None and p.weight_rounding == "auto":
         reference = analysis.run_model(float_model, evals or calib)
-    rounding = choose_rounding(
+    rounding, first_try = choose_rounding(
         p.weight_rounding,
         q,
         calib,
@@ -251,7 +253,8 @@ def _int8(
         accuracy_target=accuracy_target,
         max_tries=p.max_fallback_tries,
         keep_fp32=pinned,
-        extra_check=(lambda model: _goldens_veto(ctx, model, goldens)) if goldens else None,
+        first_try=first_try,
+        extra_check=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
         latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),
         log=log,
@@ -286,7 +289,7 @@ def _int8(
             f"{len(result.tries) - 1} fallback tries ({table})",
             hint=hint + resolution,
         )
-    if result.candidates and not _int8_compute_left(ctx.staging / deploy_model_name("int8")):
+    if result.candidates and not analysis.int8_compute_left(ctx.staging / deploy_model_name("int8")):
         scores = ", ".join(
             f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
             for t in result.tries
@@ -333,19 +336,6 @@ def _int8(
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
-
-
-def _speed_probe(
-    ctx: BuildContext, q: Quantizer, calib: Sequence[Feeds], pinned: list[str], log: Callable[[str], None] | None
-) -> SpeedProbe:
-    """precision.float_when_faster: the early layers that run faster in float on this CPU (measured)."""
-    from edgedeploy.precision.speed_probe import probe_float_prefix, skipped
-
-    if not ctx.cfg.precision.float_when_faster:
-        return skipped("precision.float_when_faster = false")
-    if not q.flavour.host_cpu_kernels:
-        return skipped(f"{ctx.target.runtime}: its INT8 kernels are not this CPU's, so speed is not measured here")
-    return probe_float_prefix(q, calib, calib[0], pinned=pinned, log=log)
 
 
 def _int8_transformer(
@@ -430,76 +420,22 @@ def _int8_transformer(
     return plan
 
 
-def _int8_compute_left(model: Path) -> bool:
-    """Whether any Conv/Gemm/MatMul of the QDQ model still runs in INT8 (reads DequantizeLinear weights)."""
-    import onnx
-
-    from edgedeploy.precision import analysis
-    from edgedeploy.precision.quantize import WEIGHTED_OPS
-
-    proto = onnx.load(str(model))
-    ops = {n.name: n.op_type for n in proto.graph.node}
-    return any(ops.get(n) in WEIGHTED_OPS for n in analysis.quantized_nodes(proto))
-
-
-def _golden_cases(ctx: BuildContext) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """(point, inputs, PyTorch outputs) of every golden sample, when the reference stage wrote goldens."""
-    from edgedeploy.modelio.goldens import load_goldens
-
-    path = ctx.path(GOLDENS)
-    if not path.is_file():
-        return []
-    goldens = load_goldens(path)
-    return [(point, pair["in"], pair["out"]) for point, by in goldens.items() for _, pair in sorted(by.items())]
-
-
-def _goldens_veto(ctx: BuildContext, model: Path, cases: list[Any]) -> str | None:
-    """Why ``model`` would fail the goldens check that validation and the device step run, or None.
-
-    The same comparison and tolerance (``tolerance.int8``) as ``complete_bundle.py``: every golden within the
-    elementwise tolerance and cosine, and top-1 agreement pooled over the real-sample goldens
-    (:func:`edgedeploy.validate.parity.pooled_top1`); a candidate that passes here passes the bundle's own dry
-    run (ONNX Runtime stand-in) on the same goldens.
-    """
-    from edgedeploy.precision import analysis
-    from edgedeploy.validate.parity import compare_output, pooled_top1
-
-    cfg = ctx.cfg
-    tol = cfg.tolerance_for("int8")
-    outputs = analysis.run_model(model, [feeds for _, feeds, _ in cases])
-    rows = []
-    for (point, _, ref), got in zip(cases, outputs):
-        for name in cfg.outputs:
-            if name not in ref or name not in got:
-                continue
-            row = compare_output(
-                ref[name],
-                got[name],
-                atol=tol.atol,
-                rtol=tol.rtol,
-                min_cosine=tol.min_cosine,
-                topk=cfg.validate.topk,
-                classifier=name in cfg.validate.classifier_outputs,
-            )
-            row.update(shape=point, output=name)
-            rows.append(row)
-    for row in rows + pooled_top1(rows, tol.min_topk_agreement):
-        if not row["passed"]:
-            why = row.get("reason") or ", ".join(row.get("failure", []))
-            return f"golden {row['shape']} {row['output']} fails tolerance.int8: {why}"[:200]
-    return None
-
-
 def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str]) -> dict[str, Any]:
     import onnx
 
     from edgedeploy.precision import analysis
-    from edgedeploy.precision.fp16 import captured_warnings, fp16_strategy, mixed_fp16, single_float_output_nodes
+    from edgedeploy.precision.fp16 import (
+        captured_warnings,
+        first_nonfinite_layers,
+        fp16_strategy,
+        mixed_fp16,
+        single_float_output_nodes,
+    )
 
     cfg, target = ctx.cfg, ctx.target
     model_path = ctx.path(ONNX_MODEL)
     proto = onnx.load(str(model_path))
-    _check_node_names(cfg.precision.keep_fp32, proto, "precision.keep_fp32")
+    analysis.check_node_names(cfg.precision.keep_fp32, proto, "precision.keep_fp32")
     strategy = fp16_strategy(target.strongly_typed_only)
     with captured_warnings() as library_warnings:
         findings = analysis.fp16_findings(analysis.tensor_ranges(model_path, batches, tmp), proto)
@@ -524,7 +460,7 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         warnings.append(f"FP16: {len(pins)} node(s) pinned to FP32: " + ", ".join(list(pins)[:6]))
     nonfinite = sorted({n for o in outputs for n, v in o.items() if v.dtype.kind == "f" and not np.isfinite(v).all()})
     if nonfinite:
-        culprits = _first_nonfinite_layers(sim, batches[:1], tmp)
+        culprits = first_nonfinite_layers(sim, batches[:1], tmp)
         raise StageError(
             "precision",
             f"FP16 gives NaN/Inf in {', '.join(nonfinite)} after pinning {len(pins)} node(s) to FP32"
@@ -554,43 +490,3 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "conversion": {k: v for k, v in conversion.items() if k != "fp32_nodes"},
         "library_warnings": library_warnings,
     }
-
-
-def _first_nonfinite_layers(sim: Path, batches: Sequence[Feeds], tmp: Path) -> list[str]:
-    """Layers to pin when the simulated FP16 model gives NaN/Inf: the first layer (graph order) whose output
-    is non-finite, if it runs in FP16, and the FP16 layers feeding it (an input flushed to 0 or rounded to Inf)."""
-    import onnx
-
-    from edgedeploy.precision import analysis
-
-    stats = analysis.tensor_ranges(sim, batches, tmp)
-    model = onnx.load(str(sim))
-    ours = ("__round_Cast", "__back_Cast")
-    producers = {o: n for n in model.graph.node for o in n.output}
-
-    def origin(tensor: str) -> str | None:  # the FP16 layer behind a rounded tensor
-        back = producers.get(tensor)
-        if back is None or not back.name.endswith("__back_Cast"):
-            return None
-        return producers[producers[back.input[0]].input[0]].name
-
-    for node in model.graph.node:
-        if node.name.endswith(ours):
-            continue
-        if any(stats.get(o) is not None and stats[o].nonfinite for o in node.output):
-            rounded_out = any(o.endswith("__exact") for o in node.output)
-            feeders = [f for f in (origin(i) for i in node.input) if f]
-            return list(dict.fromkeys(([node.name] if rounded_out else []) + feeders))
-    return []
-
-
-def _check_node_names(names: Sequence[str], model: Any, key: str) -> None:
-    known = {n.name for n in model.graph.node}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        from edgedeploy.errors import ConfigError
-
-        raise ConfigError(
-            f"key '{key}' names nodes not in model.onnx: {', '.join(unknown[:5])}",
-            hint="use ONNX node names (e.g. from precision.json or Netron)",
-        )

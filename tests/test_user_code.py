@@ -119,3 +119,29 @@ def test_a_factory_that_fails_to_import_writes_nothing(tmp_path: Path) -> None:
         edgedeploy.build(cfg, log=lambda _: None)
     out = tmp_path / "proj" / "out"
     assert not list(out.glob(".staging-*")) and not (out / "model.onnx").exists()
+
+
+def test_a_helper_edited_in_the_same_second_is_read_from_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timestamp .pyc matches a same-size edit made within the same second: user code never uses one."""
+    import os
+    import sys
+
+    from edgedeploy.modelio.usercode import forget, load_module
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # CI writes .pyc files (.ci/run)
+    root = tmp_path / "proj"
+    root.mkdir()
+    helper = root / "scalehelper.py"
+    helper.write_text("SCALE = 1.0\n")
+    (root / "calibsource.py").write_text("from scalehelper import SCALE\n\nVALUE = SCALE\n")
+    try:
+        assert load_module("calibsource", [root]).module.VALUE == 1.0
+        before = helper.stat()
+        helper.write_text("SCALE = 0.5\n")  # same size, and the same modification time below
+        os.utime(helper, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert load_module("calibsource", [root]).module.VALUE == 0.5
+        assert not (root / "__pycache__").exists()  # a build writes nothing into the project
+    finally:
+        forget()

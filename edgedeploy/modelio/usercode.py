@@ -12,6 +12,12 @@ files describe. Afterwards the modules the user's own process had imported (a no
 module objects it holds, and the build uses the code on disk. Modules this loader imported itself stay
 in ``sys.modules`` until the next build starts (:func:`forget`); the user's are never dropped.
 
+User files are always compiled from their source, never from a ``.pyc``: Python trusts a cached
+``.pyc`` when the source's size and modification time in whole seconds match, so an edit that keeps
+the file's size within the same second (``SCALE = 1.0`` -> ``0.5`` by a script right after a build)
+would run the old code while the cache key hashes the new file. Nothing is written into the project's
+``__pycache__`` by a build either.
+
 The factory (and a calibration callable) runs under the same rules (:func:`running_user_code`), so an
 import it makes only when called (``from .layers import Net`` inside ``build()``) reads the project on disk.
 
@@ -27,6 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
@@ -34,7 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 from edgedeploy.config import DeployConfig, module_file_in_roots
@@ -80,6 +88,32 @@ def forget() -> None:
     importlib.invalidate_caches()
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Loads a user file compiled from its source every time (no ``.pyc`` read or written)."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+class _ProjectSourceFinder(importlib.abc.MetaPathFinder):
+    """Finds modules the way ``sys.path`` does, and gives those whose file lies under ``roots`` a
+    :class:`_SourceOnlyLoader` (others are left to the regular finders)."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = [r.resolve() for r in roots]
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.origin is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
+            return None
+        origin = Path(spec.origin).resolve()
+        if not any(origin.is_relative_to(r) for r in self.roots):
+            return None
+        spec.loader = _SourceOnlyLoader(fullname, spec.origin)
+        return spec
+
+
 def _unique_name(file: Path) -> str:
     digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
     return f"edgedeploy_user_{digest}_{file.stem}"
@@ -103,10 +137,13 @@ def _project_imports(roots: list[Path], *, set_aside_ours: bool) -> Iterator[lis
     before = set(sys.modules)
     saved = list(sys.path)
     sys.path[:0] = [str(r) for r in roots]
+    finder = _ProjectSourceFinder(roots)
+    sys.meta_path.insert(0, finder)
     fresh: list[ModuleType] = []
     try:
         yield fresh
     finally:
+        sys.meta_path.remove(finder)
         sys.path[:] = saved
         new = sorted(n for n in set(sys.modules) - before if user_file(sys.modules.get(n)) is not None)
         fresh.extend(sys.modules[n] for n in new)
@@ -150,7 +187,7 @@ def load_module(module_name: str, roots: list[Path]) -> LoadedCode:
     with _project_imports(roots, set_aside_ours=True) as fresh:
         if file is not None and file.name != "__init__.py" and "." not in module_name:
             name = _unique_name(file)
-            spec = importlib.util.spec_from_file_location(name, file)
+            spec = importlib.util.spec_from_file_location(name, file, loader=_SourceOnlyLoader(name, str(file)))
             if spec is None or spec.loader is None:
                 raise ImportError(f"cannot load {file}")
             module = importlib.util.module_from_spec(spec)

@@ -380,6 +380,7 @@ def quantize_with_fallback(
     eval_batches: Sequence[dict[str, np.ndarray]] | None = None,
     keep_fp32: Sequence[str] | Mapping[str, str] = (),
     first_try: Path | None = None,
+    reference: Sequence[dict[str, np.ndarray]] | None = None,
     extra_check: Callable[[Path], str | None] | None = None,
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
@@ -399,14 +400,15 @@ def quantize_with_fallback(
 
     ``keep_fp32``: nodes float in every try; a mapping gives each one's reason (default: listed in
     precision.keep_fp32). ``first_try``: a model ``q`` already quantized with exactly ``keep_fp32`` float (the
-    weight rounding choice's), scored as try 0 instead of quantizing it again.
+    weight rounding choice's), scored as try 0 instead of quantizing it again. ``reference``: the float model's
+    outputs on the scored batches, when the caller already ran it (else run here).
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
     """
     say = log or (lambda _line: None)
     evals = list(eval_batches) if eval_batches else list(batches)
-    reference = analysis.run_model(q.float_model, evals)
+    reference = list(reference) if reference is not None else analysis.run_model(q.float_model, evals)
     pinned = (
         dict(keep_fp32) if isinstance(keep_fp32, Mapping) else {n: "listed in precision.keep_fp32" for n in keep_fp32}
     )

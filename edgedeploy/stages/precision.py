@@ -254,6 +254,7 @@ def _int8(
         max_tries=p.max_fallback_tries,
         keep_fp32=pinned,
         first_try=first_try,
+        reference=reference,
         extra_check=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
         latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),

@@ -18,7 +18,8 @@ What runs:
    (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median.
 
 Also every layer INT8 with cross-layer equalization, CLE + bias correction, and bias correction only
-(``edgedeploy.precision.equalize``), in the same agreement and latency tables.
+(``edgedeploy.precision.equalize``), and with the ``mse`` activation ranges (``precision.calib_method = "mse"``),
+in the same agreement and latency tables.
 
 Usage: ``python bench/int8_cnn.py --json bench/int8_cnn.json`` (about 35-55 minutes on 2 shared cores);
 ``--quick`` skips the deploy builds and the ORT-defaults row (about 8 minutes).
@@ -233,12 +234,20 @@ def ort_defaults(float_model: Path, calib: np.ndarray, out: Path) -> Path:
     return out
 
 
-def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False, bias_correction: str = ""):
+def all_int8(
+    float_model: Path,
+    calib: np.ndarray,
+    work: Path,
+    cle: bool = False,
+    bias_correction: str = "",
+    method: str = "minmax",
+):
     """edgedeploy's quantizer with the cpu defaults (8-bit per-channel weights on VNNI, min/max ranges from our
     histograms), every layer quantized: what the precision stage's first try builds, before any fallback.
     ``cle``: cross-layer equalization first; ``bias_correction``: then the quantized convs' biases corrected,
     ``"weights"`` from the float input means (edgedeploy.precision.equalize) or ``"outputs"`` layer by layer on
-    the quantized model's own output means (edgedeploy.precision.bias_correction, the stage's default)."""
+    the quantized model's own output means (edgedeploy.precision.bias_correction, the stage's default);
+    ``method``: how activation ranges are chosen (``precision.calib_method``)."""
     from edgedeploy.precision import equalize
     from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
@@ -248,7 +257,7 @@ def all_int8(float_model: Path, calib: np.ndarray, work: Path, cle: bool = False
     if cle:
         equalize.equalize(pre, work / "float.cle.onnx")
         pre = work / "float.cle.onnx"
-    q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False)
+    q = Quantizer(pre, work, flavour_for("onnxruntime"), reduce_range=False, method=method)
     if bias_correction == "weights":
         q.bias_means = equalize.conv_input_means(pre, batches)
     q.output_bias_correction = bias_correction == "outputs"
@@ -361,6 +370,9 @@ def main() -> int:
         )
         models["int8_edgedeploy_all_layers_bias_corrected_outputs"] = session(
             all_int8(fp32_path, x_calib, work / "obc", bias_correction="outputs")
+        )
+        models["int8_edgedeploy_all_layers_mse_ranges_bias_corrected_outputs"] = session(
+            all_int8(fp32_path, x_calib, work / "mse_obc", bias_correction="outputs", method="mse")
         )
         if not args.quick:
             models["int8_ort_defaults"] = session(ort_defaults(fp32_path, x_calib, work / "ort_default.onnx"))

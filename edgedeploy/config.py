@@ -22,7 +22,7 @@ from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 Precision = Literal["fp32", "fp16", "int8"]
 CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
-CalibMethod = Literal["minmax", "entropy", "percentile"]
+CalibMethod = Literal["minmax", "entropy", "percentile", "mse"]
 Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 # generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
@@ -97,7 +97,9 @@ class ExportSection:
 class PrecisionSection:
     mode: Precision = field(default="fp32", metadata=_flag("--precision", "fp32, fp16 or int8"))
     calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
-    calib_method: CalibMethod = field(default="minmax", metadata=_flag("--calib-method", "minmax/entropy/percentile"))
+    calib_method: CalibMethod = field(
+        default="minmax", metadata=_flag("--calib-method", "minmax/entropy/percentile/mse")
+    )
     calib_callable: str | None = field(
         default=None, metadata=_flag("--calib-callable", "calibration batches from module:callable")
     )
@@ -133,7 +135,9 @@ class PrecisionSection:
     # held-out score the reduced-precision model must reach; unset: top-1 agreement at the gate's
     # tolerance.<precision>.min_topk_agreement for classifier outputs, mean cosine 0.99 otherwise
     accuracy_target: float | None = None
-    max_fallback_tries: int = 8
+    # quantizations the fewest-float-layers search may spend: 16 reaches k = 32 float nodes with both families
+    # and bisects back (EfficientNet-Lite0 for jetson-orin passes at 17 float nodes on try 14; 8 stopped at k = 8)
+    max_fallback_tries: int = 16
     keep_fp32: tuple[str, ...] = ()
     # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
     int8_recipe: Int8Recipe = field(

@@ -131,3 +131,10 @@ def test_checkpoint_metadata_fills_model_and_inputs(tmp_path: Path):
     cfg = load_config(tmp_path / "deploy.toml")
     assert cfg.model.factory == "m:build" and cfg.model.kwargs == {"k": 1} and cfg.factory_origin == "sidecar"
     assert cfg.inputs[0].name == "x" and cfg.outputs == ("y",)
+
+
+def test_calib_method_mse_is_accepted_and_a_typo_names_the_choices():
+    assert config_from_dict(_with(precision={"calib_method": "mse"})).precision.calib_method == "mse"
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(_with(precision={"calib_method": "msee"}))
+    assert "precision.calib_method" in str(err.value) and "mse" in err.value.one_line()

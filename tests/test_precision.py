@@ -338,6 +338,25 @@ def test_stage_int8_trt_writes_calibration_cache(tmp_path: Path) -> None:
     shutil.rmtree(ctx.staging)
 
 
+def test_stage_int8_trt_mse_ranges_reach_the_calibration_cache(tmp_path: Path) -> None:
+    """calib_method = "mse" on a TensorRT target: the symmetric least-error ranges are what the Q/DQ model and
+    TensorRT's calibration cache carry (never wider than min/max, some narrower)."""
+    from edgedeploy.precision.calib_cache import read_trt_cache
+    from edgedeploy.stages.precision import PrecisionFromOnnx
+
+    amax = {}
+    for method in ("minmax", "mse"):
+        (tmp_path / method).mkdir()
+        ctx = _stage_ctx(tmp_path / method, "jetson-xavier", "int8", outlier_net(), {"calib_method": method})
+        result = PrecisionFromOnnx().run(ctx)
+        assert result.metrics["calib_method"] == method
+        amax[method] = read_trt_cache(ctx.staging / "calib.cache").amax()
+    shared = amax["minmax"].keys() & amax["mse"].keys()
+    assert all(amax["mse"][t] <= amax["minmax"][t] * (1 + 1e-6) for t in shared)
+    assert amax["mse"]["logits"] == amax["minmax"]["logits"]  # graph outputs keep min/max
+    assert any(amax["mse"][t] < 0.99 * amax["minmax"][t] for t in shared)  # some tail was clipped
+
+
 def test_fp16_underflow_is_flagged_not_pinned(tmp_path: Path) -> None:
     import onnx
     import torch

@@ -441,6 +441,53 @@ def test_default_target_is_the_gates_top1_agreement_for_classifiers_and_cosine_o
     assert accuracy_target_for(0.97, ["logits"], ["logits"], 0.95) == (0.97, "precision.accuracy_target")
 
 
+def test_the_precision_judge_sees_more_views_than_the_goldens_and_starts_with_theirs() -> None:
+    import skimage.data
+
+    from edgedeploy.precision.data import split_for_judging
+    from edgedeploy.precision.heldout import JUDGE_VIEWS, heldout_views
+
+    pic = skimage.data.coffee()  # a real photo, (400, 600, 3) uint8
+    rows = [np.ascontiguousarray(pic[y : y + 40, 100:148].transpose(2, 0, 1)[None]) for y in range(0, 320, 40)]
+    batches = [{"image": r.astype(np.float32) / 255.0} for r in rows]  # 8 samples: 6 calibrate, 2 held out
+    calib, goldens = split_for_judging(batches, "images", "NCHW")
+    calib_wide, judged = split_for_judging(batches, "images", "NCHW", wide=True)
+    assert len(calib) == len(calib_wide) == 6 and len(goldens) == 12 and len(judged) == 2 * JUDGE_VIEWS == 64
+    per_photo = [judged[:JUDGE_VIEWS], judged[JUDGE_VIEWS:]]
+    assert all(np.array_equal(a["image"], b["image"]) for a, b in zip(goldens, per_photo[0][:6] + per_photo[1][:6]))
+    views = [v["image"] for v in per_photo[0]]
+    assert all(v.shape == rows[0].shape for v in views)
+    assert all(not np.allclose(a, b, atol=1e-3) for i, a in enumerate(views) for b in views[i + 1 :])  # all differ
+    # the last views mirror the crops: view 17 + k is the mirror image of view 2 + k
+    assert all(np.allclose(views[17 + k], views[2 + k][..., ::-1]) for k in range(15))
+    # a horizontal ramp shows the crop sizes: the 0.5 crops span half the columns, the 0.8 ones 80 %
+    ramp = np.broadcast_to(np.arange(64, dtype=np.float32), (1, 1, 48, 64)).copy()
+    spans = [float(v["image"].max() - v["image"].min()) for v in heldout_views([{"image": ramp}], "NCHW", 99, 17)]
+    assert spans[0] == 63 and all(abs(s - 63 * 0.8) < 2.5 for s in spans[2:7]) and abs(spans[-1] - 31.5) < 2.5
+    assert len(heldout_views(batches, "NCHW", max_samples=100, max_views=32)) == 96  # 12 per photo fit in 100
+
+
+def test_expected_top1_agreement_counts_each_sample_by_its_lead_and_the_measured_spread() -> None:
+    from edgedeploy.precision.heldout import expected_top1_agreement, held_out_score
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(400, 50)) * 3
+    assert expected_top1_agreement(ref, ref) == 1.0
+    noisy = [ref + rng.normal(scale=s, size=ref.shape) for s in (0.05, 0.2, 0.6)]
+    estimates = [expected_top1_agreement(ref, c) for c in noisy]
+    assert 1.0 > estimates[0] > estimates[1] > estimates[2] > 0.5
+    observed = [float(np.mean(ref.argmax(1) == c.argmax(1))) for c in noisy]
+    assert all(abs(e - o) < 0.03 for e, o in zip(estimates, observed))  # small perturbations: close to the count
+    # one flip among 20 samples costs 5 % of the count; the estimate weighs every sample's lead instead
+    small = ref[:20]
+    cand = small.copy()
+    second, top = np.argsort(small[0])[-2:]
+    cand[0, [top, second]] = small[0, [second, top]]  # sample 0 swaps its top two classes, the rest are exact
+    score = held_out_score([{"logits": small}], [{"logits": cand}], ["logits"])["outputs"]["logits"]
+    assert score["observed"] == 0.95 and score["value"] == min(score["observed"], score["expected"])
+    assert 0.5 < score["expected"] < 1.0  # the flip's size sets the spread: every sample's lead is weighed by it
+
+
 def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None:
     import skimage.data
 

@@ -39,12 +39,14 @@ def test_cli_int8_build_with_image_folder(tiny_project: Path, tmp_path: Path, ca
     assert prec["calibration"]["source_sha256"] == hash_directory(calib)
     assert prec["calibration"]["samples_used"] == 12
     assert prec["qdq_flavour"]["name"] == "U8S8" and prec["accuracy"]["score"] >= 0.99
-    # a classifier output, no precision.accuracy_target: the gate's top-1 agreement, judged on six views of
-    # each held-out photo (12 photos in batches of 2: the last 2 batches held out)
+    # a classifier output, no precision.accuracy_target: the gate's top-1 agreement, judged on 32 views of
+    # each held-out photo (12 photos in batches of 2: the last 2 batches held out), observed and expected
     assert prec["accuracy_target"]["value"] == 0.95 and "min_topk_agreement" in prec["accuracy_target"]["why"]
-    assert prec["judged_on"]["heldout_batches"] == 2 and prec["judged_on"]["views_per_heldout_batch"] == 6
-    assert prec["judged_on"]["samples"] == 24
-    # the goldens hold the same views, so the bundle's own check judges on what the stage judged on
+    assert prec["judged_on"]["heldout_batches"] == 2 and prec["judged_on"]["views_per_heldout_batch"] == 32
+    assert prec["judged_on"]["samples"] == 128
+    acc = prec["accuracy"]
+    assert acc["score"] == pytest.approx(min(acc["observed"], acc["expected"]), abs=1e-6)
+    # the goldens hold the first six of those views, so the bundle's own check judges on samples the stage did
     from edgedeploy.modelio.goldens import load_goldens
 
     held = load_goldens(out / "goldens.npz")["calib-heldout"]

@@ -413,15 +413,19 @@ def split_heldout(
 
 
 def split_for_judging(
-    batches: Sequence[dict[str, np.ndarray]], kind: str, layout: str
+    batches: Sequence[dict[str, np.ndarray]], kind: str, layout: str, *, wide: bool = False
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
     """(calibration, judged) batches: ``split_heldout``, then for an image folder the held-out photos' views
-    (``precision.heldout.heldout_views``). The precision stage judges candidates on these and the reference
-    stage puts the same ones into the goldens, so the bundle's own check sees what the stage judged on.
+    (``precision.heldout.heldout_views``). The reference stage puts these into the goldens, so the bundle's
+    own check sees real samples the precision stage judged on; ``wide``: the precision stage's judge, up to
+    ``JUDGE_VIEWS`` views per photo within ``MAX_JUDGED_SAMPLES``, whose first views are the goldens' ones.
     """
     calib, held = split_heldout(batches)
     if kind == "images" and held:
-        from edgedeploy.precision.heldout import heldout_views
+        from edgedeploy.precision import heldout
 
-        held = heldout_views(held, layout)
+        if wide:
+            held = heldout.heldout_views(held, layout, heldout.MAX_JUDGED_SAMPLES, heldout.JUDGE_VIEWS)
+        else:
+            held = heldout.heldout_views(held, layout)
     return calib, held

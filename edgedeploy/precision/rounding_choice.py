@@ -37,13 +37,15 @@ def choose_rounding(
     classifier_outputs: Sequence[str],
     workdir: Path,
     log: Callable[[str], None] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any], Path | None]:
     """Set ``q.weight_codes`` per ``setting`` (``nearest``, ``adaround`` or ``auto``) and return the note for
     precision.json (``method``, ``why``; ``measured`` when ``auto`` scored both) and the model ``auto`` already
     quantized with the chosen rounding (``exclude`` float, the fallback search's first try), else None.
 
     ``calib``: the batches the rounding learns from; ``judge``: the held-out batches it is scored on, with the
-    float model's outputs on them in ``reference``; ``exclude``: the nodes every try keeps float.
+    float model's outputs on them in ``reference`` (``groups``: as for the fallback search's score);
+    ``exclude``: the nodes every try keeps float.
 
     Raises:
         StageError: onnxruntime cannot quantize or run a candidate.
@@ -56,7 +58,7 @@ def choose_rounding(
 
     def held_out(name: str) -> dict[str, Any]:
         model = q.quantize(models[name], calib, exclude=list(exclude))
-        return analysis.accuracy(reference, analysis.run_model(model, judge), classifier_outputs)
+        return analysis.accuracy(reference, analysis.run_model(model, judge), classifier_outputs, groups)
 
     why = "precision.weight_rounding = adaround"
     nearest: dict[str, Any] | None = None

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
-    version = "6"  # 6: judged on up to 32 views per held-out photo, by the lower of observed and expected top-1
+    version = "6"  # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -201,6 +201,9 @@ def _int8(
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
     judged.update(validate_data_batches=len(real_data), calibration_batches=len(calib))
     judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
+    # independent sources among the judged batches: each held-out batch with its views, each validate.data batch
+    groups = ([len(held) // held_batches] * held_batches if held_batches else []) + [1] * len(real_data)
+    judged["independent_groups"] = len(groups)  # the score is lowered by one standard error over these
     from edgedeploy.precision.equalize_choice import choose_equalization
 
     float_model, equalized, bias = choose_equalization(
@@ -243,6 +246,7 @@ def _int8(
         classifier_outputs=cfg.validate.classifier_outputs,
         workdir=tmp,
         log=log,
+        groups=groups or None,
     )
     result = quantize_with_fallback(
         q,
@@ -259,6 +263,7 @@ def _int8(
         latency_feeds=calib[0],
         latency_iters=max(cfg.validate.latency_iters, 3),
         log=log,
+        groups=groups or None,
     )
     from edgedeploy.precision.heldout import resolution_hint
 

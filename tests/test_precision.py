@@ -490,26 +490,45 @@ def test_expected_top1_agreement_counts_each_sample_by_its_lead_and_the_measured
 
 def test_a_grouped_top1_score_is_lowered_by_the_groups_standard_error() -> None:
     from edgedeploy.precision import analysis
-    from edgedeploy.precision.heldout import expected_top1_agreement
 
     rng = np.random.default_rng(1)
-    ref = [{"logits": rng.normal(size=(4, 30)) * 3} for _ in range(6)]  # 3 photos x 2 views x 4 samples
-    noise = (0.0, 0.0, 0.0, 0.0, 0.8, 0.8)  # photos 1 and 2 exact, photo 3 noisy
-    cand = [{"logits": r["logits"] + rng.normal(scale=s, size=(4, 30))} for r, s in zip(ref, noise)]
-    plain = analysis.accuracy(ref, cand, ["logits"])["outputs"]["logits"]
-    grouped = analysis.accuracy(ref, cand, ["logits"], groups=[2, 2, 2])["outputs"]["logits"]
-    assert "standard_error" not in plain
-    last = expected_top1_agreement(
-        np.concatenate([c["logits"] for c in ref[4:]]), np.concatenate([c["logits"] for c in cand[4:]])
-    )
-    se = float(np.std([1.0, 1.0, last], ddof=1) / np.sqrt(3))
-    assert last < 1.0 and grouped["standard_error"] == pytest.approx(se)
-    assert grouped["value"] == pytest.approx(plain["value"] - se)
+    ref = [{"logits": rng.normal(size=(32, 30)) * 3} for _ in range(6)]  # 3 photos x 2 views x 32 samples
+
+    def noisy(scales: tuple[float, ...]) -> list[dict[str, np.ndarray]]:
+        return [{"logits": r["logits"] + rng.normal(scale=s, size=(32, 30))} for r, s in zip(ref, scales)]
+
+    one_photo = noisy((0.0, 0.0, 0.0, 0.0, 1.0, 1.0))  # photos 1 and 2 exact, photo 3 noisy
+    plain = analysis.accuracy(ref, one_photo, ["logits"])["outputs"]["logits"]
+    grouped = analysis.accuracy(ref, one_photo, ["logits"], groups=[2, 2, 2])["outputs"]["logits"]
+    assert "standard_error" not in plain and grouped["standard_error"] > 0.01
+    assert grouped["value"] == pytest.approx(plain["value"] - grouped["standard_error"])
+    # changes spread over every photo: the photos agree with each other, so the error bar is far smaller
+    spread_out = noisy((0.58,) * 6)
+    even = analysis.accuracy(ref, spread_out, ["logits"], groups=[2, 2, 2])["outputs"]["logits"]
+    assert even["standard_error"] < grouped["standard_error"] / 2
     # every group the same: nothing to subtract; groups that do not cover the batches are a caller's bug
     same = analysis.accuracy(ref, ref, ["logits"], groups=[3, 3])["outputs"]["logits"]
     assert same["value"] == 1.0 and same["standard_error"] == 0.0
     with pytest.raises(ValueError, match="cover 4 batches"):
-        analysis.accuracy(ref, cand, ["logits"], groups=[2, 2])
+        analysis.accuracy(ref, one_photo, ["logits"], groups=[2, 2])
+    # single samples are merged into groups of 8: 6 samples make no group, 16 make two
+    from edgedeploy.precision.heldout import expected_top1_agreement
+
+    singles = [{"logits": r["logits"][i : i + 1]} for r in ref[:1] for i in range(16)]
+    moved = [{"logits": c["logits"][i : i + 1]} for c in one_photo[:1] for i in range(16)]
+    moved[3]["logits"] = moved[3]["logits"] + rng.normal(scale=3.0, size=(1, 30))
+    few = analysis.accuracy(singles[:6], moved[:6], ["logits"], groups=[1] * 6)["outputs"]["logits"]
+    assert few["standard_error"] == 0.0
+    two = analysis.accuracy(singles, moved, ["logits"], groups=[1] * 16)["outputs"]["logits"]
+    halves = [
+        expected_top1_agreement(
+            np.concatenate([b["logits"] for b in singles[a : a + 8]]),
+            np.concatenate([b["logits"] for b in moved[a : a + 8]]),
+        )
+        for a in (0, 8)
+    ]
+    assert two["standard_error"] > 0
+    assert two["standard_error"] == pytest.approx(float(np.std(halves, ddof=1) / np.sqrt(2)))
 
 
 def test_held_out_views_are_the_photo_its_mirror_and_four_corner_crops() -> None:

@@ -197,8 +197,9 @@ def accuracy(
     ``score`` is the worst output's.
 
     ``groups``: how many consecutive batches come from one independent source (the views of one held-out photo).
-    With two or more groups a top-1 score is lowered by one standard error of the groups' expected agreement
-    (``standard_error``): the score then bounds what new photos of the kind would show, not only these.
+    With two or more groups (of at least ``MIN_GROUP_SAMPLES`` samples) a top-1 score is lowered by one standard
+    error of the groups' expected agreement (``standard_error``): the score then bounds what new photos of the
+    kind would show, not only these.
     """
     from edgedeploy.validate.parity import compare_output
 
@@ -230,18 +231,35 @@ def accuracy(
     return {"score": worst["value"], "metric": worst["metric"], "outputs": per_output}
 
 
+# fewer samples than this do not make a group: consecutive small groups (single validate.data samples) are
+# merged until they do, so each group's spread of top-1 lead changes is measured on enough samples
+MIN_GROUP_SAMPLES = 8
+
+
 def _group_standard_error(
     ref: np.ndarray, cand: np.ndarray, batches: Sequence[dict[str, np.ndarray]], name: str, groups: Sequence[int]
 ) -> float:
-    """Standard error of the mean over ``groups`` (batches per group, in order) of each group's expected top-1
-    agreement; ``ref`` / ``cand``: output ``name`` of all ``batches``, concatenated."""
+    """Standard error of the mean over ``groups`` (batches per group, in order; merged up to
+    ``MIN_GROUP_SAMPLES``) of each group's expected top-1 agreement; ``ref`` / ``cand``: output ``name`` of all
+    ``batches``, concatenated."""
     from edgedeploy.precision.heldout import expected_top1_agreement
 
     sizes = [len(b[name]) for b in batches]
     if sum(groups) != len(sizes):
         raise ValueError(f"groups cover {sum(groups)} batches, the data has {len(sizes)}")
-    ends = np.cumsum([sum(sizes[i - n : i]) for i, n in zip(np.cumsum(groups), groups)])
-    per_group = [expected_top1_agreement(ref[a:b], cand[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+    per_sample = len(ref.reshape(-1, ref.shape[-1])) // max(sum(sizes), 1)  # rows per sample (extra leading axes)
+    bounds, start, end = [], 0, 0
+    for batch_end, n in zip(np.cumsum(groups), groups):
+        end += sum(sizes[batch_end - n : batch_end]) * per_sample
+        if end - start >= MIN_GROUP_SAMPLES * per_sample:
+            bounds.append((start, end))
+            start = end
+    if start < end and bounds:  # a short tail joins the last group
+        bounds[-1] = (bounds[-1][0], end)
+    if len(bounds) < 2:
+        return 0.0
+    r, c = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
+    per_group = [expected_top1_agreement(r[a:b], c[a:b]) for a, b in bounds]
     return float(np.std(per_group, ddof=1) / np.sqrt(len(per_group)))
 
 

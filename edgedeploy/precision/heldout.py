@@ -24,8 +24,8 @@ JUDGE_CROPS = (0.8, 0.65, 0.5)
 GOLDEN_VIEWS = 6
 MAX_VIEWED_SAMPLES = 96
 # the precision stage judges candidates on more views than the goldens carry: top-1 agreement on 96 views of
-# 16 photos did not rank INT8 candidates at all (Spearman -0.10 against 3,000 crops), 512 views did (0.70),
-# and the expected agreement below on those (0.93); docs/precision.md, "Judging"
+# 16 photos did not rank INT8 candidates at all (Spearman -0.03 against 3,000 crops), on 512 views it did
+# (0.72), and the expected agreement below on those better (0.90); bench/int8_cnn_judge.json
 JUDGE_VIEWS = 32
 MAX_JUDGED_SAMPLES = 512
 
@@ -75,32 +75,44 @@ def held_out_score(
 
 def expected_top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
     """Top-1 agreement the candidate is expected to have on samples like these, from how far each sample's
-    top-1 leads its runner-up and how much the candidate moves such leads.
+    top-1 leads its runner-up and how much the candidate moves such leads: the mean of
+    :func:`top1_keep_probabilities`.
+
+    Far less noisy than counting flips on a hundred samples, where one flip is a percent; flips to a third
+    class are not modelled. ``reference`` and ``candidate``: (samples, ..., classes) scores.
+    """
+    return float(np.mean(top1_keep_probabilities(reference, candidate)))
+
+
+def top1_keep_probabilities(reference: np.ndarray, candidate: np.ndarray, spread: float | None = None) -> np.ndarray:
+    """Each sample's probability of keeping the reference's top-1 class in the candidate.
 
     A sample flips when the candidate shrinks the lead of the reference's top-1 over its runner-up by more than
-    the lead. The change of that lead is taken as normal around zero with the root mean square measured over
-    all samples (a systematic shrink counts as spread), so each sample contributes its probability of keeping
-    its top-1 rather than a 0 or 1. Far less noisy than counting flips on a hundred samples, where one flip is
-    a percent; flips to a third class are not modelled.
-
-    ``reference`` and ``candidate``: (samples, ..., classes) scores.
+    the lead. The change of that lead is taken as normal around zero with the root mean square change over
+    these samples as its standard deviation (a systematic shrink counts as spread), so each sample counts by how
+    close it is to flipping rather than as a 0 or 1.
     """
     import torch
 
+    lead, moved = top1_lead_changes(reference, candidate)
+    sigma = float(np.sqrt(np.mean(moved**2))) if len(moved) else 0.0
+    if sigma == 0.0 or not len(lead):
+        return np.ones(len(lead))
+    return torch.special.ndtr(torch.from_numpy(lead / sigma)).numpy()  # P(the lead survives)
+
+
+def top1_lead_changes(reference: np.ndarray, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lead, change): per sample, how far the reference's top-1 leads its runner-up, and how much the
+    candidate changes that lead (negative: shrinks it). No runner-up (one class): an infinite lead."""
     r = reference.reshape(-1, reference.shape[-1]).astype(np.float64)
     c = candidate.reshape(-1, candidate.shape[-1]).astype(np.float64)
     if r.shape[-1] < 2:
-        return 1.0
+        return np.full(len(r), np.inf), np.zeros(len(r))
     order = np.argsort(r, axis=1)
     rows = np.arange(len(r))
     top, second = order[:, -1], order[:, -2]
     lead = r[rows, top] - r[rows, second]
-    moved = (c[rows, top] - c[rows, second]) - lead
-    spread = float(np.sqrt(np.mean(moved**2)))
-    if spread == 0.0:
-        return 1.0
-    keep = torch.special.ndtr(torch.from_numpy(lead / spread)).numpy()  # P(the lead survives)
-    return float(np.mean(keep))
+    return lead, (c[rows, top] - c[rows, second]) - lead
 
 
 def resolution_hint(metric: str, samples: int, target: float) -> str:

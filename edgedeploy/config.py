@@ -22,7 +22,7 @@ from edgedeploy.schema import dataclass_from_dict, read_toml, resolve_path
 Precision = Literal["fp32", "fp16", "int8"]
 CaptureMode = Literal["auto", "trace", "script", "export"]
 ExporterName = Literal["auto", "dynamo", "torchscript"]
-CalibMethod = Literal["minmax", "entropy", "percentile", "mse"]
+CalibMethod = Literal["auto", "minmax", "entropy", "percentile", "mse"]
 Int8Recipe = Literal["auto", "cnn", "transformer"]
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
 # generated-input kinds (edgedeploy/modelio/generators.py); "" picks by dtype
@@ -97,10 +97,12 @@ class ExportSection:
 class PrecisionSection:
     mode: Precision = field(default="fp32", metadata=_flag("--precision", "fp32, fp16 or int8"))
     calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
-    # mse: on EfficientNet-Lite0 judged on 1,500 + 1,500 crops, ahead of minmax in 23 of 24 pairs of float set
-    # and weight rounding, and in the TensorRT flavour (docs/precision.md, "Why mse is the default")
+    # auto: mse for classifier outputs (EfficientNet-Lite0: ahead of minmax in 23 of 24 measured pairs), minmax
+    # otherwise (a ResNet-50 embedder's never-calibrated photos: mse clipped, min cosine 0.76 against 0.94);
+    # docs/precision.md, "Why mse for classifiers"
     calib_method: CalibMethod = field(
-        default="mse", metadata=_flag("--calib-method", "mse (default)/minmax/entropy/percentile")
+        default="auto",
+        metadata=_flag("--calib-method", "auto (mse for classifiers, else minmax)/minmax/entropy/percentile/mse"),
     )
     calib_callable: str | None = field(
         default=None, metadata=_flag("--calib-callable", "calibration batches from module:callable")

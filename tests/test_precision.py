@@ -345,16 +345,29 @@ def test_stage_int8_trt_mse_ranges_reach_the_calibration_cache(tmp_path: Path) -
     from edgedeploy.stages.precision import PrecisionFromOnnx
 
     amax = {}
-    for method in ("minmax", "mse"):
+    for method in ("minmax", "mse", "auto"):
         (tmp_path / method).mkdir()
         ctx = _stage_ctx(tmp_path / method, "jetson-xavier", "int8", outlier_net(), {"calib_method": method})
         result = PrecisionFromOnnx().run(ctx)
-        assert result.metrics["calib_method"] == method
+        chosen = result.metrics["calib_method"]
+        assert chosen == ({"name": method, "why": "precision.calib_method"} if method != "auto" else chosen)
         amax[method] = read_trt_cache(ctx.staging / "calib.cache").amax()
+    # auto on a model whose output is not a classifier output: min/max ranges, nothing clipped
+    assert chosen["name"] == "minmax" and "not every output is a classifier output" in chosen["why"]
+    assert amax["auto"] == amax["minmax"]
     shared = amax["minmax"].keys() & amax["mse"].keys()
     assert all(amax["mse"][t] <= amax["minmax"][t] * (1 + 1e-6) for t in shared)
     assert amax["mse"]["logits"] == amax["minmax"]["logits"]  # graph outputs keep min/max
     assert any(amax["mse"][t] < 0.99 * amax["minmax"][t] for t in shared)  # some tail was clipped
+
+
+def test_calib_method_auto_is_mse_for_classifiers_only() -> None:
+    from edgedeploy.precision.quantize import calib_method_for
+
+    assert calib_method_for("auto", ["logits"], ["logits"])[0] == "mse"
+    assert calib_method_for("auto", ["logits", "embedding"], ["logits"])[0] == "minmax"
+    assert calib_method_for("auto", ["embedding"], [])[0] == "minmax"
+    assert calib_method_for("entropy", ["logits"], ["logits"]) == ("entropy", "precision.calib_method")
 
 
 def test_fp16_underflow_is_flagged_not_pinned(tmp_path: Path) -> None:

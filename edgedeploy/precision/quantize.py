@@ -63,6 +63,18 @@ QDQ_FLAVOURS: dict[str, QdqFlavour] = {
 CALIB_METHODS = ("minmax", "entropy", "percentile", "mse")  # ranges chosen by edgedeploy.precision.histogram
 
 
+def calib_method_for(setting: str, outputs: Sequence[str], classifier_outputs: Sequence[str]) -> tuple[str, str]:
+    """(method, why): ``setting`` unless it is ``auto``; then ``mse`` when every output is a classifier output
+    (a clipped outlier rarely moves an argmax; on EfficientNet-Lite0 mse was ahead of minmax in 23 of 24 measured
+    pairs), else ``minmax`` (embeddings and regressions carry every activation's size: on a ResNet-50 embedder
+    mse's clipping cost the never-calibrated photos' worst cosine 0.94 -> 0.76)."""
+    if setting != "auto":
+        return setting, "precision.calib_method"
+    if outputs and all(o in classifier_outputs for o in outputs):
+        return "mse", "auto: every output is a classifier output (validate.classifier_outputs)"
+    return "minmax", "auto: not every output is a classifier output, so no activation range is clipped"
+
+
 def flavour_for(runtime: str) -> QdqFlavour:
     """The QDQ flavour the target's runtime needs (as its registered backend names it).
 
@@ -140,7 +152,7 @@ class Quantizer:
     float_model: Path
     workdir: Path
     flavour: QdqFlavour
-    method: str = "minmax"  # the stage passes precision.calib_method (default mse)
+    method: str = "minmax"  # the stage passes precision.calib_method, resolved by calib_method_for
     per_channel: bool = True
     reduce_range: bool | None = None  # None: the flavour's default
     # conv node -> per-channel float input mean: bias correction of every quantized conv (precision/equalize.py)

@@ -10,6 +10,7 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,6 +168,7 @@ def _int8(
     from edgedeploy.precision.data import split_for_judging, split_heldout
     from edgedeploy.precision.quantize import (
         Quantizer,
+        calib_method_for,
         cpu_int8_flags,
         flavour_for,
         preprocess,
@@ -175,9 +177,12 @@ def _int8(
     )
 
     cfg, target = ctx.cfg, ctx.target
-    p = cfg.precision
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     float_proto = onnx.load(str(float_model))
+    method, method_why = calib_method_for(
+        cfg.precision.calib_method, [o.name for o in float_proto.graph.output], cfg.validate.classifier_outputs
+    )
+    p = dataclasses.replace(cfg.precision, calib_method=method)  # every quantizer below takes the resolved method
     analysis.check_node_names(p.keep_fp32, float_proto, "precision.keep_fp32")
     accuracy_target, target_why = _accuracy_target(ctx, float_proto)
     from edgedeploy.precision.transformer import choose_recipe
@@ -322,7 +327,7 @@ def _int8(
         "strategy": "explicit-qdq",
         "qdq_flavour": {"name": flavour.name, "why": flavour.why, "per_channel": p.per_channel},
         "weights": {"bits": 7 if reduce_range else 8, "why": rr_why, "measured": rr_scores},
-        "calib_method": p.calib_method,
+        "calib_method": {"name": p.calib_method, "why": method_why},
         "weight_rounding": rounding,
         "float_when_faster": probe.plan(),
         "equalize": equalized,

@@ -84,7 +84,7 @@ def expected_top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> flo
     return float(np.mean(top1_keep_probabilities(reference, candidate)))
 
 
-def top1_keep_probabilities(reference: np.ndarray, candidate: np.ndarray, spread: float | None = None) -> np.ndarray:
+def top1_keep_probabilities(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Each sample's probability of keeping the reference's top-1 class in the candidate.
 
     A sample flips when the candidate shrinks the lead of the reference's top-1 over its runner-up by more than
@@ -174,9 +174,10 @@ def heldout_views(
         if rest or x.ndim != 4 or x.dtype.kind != "f":
             return list(batches)
         t = torch.from_numpy(np.ascontiguousarray(x if layout == "NCHW" else x.transpose(0, 3, 1, 2)))
-        chosen = [t, torch.flip(t, dims=[3]), *_crops(t, VIEW_CROP, False)]
+        corners_and_centre = _crops(t, VIEW_CROP)
+        chosen = [t, torch.flip(t, dims=[3]), *corners_and_centre[:4]]
         if count > len(chosen):
-            more = _crops(t, VIEW_CROP, True)[4:] + [c for frac in JUDGE_CROPS[1:] for c in _crops(t, frac, True)]
+            more = corners_and_centre[4:] + [c for frac in JUDGE_CROPS[1:] for c in _crops(t, frac)]
             firsts = chosen[2:] + more
             chosen += more + [torch.flip(c, dims=[3]) for c in firsts]
         for v in chosen[:count]:
@@ -185,12 +186,12 @@ def heldout_views(
     return views
 
 
-def _crops(t: Any, frac: float, centre: bool) -> list[Any]:
-    """The four corner crops (and the centre one) of ``frac`` of each side of NCHW tensor ``t``, resized back."""
+def _crops(t: Any, frac: float) -> list[Any]:
+    """The four corner crops and the centre crop of ``frac`` of each side of NCHW tensor ``t``, resized back."""
     import torch.nn.functional as F
 
     h, w = t.shape[2:]
     ch, cw = max(1, round(h * frac)), max(1, round(w * frac))
-    at = [(y, x0) for y in (0, h - ch) for x0 in (0, w - cw)] + [((h - ch) // 2, (w - cw) // 2)] * centre
+    at = [(y, x0) for y in (0, h - ch) for x0 in (0, w - cw)] + [((h - ch) // 2, (w - cw) // 2)]
     crops = [t[:, :, y : y + ch, x0 : x0 + cw].float() for y, x0 in at]
     return [F.interpolate(c, size=(h, w), mode="bilinear", align_corners=False) for c in crops]

@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
+    import onnx
     from scipy.stats import spearmanr
 
     from edgedeploy.precision import analysis
@@ -88,7 +89,7 @@ def main() -> int:
             d.mkdir(exist_ok=True)
             q = Quantizer(fm, d, flavour_for("onnxruntime"), reduce_range=False, method=method)
             q.output_bias_correction = True
-            cands = analysis.quantized_nodes(__import__("onnx").load(str(q.quantize(d / "naive.onnx", calib))))
+            cands = analysis.quantized_nodes(onnx.load(str(q.quantize(d / "naive.onnx", calib))))
             if rounding == "adaround":
                 round_weights(q, calib)
             float_sets = [(f"first {k}", cands[:k]) for k in (3, 7, 12, 20)]

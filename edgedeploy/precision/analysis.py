@@ -218,15 +218,12 @@ def accuracy(
             "max_abs": row.get("max_abs"),
         }
         if metric == "top1_agreement" and value > 0.0:
-            from edgedeploy.precision.heldout import expected_top1_agreement
+            from edgedeploy.precision.heldout import top1_score
 
-            # the lower of the count and the estimate: the estimate ranks candidates where a hundred samples'
-            # count cannot (precision/heldout.py), the count is what the gate checks
-            expected = expected_top1_agreement(ref, cand)
-            per_output[name].update(value=min(value, expected), observed=value, expected=expected)
+            per_output[name].update(top1_score(value, ref, cand))
             if groups is not None and len(groups) > 1:
                 se = _group_standard_error(ref, cand, reference, name, groups)
-                per_output[name].update(value=max(0.0, min(value, expected) - se), standard_error=se)
+                per_output[name].update(value=max(0.0, per_output[name]["value"] - se), standard_error=se)
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "outputs": per_output}
 

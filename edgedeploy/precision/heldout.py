@@ -50,14 +50,7 @@ def held_out_score(
             continue
         if name in classifier_outputs:
             agree = float(np.mean(ref.argmax(-1) == cand.argmax(-1)))
-            expected = expected_top1_agreement(ref, cand)
-            # the lower of the two: the count is what the gate checks, the estimate is what it ranks by
-            per_output[name] = {
-                "metric": "top1_agreement",
-                "value": min(agree, expected),
-                "observed": agree,
-                "expected": expected,
-            }
+            per_output[name] = {"metric": "top1_agreement", **top1_score(agree, ref, cand)}
             continue
         r = ref.reshape(ref.shape[0], -1)
         c = cand.reshape(cand.shape[0], -1)
@@ -71,6 +64,13 @@ def held_out_score(
         }
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "samples": int(len(ref)), "outputs": per_output}
+
+
+def top1_score(observed: float, reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+    """``value``: the lower of the ``observed`` top-1 agreement and :func:`expected_top1_agreement` (the count is
+    what the gate checks, the estimate ranks candidates where a hundred samples' count cannot); both reported."""
+    expected = expected_top1_agreement(reference, candidate)
+    return {"value": min(observed, expected), "observed": observed, "expected": expected}
 
 
 def expected_top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -208,7 +208,8 @@ def _int8(
     judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
     # independent sources among the judged batches: each held-out batch with its views, each validate.data batch
     groups = ([len(held) // held_batches] * held_batches if held_batches else []) + [1] * len(real_data)
-    judged["independent_groups"] = len(groups)  # the score is lowered by one standard error over these
+    # the score is lowered by one standard error over these (groups under 8 samples are merged first)
+    judged["independent_groups"] = len(groups)
     from edgedeploy.precision.equalize_choice import choose_equalization
 
     float_model, equalized, bias = choose_equalization(

@@ -13,8 +13,9 @@ from test_calib_cache import export_onnx
 from test_calib_data import make_cfg, photo_folder
 
 from edgedeploy.precision import analysis
+from edgedeploy.precision.fallback import quantize_with_fallback
 from edgedeploy.precision.fp16 import mixed_fp16
-from edgedeploy.precision.quantize import QDQ_FLAVOURS, Quantizer, flavour_for, preprocess, quantize_with_fallback
+from edgedeploy.precision.quantize import QDQ_FLAVOURS, Quantizer, flavour_for, preprocess
 
 
 def photo_batches(samples: int = 32, batch: int = 8, size: int = 16) -> list[dict[str, np.ndarray]]:

@@ -13,7 +13,8 @@ from test_precision import photo_batches
 from test_precision_equalize import _model
 
 from edgedeploy.precision import adaround, analysis
-from edgedeploy.precision.quantize import Quantizer, flavour_for, quantize_with_fallback
+from edgedeploy.precision.fallback import quantize_with_fallback
+from edgedeploy.precision.quantize import Quantizer, flavour_for
 from edgedeploy.precision.rounding_choice import choose_rounding
 
 

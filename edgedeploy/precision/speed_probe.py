@@ -173,3 +173,25 @@ def probe_float_prefix(
         f">= {margin:.0%} (measured, one thread)"
     )
     return SpeedProbe(status="measured", why=why, kept={n: why for n in best["nodes"]}, measured=measured)
+
+
+def side_by_side_timer(
+    feeds: dict[str, np.ndarray], *, rounds: int = 7, iters: int = 10
+) -> Callable[[Sequence[Path]], list[float]]:
+    """A timer for :func:`edgedeploy.precision.fallback.quantize_with_fallback`: the median over ``rounds`` of
+    each model's p50 milliseconds on ``feeds``, one thread, the models taking turns round by round.
+
+    Raises:
+        StageError: a model cannot be loaded by ONNX Runtime (from the timer, when called).
+    """
+
+    def timer(models: Sequence[Path]) -> list[float]:
+        sessions = [ort_session(m, threads=1, stage="precision") for m in models]
+        runs = {
+            str(i): (lambda s=s, names=[o.name for o in s.get_outputs()]: s.run(names, feeds))
+            for i, s in enumerate(sessions)
+        }
+        per_round = interleaved_p50(runs, rounds=rounds, iters=iters)
+        return [float(np.median(per_round[str(i)])) for i in range(len(models))]
+
+    return timer

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 
 class PrecisionFromOnnx(Stage):
     name = names.PRECISION
-    version = "6"  # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
+    # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
+    # 7: the goldens' pooled top-1 within one standard error; cpu: the faster of both families' passing sets
+    version = "7"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -166,13 +168,13 @@ def _int8(
     from edgedeploy.precision import analysis
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
     from edgedeploy.precision.data import split_for_judging, split_heldout
+    from edgedeploy.precision.fallback import quantize_with_fallback
     from edgedeploy.precision.quantize import (
         Quantizer,
         calib_method_for,
         cpu_int8_flags,
         flavour_for,
         preprocess,
-        quantize_with_fallback,
         reduce_range_choices,
     )
 
@@ -233,7 +235,7 @@ def _int8(
     q.reduce_range = reduce_range
     bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
     pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
-    from edgedeploy.precision.speed_probe import probe_when_set
+    from edgedeploy.precision.speed_probe import probe_when_set, side_by_side_timer
 
     probe = probe_when_set(p.float_when_faster, q, calib, list(pinned), runtime=target.runtime, log=log)
     pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
@@ -270,6 +272,7 @@ def _int8(
         latency_iters=max(cfg.validate.latency_iters, 3),
         log=log,
         groups=groups or None,
+        timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels else None,
     )
     from edgedeploy.precision.heldout import resolution_hint
 
@@ -339,6 +342,7 @@ def _int8(
             {"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in result.excluded.items()
         ],
         "fallback_tries": result.tries,
+        "fallback_choice": result.choice,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }

@@ -9,7 +9,8 @@ Failure codes (``row["failure"]``), one per kind of problem, so reports and gate
 - ``shape mismatch``: the candidate's output shape differs from the reference's;
 - ``outside tolerance``: some element breaks ``|cand - ref| <= atol + rtol * |ref|``;
 - ``cosine``: cosine similarity below ``min_cosine``;
-- ``top-k agreement``: top-1 agreement of a classifier output below ``min_topk_agreement``.
+- ``top-k agreement``: top-1 agreement of a classifier output more than one standard error below
+  ``min_topk_agreement`` (pooled over the goldens: :func:`pooled_top1`).
 
 Top-1 agreement is judged once per classifier output, pooled over the goldens made from real samples
 (points ``data`` and ``calib-heldout``: validation data, calibration samples held out of calibration), by
@@ -36,6 +37,12 @@ LOW_TOPK = "top-k agreement"
 # other points (min/opt/max) are spec-random inputs
 REAL_DATA_POINTS = ("data", "calib-heldout")
 TOP1_CHECK = "top1_agreement"  # the check name of pooled_top1's rows
+# The pooled top-1 check fails an artifact whose agreement is more than one standard error (Wilson score
+# interval, z = 1) below the target. A count on a few dozen goldens cannot resolve a target of 0.95: on 96
+# views of 16 photos one ambiguous photo moves it by 6 points, and EfficientNet-Lite0 INT8 models that agree
+# >= 96 % on 3,000 crops counted 93.75-94.8 % there (bench/int8_cnn_judge.json). The build's precision stage
+# establishes the target on more samples; this check catches an artifact clearly worse than that.
+TOP1_SAMPLING_Z = 1.0
 
 # Fixed log10(|error|) bin edges, so histograms from several samples and shapes add up.
 HIST_LOG10_MIN = -12
@@ -192,23 +199,42 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
     for name in sorted(totals):
         agree, total = totals[name]
         top1 = agree / total if total else 1.0
+        upper = top1_upper_bound(top1, int(total))
         row = {
             "check": TOP1_CHECK,
             "shape": "real" if real else "all",
             "sample": None,
             "output": name,
             "top1_agreement": top1,
+            "top1_upper_bound": upper,
             "rows": int(total),
-            "passed": top1 >= min_topk_agreement,
+            "passed": upper >= min_topk_agreement,
         }  # type: Dict[str, Any]
         if not row["passed"]:
             where = "real samples" if real else "goldens (no real-sample goldens)"
             row["failure"] = [LOW_TOPK]
-            row["reason"] = "{}: top-1 agreement {:.4f} ({} of {} {}) < {}".format(
-                LOW_TOPK, top1, int(round(agree)), int(total), where, min_topk_agreement
+            row["reason"] = (
+                "{}: top-1 agreement {:.4f} ({} of {} {}; at most {:.4f} within one standard error) < {}".format(
+                    LOW_TOPK, top1, int(round(agree)), int(total), where, upper, min_topk_agreement
+                )
             )
         out.append(row)
     return out
+
+
+def top1_upper_bound(agreement: float, samples: int, z: float = TOP1_SAMPLING_Z) -> float:
+    """Upper end of the Wilson score interval of a top-1 agreement counted on ``samples`` samples.
+
+    The pooled top-1 check passes when this reaches the target: the count is not more than ``z`` standard
+    errors below it. Wilson's interval, not the normal one, because at agreements near 1 the normal interval
+    collapses to zero width. No samples: 1.0 (nothing to judge).
+    """
+    if samples <= 0:
+        return 1.0
+    p, n, z2 = float(agreement), float(samples), z * z
+    centre = p + z2 / (2 * n)
+    spread = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return float(min(1.0, (centre + spread) / (1 + z2 / n)))
 
 
 def batch_consistency(

@@ -1,0 +1,305 @@
+"""The INT8 float-fallback search: which nodes stay float so the quantized model meets the accuracy target.
+
+Two families of float sets are searched, each for its fewest nodes that meet the target:
+
+- ``sensitivity``: the ``k`` nodes whose quantization alone costs the most at the model outputs;
+- ``prefix``: the first ``k`` quantized nodes in graph order.
+
+Each scattered float node costs a float <-> INT8 boundary at run time (in ONNX Runtime a re-layout and a
+re-quantization); a prefix costs one. So fewer float nodes is not the same as faster: on EfficientNet-Lite0
+(ONNX Runtime, one thread) 8 sensitive convs float ran 3.42 ms and the first 12 float 2.95 ms (FP32 5.38 ms).
+Where the artifact runs on this host's kernels the search therefore finds both families' smallest passing
+sets and ships the faster, measured; elsewhere (TensorRT targets) it ships the first family to pass.
+
+Domain layer: imports the precision package's quantizer and analysis only.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgedeploy.precision import analysis
+from edgedeploy.precision.quantize import Quantizer
+from edgedeploy.precision.speed_probe import MIN_MS
+
+# A float set is shipped for speed only when it is this much faster than the fewest-float-nodes one (median
+# of interleaved rounds); closer than that is timing noise, and fewer float nodes is the plainer model.
+SPEED_MARGIN = 0.03
+
+Timer = Callable[[Sequence[Path]], list[float]]  # models -> median milliseconds, measured side by side
+
+
+@dataclass
+class FallbackResult:
+    """The outcome of INT8 quantization with fallback (all plain data for precision.json)."""
+
+    model: Path
+    excluded: dict[str, str]  # node -> why it stayed in float
+    tries: list[dict[str, Any]]
+    sensitivity: list[dict[str, Any]]
+    met: bool
+    target: float
+    latency: dict[str, Any]
+    final: dict[str, Any] = field(default_factory=dict)  # the chosen try's row
+    candidates: int = 0  # nodes the naive model quantized (beyond keep_fp32)
+    # how the shipped float set was chosen among passing ones (rule, and each passing family's timing)
+    choice: dict[str, Any] = field(default_factory=dict)
+
+
+def layer_sensitivity(
+    q: Quantizer,
+    batches: Sequence[dict[str, np.ndarray]],
+    reference: Sequence[dict[str, np.ndarray]],
+    candidates: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Per-layer INT8 sensitivity: the model's output error when only that node is quantized (most sensitive first).
+
+    Quantizing one node at a time isolates what its input / weight / output quantization alone costs at the
+    model outputs, so an outlier-dominated tensor that looks harmless in a norm shows up where it hurts.
+    """
+    import onnx
+
+    ops = {n.name: n.op_type for n in onnx.load(str(q.float_model)).graph.node}
+    rows = []
+    for i, node in enumerate(candidates):
+        model = q.quantize(q.workdir / f"only{i}.int8.onnx", batches, only=[node])
+        err = analysis.output_error(reference, analysis.run_model(model, batches))
+        rows.append({"node": node, "op": ops.get(node, ""), "output_error": err})
+        model.unlink(missing_ok=True)
+    rows.sort(key=lambda r: r["output_error"], reverse=True)
+    return rows
+
+
+def quantize_with_fallback(
+    q: Quantizer,
+    *,
+    out: Path,
+    batches: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+    accuracy_target: float,
+    max_tries: int,
+    eval_batches: Sequence[dict[str, np.ndarray]] | None = None,
+    keep_fp32: Sequence[str] | Mapping[str, str] = (),
+    first_try: Path | None = None,
+    reference: Sequence[dict[str, np.ndarray]] | None = None,
+    extra_check: Callable[[Path], str | None] | None = None,
+    latency_feeds: dict[str, np.ndarray] | None = None,
+    latency_iters: int = 10,
+    log: Callable[[str], None] | None = None,
+    groups: Sequence[int] | None = None,
+    timer: Timer | None = None,
+) -> FallbackResult:
+    """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
+
+    Calibration uses ``batches``; every candidate is scored on ``eval_batches`` (held-out samples never used
+    for calibration; default ``batches``): top-1 agreement (classifier outputs) or cosine similarity against
+    the FP32 ONNX model. ``extra_check(model)`` may veto a candidate that meets the score (returns why).
+    Sensitivity (:func:`layer_sensitivity`: one node quantized at a time, not greedily) ranks the nodes the
+    naive model quantized. Then, at ``k`` = 1, 2, 4, ..., the ``k`` most sensitive nodes and the first ``k``
+    quantized nodes (graph order) are tried float, in that order, until one passes; bisection between the last
+    failing and the first passing ``k`` finds that family's smallest set, within ``max_tries`` quantizations.
+
+    ``timer`` (given where the artifact runs on this host's kernels): when the sensitivity family passed
+    first, the prefix family is searched on to its own smallest passing set, both are timed side by side, and
+    the prefix ships when it is :data:`SPEED_MARGIN` faster (both under
+    :data:`edgedeploy.precision.speed_probe.MIN_MS`: timer noise, not timed apart). Without it the first family
+    to pass ships.
+
+    ``keep_fp32``: nodes float in every try; a mapping gives each one's reason (default: listed in
+    precision.keep_fp32). ``first_try``: a model ``q`` already quantized with exactly ``keep_fp32`` float (the
+    weight rounding choice's), scored as try 0 instead of quantizing it again. ``reference``: the float model's
+    outputs on the scored batches, when the caller already ran it (else run here). ``groups``: batches per
+    independent source in ``eval_batches`` (:func:`edgedeploy.precision.analysis.accuracy`). Latency of the
+    naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
+
+    Returns the result whether or not the target was met (``met``); the caller decides to fail.
+    ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
+
+    Raises:
+        StageError: a quantization or an ONNX Runtime session fails (from the quantizer and analysis).
+    """
+    say = log or (lambda _line: None)
+    evals = list(eval_batches) if eval_batches else list(batches)
+    reference = list(reference) if reference is not None else analysis.run_model(q.float_model, evals)
+    pinned = (
+        dict(keep_fp32) if isinstance(keep_fp32, Mapping) else {n: "listed in precision.keep_fp32" for n in keep_fp32}
+    )
+    tries: list[dict[str, Any]] = []
+
+    def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
+        model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
+        score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs, groups)
+        veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
+        row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
+        worst = min(score["outputs"].values(), key=lambda r: r["value"])
+        row.update({key: round(worst[key], 6) for key in ("observed", "expected", "standard_error") if key in worst})
+        if family:
+            row["family"] = family
+        row.update(metric=score["metric"], met=score["score"] >= accuracy_target and veto is None)
+        if veto:
+            row["vetoed"] = veto
+        tries.append(row)
+        say(_try_line(row))
+        return row["met"], model
+
+    met, naive = attempt(0, pinned, done=first_try)
+    chosen, excluded, sensitivity = naive, dict(pinned), []
+    choice: dict[str, Any] = {}
+    if not met and max_tries > 0:
+        import onnx
+
+        candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
+        say(
+            f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f}"
+            + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")
+            + f" misses target {accuracy_target}: measuring the sensitivity of {len(candidates)} quantized nodes"
+        )
+        calib_ref = analysis.run_model(q.float_model, batches[:4])
+        sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
+        search = _FamilySearch(attempt, pinned, sensitivity, candidates, lambda: len(tries) <= max_tries)
+        won = search.grow_both()
+        if won is not None:
+            search.bisect(won)
+            if won == "sensitivity" and timer is not None:
+                # a longer float prefix may still run faster than scattered sensitive nodes: find it and time both
+                search.grow("prefix")
+                search.bisect("prefix")
+            family, k, choice = search.choose(won, timer)
+            chosen, excluded = search.models[(family, k)], search.float_set(family, k)
+        elif search.models:  # nothing met the target: report the largest try of the sensitivity family
+            key = max(search.models, key=lambda fk: (fk[1], fk[0] == "sensitivity"))
+            chosen, excluded = search.models[key], search.float_set(*key)
+    final = next((t for t in tries if t["excluded"] == list(excluded)), tries[-1])
+    shutil.copyfile(chosen, out)
+    lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
+    if latency_feeds is not None:
+        lat = {
+            "fp32": analysis.measure_latency(q.float_model, latency_feeds, warmup=2, iters=latency_iters),
+            "int8_naive": analysis.measure_latency(naive, latency_feeds, warmup=2, iters=latency_iters),
+        }
+        if chosen != naive:
+            lat["int8_final"] = analysis.measure_latency(chosen, latency_feeds, warmup=2, iters=latency_iters)
+        else:
+            lat["int8_final"] = lat["int8_naive"]
+        lat["fallback_cost"] = lat["int8_final"]["p50_ms"] / max(lat["int8_naive"]["p50_ms"], 1e-9)
+    return FallbackResult(
+        model=out,
+        excluded=excluded,
+        tries=tries,
+        sensitivity=sensitivity[:20],
+        met=bool(final["met"]),
+        target=accuracy_target,
+        latency=lat,
+        final=final,
+        candidates=len(sensitivity),
+        choice=choice,
+    )
+
+
+class _FamilySearch:
+    """Both families' tries, shared budget: which sizes failed, which passed, and the models made."""
+
+    def __init__(
+        self,
+        attempt: Callable[..., tuple[bool, Path]],
+        pinned: dict[str, str],
+        sensitivity: list[dict[str, Any]],
+        candidates: list[str],
+        budget_left: Callable[[], bool],
+    ) -> None:
+        self.attempt, self.pinned, self.sensitivity, self.candidates = attempt, pinned, sensitivity, candidates
+        self.budget_left = budget_left
+        self.models: dict[tuple[str, int], Path] = {}
+        self.failed: dict[str, int] = {"sensitivity": 0, "prefix": 0}  # the largest k that failed
+        self.passed: dict[str, int] = {}  # the smallest k that passed
+
+    def float_set(self, family: str, k: int) -> dict[str, str]:
+        """Node -> why, for the ``k`` nodes of ``family`` kept float (on top of the pinned ones)."""
+        if family == "prefix":
+            why = f"INT8 float prefix: the first {k} quantized nodes stay float (one float -> INT8 boundary)"
+            return {**self.pinned, **{n: why for n in self.candidates[:k]}}
+        return {
+            **self.pinned,
+            **{
+                r["node"]: f"INT8 sensitive: quantizing this {r['op']} alone gives {r['output_error']:.3g} "
+                "relative output error"
+                for r in self.sensitivity[:k]
+            },
+        }
+
+    def _same(self, k: int) -> bool:
+        return set(self.float_set("prefix", k)) == set(self.float_set("sensitivity", k))
+
+    def _try(self, family: str, k: int) -> bool:
+        ok, self.models[(family, k)] = self.attempt(k, self.float_set(family, k), family)
+        if ok:
+            self.passed[family] = min(k, self.passed.get(family, k))
+        else:
+            self.failed[family] = max(k, self.failed[family])
+        return ok
+
+    def grow_both(self) -> str | None:
+        """k = 1, 2, 4, ...: both families at each size (sensitivity first) until one passes; which did."""
+        k, last = 1, len(self.sensitivity)
+        while self.budget_left() and k <= last:
+            for family in ("sensitivity", "prefix"):
+                if not self.budget_left() or (family == "prefix" and self._same(k)):
+                    continue
+                if self._try(family, k):
+                    return family
+            if k == last:
+                return None
+            k = min(2 * k, last)
+        return None
+
+    def grow(self, family: str) -> None:
+        """Double ``family``'s size from its largest failing one until it passes (or the budget ends)."""
+        last = len(self.candidates)
+        k = max(1, 2 * self.failed[family])
+        while family not in self.passed and self.budget_left() and self.failed[family] < last:
+            k = min(k, last)
+            if family == "prefix" and self._same(k) and ("sensitivity", k) in self.models:
+                return  # the same float set as a sensitivity try: nothing new to learn
+            self._try(family, k)
+            k *= 2
+
+    def bisect(self, family: str) -> None:
+        """Between ``family``'s largest failing and smallest passing size, within the budget."""
+        while family in self.passed and self.passed[family] - self.failed[family] > 1 and self.budget_left():
+            self._try(family, (self.failed[family] + self.passed[family]) // 2)
+
+    def choose(self, won: str, timer: Timer | None) -> tuple[str, int, dict[str, Any]]:
+        """The (family, k) to ship and a note of why: the first family to pass, unless the other passed too and
+        ``timer`` measured it faster by :data:`SPEED_MARGIN`."""
+        first = (won, self.passed[won])
+        other = [(f, k) for f, k in self.passed.items() if f != won]
+        if timer is None or not other:
+            return first[0], first[1], {"rule": "first family to pass", "family": won, "float_nodes": first[1]}
+        pair = [first, other[0]]
+        ms = timer([self.models[fk] for fk in pair])
+        rows = [{"family": f, "float_nodes": k, "p50_ms": round(t, 3)} for (f, k), t in zip(pair, ms)]
+        if max(ms) < MIN_MS:
+            why = f"both families passed; both run under {MIN_MS:g} ms, too short to tell apart: the first to pass"
+            return first[0], first[1], {"rule": why, "family": won, "float_nodes": first[1], "measured": rows}
+        faster = ms[1] * (1 + SPEED_MARGIN) <= ms[0]
+        pick = pair[1] if faster else pair[0]
+        why = (
+            f"both families passed; the {pick[0]} set ran faster on this CPU (measured side by side, one thread)"
+            if faster
+            else f"both families passed; the {pick[0]} set passed first and the other was not >= {SPEED_MARGIN:.0%} "
+            "faster (measured side by side, one thread)"
+        )
+        return pick[0], pick[1], {"rule": why, "family": pick[0], "float_nodes": pick[1], "measured": rows}
+
+
+def _try_line(row: dict[str, Any]) -> str:
+    veto = f" ({row['vetoed']})" if "vetoed" in row else ""
+    score = f"{row['metric']} {row['score']:.4f}{veto}"
+    which = f" ({row['family']})" if row.get("family") else ""
+    return f"INT8 fallback try {row['try']}: {row['float_nodes']} node(s) in float{which}, {score}"

@@ -1,0 +1,114 @@
+"""The fallback search's choice between its two float-set families, and the pooled top-1 rule it is vetoed by."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_calib_cache import export_onnx
+from test_precision import outlier_net, photo_batches
+
+from edgedeploy.precision import analysis
+from edgedeploy.precision.fallback import SPEED_MARGIN, quantize_with_fallback
+from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
+from edgedeploy.precision.speed_probe import MIN_MS, side_by_side_timer
+from edgedeploy.validate.parity import pooled_top1, top1_upper_bound
+
+
+def _search(tmp_path: Path, timer) -> tuple:  # type: ignore[no-untyped-def]
+    batches = photo_batches(16, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
+        timer=timer,
+    )  # fmt: skip
+    return result, q, batches
+
+
+@pytest.mark.parametrize(
+    ("sensitivity_ms", "prefix_ms", "ships"),
+    [
+        (2.0, 1.0, "prefix"),
+        (2.0, 2.0 / (1 + SPEED_MARGIN) + 0.01, "sensitivity"),
+        (MIN_MS * 0.9, MIN_MS * 0.1, "sensitivity"),  # both under MIN_MS: timer noise, the first to pass ships
+    ],
+)
+def test_sensitivity_passing_first_searches_the_prefix_on_and_ships_the_faster(
+    tmp_path: Path, sensitivity_ms: float, prefix_ms: float, ships: str
+) -> None:
+    timed: list[list[Path]] = []
+
+    def timer(models):  # type: ignore[no-untyped-def]
+        timed.append(list(models))
+        return [sensitivity_ms, prefix_ms]  # the sensitivity set's milliseconds, then the prefix's
+
+    result, q, batches = _search(tmp_path, timer)
+    passed: dict[str, int] = {}
+    for t in result.tries:
+        if t["met"]:
+            passed[t["family"]] = min(t["float_nodes"], passed.get(t["family"], t["float_nodes"]))
+    # the 2 outlier nodes pass first; the prefix family goes on past the size where the search used to stop
+    assert passed == {"sensitivity": 2, "prefix": 3}
+    assert [(t.get("family"), t["float_nodes"]) for t in result.tries[1:4]] == [
+        ("sensitivity", 1),
+        ("prefix", 1),
+        ("sensitivity", 2),
+    ]
+    assert not any(t["met"] for t in result.tries if t.get("family") == "prefix" and t["float_nodes"] < 3)
+    assert len(timed) == 1 and len(timed[0]) == 2  # both passing sets timed side by side, once
+    assert result.met and result.final["family"] == ships and result.choice["family"] == ships
+    assert [m["family"] for m in result.choice["measured"]] == ["sensitivity", "prefix"]
+    too_short = sensitivity_ms < MIN_MS
+    assert ("too short to tell apart" in result.choice["rule"]) is too_short
+    assert too_short or result.choice["rule"].startswith("both families passed; the " + ships)
+    shipped = analysis.run_model(tmp_path / "m.int8.onnx", batches)
+    ref = analysis.run_model(q.float_model, batches)
+    assert analysis.accuracy(ref, shipped, [])["score"] >= 0.99
+    if ships == "prefix":
+        assert set(result.excluded) == {"/c1/Conv", "/Mul", "/c2/Conv"}
+        assert all("float prefix" in why for why in result.excluded.values())
+    else:
+        assert set(result.excluded) == {"/Mul", "/c2/Conv"}
+
+
+def test_without_a_timer_the_first_family_to_pass_ships_untimed(tmp_path: Path) -> None:
+    result, _, _ = _search(tmp_path, None)
+    assert result.final["family"] == "sensitivity" and result.choice["rule"] == "first family to pass"
+    assert [t.get("family") for t in result.tries] == [None, "sensitivity", "prefix", "sensitivity"]
+
+
+def test_side_by_side_timer_times_real_sessions(tmp_path: Path) -> None:
+    batches = photo_batches(8, 4)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    int8 = q.quantize(tmp_path / "q.onnx", batches)
+    ms = side_by_side_timer(batches[0], rounds=2, iters=2)([q.float_model, int8])
+    assert len(ms) == 2 and all(np.isfinite(t) and t > 0 for t in ms)
+
+
+@pytest.mark.parametrize(
+    ("agree", "total", "passes"),
+    [(90, 96, True), (89, 96, False), (19, 20, True), (18, 20, False), (940, 1000, False), (945, 1000, True)],
+)
+def test_pooled_top1_fails_only_more_than_one_standard_error_below_the_target(
+    agree: int, total: int, passes: bool
+) -> None:
+    rows = [
+        {"shape": "calib-heldout", "output": "logits", "top1_agreement": 1.0 if i < agree else 0.0, "passed": True}
+        for i in range(total)
+    ]
+    (row,) = pooled_top1(rows, 0.95)
+    assert row["top1_agreement"] == pytest.approx(agree / total) and row["rows"] == total
+    assert row["passed"] is passes
+    assert row["top1_upper_bound"] == pytest.approx(top1_upper_bound(agree / total, total))
+    assert row["top1_agreement"] <= row["top1_upper_bound"] <= 1.0
+    if not passes:
+        assert f"{agree} of {total} real samples" in row["reason"] and "within one standard error" in row["reason"]
+
+
+def test_top1_upper_bound_narrows_with_samples_and_stays_open_at_full_agreement() -> None:
+    assert top1_upper_bound(0.9, 20) > top1_upper_bound(0.9, 200) > top1_upper_bound(0.9, 2000) > 0.9
+    assert top1_upper_bound(1.0, 10) == 1.0 and top1_upper_bound(0.0, 10) > 0.0
+    assert top1_upper_bound(0.5, 0) == 1.0  # nothing counted: nothing to fail

@@ -112,3 +112,25 @@ def test_top1_upper_bound_narrows_with_samples_and_stays_open_at_full_agreement(
     assert top1_upper_bound(0.9, 20) > top1_upper_bound(0.9, 200) > top1_upper_bound(0.9, 2000) > 0.9
     assert top1_upper_bound(1.0, 10) == 1.0 and top1_upper_bound(0.0, 10) > 0.0
     assert top1_upper_bound(0.5, 0) == 1.0  # nothing counted: nothing to fail
+
+
+def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new_try() -> None:
+    from edgedeploy.precision.fallback import _FamilySearch
+
+    made: list[tuple[str, int]] = []
+
+    def attempt(k: int, excl: dict[str, str], family: str = "") -> tuple[bool, Path]:
+        made.append((family, k))
+        return {"A", "B"} <= set(excl), Path(f"{family}{k}.onnx")  # passes once A and B are both float
+
+    sensitivity = [{"node": n, "op": "Conv", "output_error": e} for n, e in zip("ABCD", (0.4, 0.3, 0.2, 0.1))]
+    search = _FamilySearch(attempt, {}, sensitivity, ["A", "C", "B", "D"], lambda: len(made) < 10)
+    assert search.grow_both() == "sensitivity" and search.passed == {"sensitivity": 2}
+    search.grow("prefix")
+    search.bisect("prefix")
+    # the first prefix ({A}) is the first sensitive set: its failure is reused, never quantized again
+    assert made == [("sensitivity", 1), ("sensitivity", 2), ("prefix", 2), ("prefix", 4), ("prefix", 3)]
+    assert search.passed == {"sensitivity": 2, "prefix": 3} and search.failed["prefix"] == 2
+    family, k, note = search.choose("sensitivity", lambda models: [5.0, 1.0])
+    assert (family, k) == ("prefix", 3) and note["measured"][1]["p50_ms"] == 1.0
+    assert set(search.float_set(family, k)) == {"A", "C", "B"}

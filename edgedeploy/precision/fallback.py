@@ -175,7 +175,7 @@ def quantize_with_fallback(
         elif search.models:  # nothing met the target: report the largest try of the sensitivity family
             key = max(search.models, key=lambda fk: (fk[1], fk[0] == "sensitivity"))
             chosen, excluded = search.models[key], search.float_set(*key)
-    final = next((t for t in tries if t["excluded"] == list(excluded)), tries[-1])
+    final = next((t for t in tries if set(t["excluded"]) == set(excluded)), tries[-1])
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
     if latency_feeds is not None:
@@ -218,6 +218,7 @@ class _FamilySearch:
         self.models: dict[tuple[str, int], Path] = {}
         self.failed: dict[str, int] = {"sensitivity": 0, "prefix": 0}  # the largest k that failed
         self.passed: dict[str, int] = {}  # the smallest k that passed
+        self.results: dict[tuple[str, int], bool] = {}  # (family, k) -> passed, for the sizes tried
 
     def float_set(self, family: str, k: int) -> dict[str, str]:
         """Node -> why, for the ``k`` nodes of ``family`` kept float (on top of the pinned ones)."""
@@ -237,7 +238,13 @@ class _FamilySearch:
         return set(self.float_set("prefix", k)) == set(self.float_set("sensitivity", k))
 
     def _try(self, family: str, k: int) -> bool:
-        ok, self.models[(family, k)] = self.attempt(k, self.float_set(family, k), family)
+        twin = ("sensitivity", k)
+        if family == "prefix" and twin in self.results and self._same(k):
+            ok = self.results[twin]  # the same float set was tried as the sensitivity family's: no new try
+            self.models[(family, k)] = self.models[twin]
+        else:
+            ok, self.models[(family, k)] = self.attempt(k, self.float_set(family, k), family)
+            self.results[(family, k)] = ok
         if ok:
             self.passed[family] = min(k, self.passed.get(family, k))
         else:
@@ -249,9 +256,7 @@ class _FamilySearch:
         k, last = 1, len(self.sensitivity)
         while self.budget_left() and k <= last:
             for family in ("sensitivity", "prefix"):
-                if not self.budget_left() or (family == "prefix" and self._same(k)):
-                    continue
-                if self._try(family, k):
+                if self.budget_left() and self._try(family, k):
                     return family
             if k == last:
                 return None
@@ -264,8 +269,6 @@ class _FamilySearch:
         k = max(1, 2 * self.failed[family])
         while family not in self.passed and self.budget_left() and self.failed[family] < last:
             k = min(k, last)
-            if family == "prefix" and self._same(k) and ("sensitivity", k) in self.models:
-                return  # the same float set as a sensitivity try: nothing new to learn
             self._try(family, k)
             k *= 2
 
@@ -278,7 +281,7 @@ class _FamilySearch:
         """The (family, k) to ship and a note of why: the first family to pass, unless the other passed too and
         ``timer`` measured it faster by :data:`SPEED_MARGIN`."""
         first = (won, self.passed[won])
-        other = [(f, k) for f, k in self.passed.items() if f != won]
+        other = [(f, k) for f, k in self.passed.items() if f != won and self.models[(f, k)] != self.models[first]]
         if timer is None or not other:
             return first[0], first[1], {"rule": "first family to pass", "family": won, "float_nodes": first[1]}
         pair = [first, other[0]]

@@ -72,3 +72,26 @@ def test_two_process_torchrun_gloo_ends_with_identical_weights_and_one_checkpoin
     # only rank 0 logs progress
     assert proc.stderr.count("deploy train:") == 1
     assert proc.stderr.count("epoch 2/2") == 1
+    # rank 0's summary survives the workers' early exit (flushed before os._exit), and only rank 0 prints it
+    assert proc.stdout.count("TRAINED: 2 epochs") == 1
+
+
+def test_leave_distributed_worker_flushes_then_exits_without_finalizing(monkeypatch, capsys):
+    from edgedeploy.commands import train as train_command
+
+    class Left(Exception):
+        pass
+
+    calls = []
+    monkeypatch.setattr(sys.stdout, "flush", lambda: calls.append("stdout"))
+    monkeypatch.setattr(sys.stderr, "flush", lambda: calls.append("stderr"))
+
+    def fake_exit(code):
+        calls.append(code)
+        raise Left
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    with pytest.raises(Left):
+        train_command.leave_distributed_worker(0)
+    # output flushed first (logging's handlers too), then the process ends with the code given
+    assert calls[-1] == 0 and {"stdout", "stderr"} <= set(calls[:-1])

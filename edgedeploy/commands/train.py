@@ -43,7 +43,32 @@ def run(args: argparse.Namespace) -> int:
         m = result.metrics
         acc = f", test accuracy {m['test_accuracy']:.4f}" if "test_accuracy" in m else ""
         print(f"TRAINED: {result.state.epoch} epochs, {result.state.step} steps{acc} -> {result.checkpoint}")
+    if result.world_size > 1:
+        leave_distributed_worker(0)
     return 0
+
+
+def leave_distributed_worker(code: int) -> None:
+    """End a torchrun worker now, after its output is flushed, without interpreter finalization.
+
+    The process group is already destroyed (``edgedeploy.train.distributed.cleanup``), yet with DDP torch
+    2.14's gloo worker threads outlive it, and one may still be releasing the last collectives' work (the
+    final barrier holding the replica-digest all-gather's tensors) while Python finalizes. Releasing a tensor
+    with a Python object takes the GIL; during finalization that ends the thread by a forced unwind through
+    a noexcept frame: "terminate called without an active exception", SIGABRT, and torchrun reports the
+    run failed although the checkpoint was written (gdb backtrace: ``ProcessGroupGloo::runLoop`` ->
+    ``~AsyncBarrierWork`` -> ``~AsyncAllgatherWork`` -> ``decref_pyobject`` -> ``take_gil`` ->
+    ``pthread_exit``, main thread in ``Py_FinalizeEx``). Nothing is left to finalize: the checkpoint and its
+    sidecar are closed files, TensorBoard's writer is closed by the runner.
+    """
+    import logging
+    import os
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _is_main() -> bool:

@@ -26,11 +26,11 @@ import numpy as np
 
 from edgedeploy.precision import analysis
 from edgedeploy.precision.quantize import Quantizer
-from edgedeploy.precision.speed_probe import MIN_MS
+from edgedeploy.precision.speed_probe import MARGIN, MIN_MS
 
-# A float set is shipped for speed only when it is this much faster than the fewest-float-nodes one (median
-# of interleaved rounds); closer than that is timing noise, and fewer float nodes is the plainer model.
-SPEED_MARGIN = 0.03
+# A float set is shipped for speed only when it is this much faster than the one that passed first (median of
+# interleaved rounds): the speed probe's timing-noise margin
+SPEED_MARGIN = MARGIN
 
 Timer = Callable[[Sequence[Path]], list[float]]  # models -> median milliseconds, measured side by side
 

@@ -76,6 +76,17 @@ def interleaved_p50(
     return per_round
 
 
+def one_thread_run(model: Path, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+    """One inference of ``model`` on ``feeds`` in a one-thread ONNX Runtime session (opened now), as a callable.
+
+    Raises:
+        StageError: ONNX Runtime cannot load ``model``.
+    """
+    session = ort_session(model, threads=1, stage="precision")
+    names = [o.name for o in session.get_outputs()]
+    return lambda: session.run(names, feeds)
+
+
 def probe_when_set(
     enabled: bool,
     q: Quantizer,
@@ -128,22 +139,15 @@ def probe_float_prefix(
     order = quantized_nodes(onnx.load(str(models[0])))
     if not order:
         return skipped("no quantized node to time")
-    sessions = {0: ort_session(models[0], threads=1, stage="precision")}
-    names = {0: [o.name for o in sessions[0].get_outputs()]}
-
-    def caller(k: int) -> Callable[[], Any]:
-        return lambda: sessions[k].run(names[k], feeds)
-
-    all_int8_ms = interleaved_p50({"0": caller(0)}, rounds=1, iters=iters)["0"][0]
+    runs = {"0": one_thread_run(models[0], feeds)}
+    all_int8_ms = interleaved_p50(runs, rounds=1, iters=iters)["0"][0]
     if all_int8_ms < MIN_MS:
         probe = skipped(f"all-INT8 runs under {MIN_MS:g} ms: too short for a float prefix to save measurable time")
         probe.measured = [{"float_nodes": 0, "nodes": [], "p50_ms": round(all_int8_ms, 3)}]
         return probe
     for k in range(1, min(max_prefix, len(order)) + 1):
         models[k] = plain.quantize(q.workdir / f"speed{k}.int8.onnx", batches, exclude=[*pinned, *order[:k]])
-        sessions[k] = ort_session(models[k], threads=1, stage="precision")
-        names[k] = [o.name for o in sessions[k].get_outputs()]
-    runs = {str(k): caller(k) for k in sessions}
+        runs[str(k)] = one_thread_run(models[k], feeds)
     per_round = interleaved_p50(runs, rounds=rounds, iters=iters)
     measured: list[dict[str, Any]] = []
     for k in models:
@@ -186,11 +190,7 @@ def side_by_side_timer(
     """
 
     def timer(models: Sequence[Path]) -> list[float]:
-        sessions = [ort_session(m, threads=1, stage="precision") for m in models]
-        runs = {
-            str(i): (lambda s=s, names=[o.name for o in s.get_outputs()]: s.run(names, feeds))
-            for i, s in enumerate(sessions)
-        }
+        runs = {str(i): one_thread_run(m, feeds) for i, m in enumerate(models)}
         per_round = interleaved_p50(runs, rounds=rounds, iters=iters)
         return [float(np.median(per_round[str(i)])) for i in range(len(models))]
 

@@ -7,7 +7,8 @@ It does not prove numerics: the "engine" is the ONNX model run by ONNX Runtime.
 
 Where the member lists come from:
 
-- 10.13: the installed ``tensorrt-stubs`` 10.13 (generated from the real bindings), parsed here;
+- 10.13: ``tensorrt-stubs`` 10.13 (generated from the real bindings), snapshotted in
+  ``data/trt_members/members-10.13.json``;
   10.3 uses the same lists (the members the device code calls all exist in 10.3: ``execute_async_v3``,
   ``set_input_shape``, ``set_tensor_address``, ``set_memory_pool_limit`` since 8.5, ``builder_optimization_level``
   since 8.6, ``STRONGLY_TYPED`` since 9.x);
@@ -24,8 +25,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import re
-import sysconfig
 import types
 from pathlib import Path
 from typing import Any
@@ -137,31 +136,18 @@ def _stub_members() -> dict[str, frozenset[str]]:
 
 
 def stub_members() -> dict[str, set[str]]:
-    """Class -> public member names of the installed tensorrt-stubs (10.13), plus ``module``."""
+    """Class -> public member names of TensorRT 10.13's bindings, plus ``module``."""
     return {k: set(v) for k, v in _stub_members().items()}
 
 
 def _parse_stubs() -> dict[str, set[str]]:
-    """Class -> public member names of the installed tensorrt-stubs (10.13), plus ``module``."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    src = (site / "tensorrt_bindings" / "tensorrt.pyi").read_text().splitlines()
-    classes: dict[str, set[str]] = {}
-    current: set[str] | None = None
-    for line in src:
-        m = re.match(r"^class (\w+)", line)
-        if m:
-            current = classes.setdefault(m.group(1), set())
-            continue
-        if current is None:
-            continue
-        for pattern in (r"^    def (\w+)", r"^    (\w+):", r":ivar (\w+):"):
-            m = re.search(pattern, line)
-            if m and not m.group(1).startswith("_"):
-                current.add(m.group(1))
-    init = (site / "tensorrt" / "__init__.pyi").read_text()
-    classes["module"] = set(re.findall(r"^from tensorrt_bindings(?:\.tensorrt)? import (\w+)", init, re.M))
-    classes["module"] |= set(re.findall(r"'(\w+)'", src[3])) | {"__version__", "nptype", "volume"}
-    return classes
+    """Class -> public member names of TensorRT 10.13's bindings, plus ``module``.
+
+    Read from the committed ``data/trt_members/members-10.13.json`` (its ``generate.py`` writes it from
+    ``tensorrt-stubs``), so the tests need no stubs package installed.
+    """
+    data = json.loads((Path(__file__).parent / "data" / "trt_members" / "members-10.13.json").read_text())
+    return {name: set(members) for name, members in data["classes"].items()}
 
 
 def members_for(version: str) -> dict[str, set[str]]:

@@ -44,7 +44,7 @@ def test_ci_runs_the_readme_commands_verbatim():
     setup = README.split("## Set-up commands", 1)[1].split("\n## ", 1)[0]
     assert [commands["demo"], commands["tests"]] == re.findall(r"```bash\n(.*?)\n```", setup, flags=re.S)
     ci = (ROOT / ".ci" / "run").read_text()
-    fast = ci.split("\nfi\n", 1)[1]  # after the --slow branch
+    fast = ci.rsplit("\nfi\n", 1)[1]  # after the --containers and --slow branches
     assert "demo=$(python3 .ci/readme_commands.py demo)" in fast
     assert "tests=$(python3 .ci/readme_commands.py tests)" in fast
     run_demo, run_tests = fast.index('-c "$demo"'), fast.index('-c "$tests"')

@@ -1,6 +1,7 @@
-"""Regenerate README's generated tables (flags, targets) from the code: `python tools/update_readme.py`.
+"""Regenerate the docs' generated tables from the code: `python tools/update_readme.py`.
 
-tests/test_readme.py fails when README.md is out of date with these tables.
+README.md holds the targets table, docs/config.md the flags table; tests/test_readme.py fails when either is out of
+date (`--check`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CONFIG_DOC = ROOT / "docs" / "config.md"
+GENERATED = {README: ("targets",), CONFIG_DOC: ("flags",)}
 
 
 def flags_table() -> str:
@@ -31,8 +35,10 @@ def targets_table() -> str:
     return "```\n" + buf.getvalue().rstrip() + "\n```"
 
 
-def render(text: str) -> str:
-    for name, body in (("flags", flags_table()), ("targets", targets_table())):
+def render(text: str, names: tuple[str, ...] = ("flags", "targets")) -> str:
+    tables = {"flags": flags_table, "targets": targets_table}
+    for name in names:
+        body = tables[name]()
         text = re.sub(
             rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)",
             lambda m, body=body: m.group(1) + body + "\n" + m.group(2),
@@ -43,7 +49,13 @@ def render(text: str) -> str:
 
 
 if __name__ == "__main__":
-    new = render(README.read_text())
-    if "--check" in sys.argv:
-        sys.exit(0 if new == README.read_text() else 1)
-    README.write_text(new)
+    stale = []
+    for path, names in GENERATED.items():
+        old = path.read_text()
+        new = render(old, names)
+        if new != old:
+            stale.append(path.name)
+            if "--check" not in sys.argv:
+                path.write_text(new)
+    if "--check" in sys.argv and stale:
+        sys.exit(f"stale generated tables in {', '.join(stale)}: run `python tools/update_readme.py`")

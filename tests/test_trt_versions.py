@@ -300,12 +300,12 @@ def test_tensorrt_11_fake_has_what_11_has_and_refuses_what_11_removed(tmp_path):
         trt.OnnxParser(network, trt.Logger()).parse_from_file(str(onnx_path))
         layer, config = network.get_layer(0), builder.create_builder_config()
         tensor = layer.get_output(0)
-        checks = [
-            lambda: setattr(layer, "precision", trt.float32),
-            lambda: layer.set_output_type(0, trt.float32),
-            lambda: setattr(tensor, "dynamic_range", (0.0, 1.0)),
-            lambda: setattr(config, "algorithm_selector", None),
-            lambda: builder.platform_has_tf32,
+        checks = [  # called right below, inside this iteration
+            lambda: setattr(layer, "precision", trt.float32),  # noqa: B023
+            lambda: layer.set_output_type(0, trt.float32),  # noqa: B023
+            lambda: setattr(tensor, "dynamic_range", (0.0, 1.0)),  # noqa: B023
+            lambda: setattr(config, "algorithm_selector", None),  # noqa: B023
+            lambda: builder.platform_has_tf32,  # noqa: B023
         ]
         for check in checks:
             if refuses:

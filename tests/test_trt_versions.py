@@ -433,3 +433,54 @@ def test_shape_tensor_inputs_get_host_values(version, fake_device, tmp_path):
         assert "IExecutionContext.set_shape_input" in used
     else:
         assert "ICudaEngine.is_shape_inference_io" in used
+
+
+def test_host_checks_a_tensorrt_result_against_the_bundle(fake_device, tmp_path):
+    """What ``deploy device run`` fetches from a TensorRT device: engine, engine.json, validation.json."""
+    from edgedeploy.errors import ArtifactIntegrityError
+    from edgedeploy.pipeline.device_report import device_candidates
+    from edgedeploy.remote.hosts import parse_host
+    from edgedeploy.remote.results import check_device_results
+    from edgedeploy.remote.step import DeviceOutcome
+
+    fake_device("10.3", "8.7")
+    bundle = make_bundle(tmp_path / "b", "10.3")
+    assert run_device_step(bundle, [])["status"] == "passed"
+    checked = check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+    assert checked["engine_sha256"] == hashlib.sha256((bundle / "model.engine").read_bytes()).hexdigest()
+    outcome = DeviceOutcome(parse_host("ci@orin"), "tensorrt", bundle, (), checked, 0, "PASSED")
+    (cand,) = device_candidates(outcome, "bundle/")
+    assert cand["name"] == "tensorrt" and cand["deploy"] and cand["status"] == "passed"
+    assert cand["artifact"] == "bundle/model.engine" and cand["device"]["gpu"]["sm"] == "8.7"
+    with pytest.raises(ArtifactIntegrityError, match="the onnxruntime runner"):
+        check_device_results(bundle, bundle, runner="onnxruntime", host="ci@orin")
+    (bundle / "model.engine").write_bytes((bundle / "model.engine").read_bytes() + b"x")  # not the engine recorded
+    with pytest.raises(ArtifactIntegrityError, match="engine_sha256"):
+        check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+
+
+def test_device_host_specs():
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.remote.hosts import assign_hosts, parse_host
+
+    h = parse_host("jetson-orin=ci@orin-01.lab:2222")
+    assert (h.target, h.user, h.hostname, h.port, h.label) == (
+        "jetson-orin",
+        "ci",
+        "orin-01.lab",
+        2222,
+        "ci@orin-01.lab:2222",
+    )
+    assert parse_host("ci@10.0.0.7").port == 22 and parse_host("ci@[fe80::1]:22").hostname == "fe80::1"
+    for bad in ("orin-01", "ci@host:0", "ci@host:x", "=ci@host"):
+        with pytest.raises(ConfigError):
+            parse_host(bad)
+    outs = {Path("out/orin"): "jetson-orin", Path("out/gpu"): "desktop"}
+    pairs = assign_hosts(outs, [parse_host("orin=ci@a"), parse_host("desktop=ci@b")])
+    assert [(o.name, h.hostname) for o, h in pairs] == [("orin", "a"), ("gpu", "b")]
+    with pytest.raises(ConfigError, match="no --host completes it"):
+        assign_hosts(outs, [parse_host("orin=ci@a")])
+    with pytest.raises(ConfigError, match="names no target"):
+        assign_hosts(outs, [parse_host("ci@a"), parse_host("desktop=ci@b")])
+    with pytest.raises(ConfigError, match="no output folder was built for it"):
+        assign_hosts(outs, [parse_host("jetson-nano=ci@a"), parse_host("desktop=ci@b")])

@@ -297,3 +297,17 @@ def test_two_hosts_complete_two_targets_in_one_command_and_a_failing_one_leaves_
     assert line.startswith("deploy device: [desktop ")
     assert (outs["desktop"] / "report.json").read_bytes() == desktop_before
     assert run_gate(outs["orin"]).passed and run_gate(outs["desktop"]).passed
+
+
+def test_the_device_steps_own_failure_keeps_its_code_and_line(sshd, outs, capsys):
+    """complete_bundle.py's exit codes are edgedeploy's: the host reports the device's line with that code."""
+    failing = _wrapper(
+        outs["orin"].parent,
+        'echo "complete_bundle: stage failed: cannot run the engine: RuntimeError: no CUDA device" >&2; exit 6',
+    )
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], python=failing) == 6
+    (line,) = _errors(capsys)
+    assert line.endswith(
+        "cannot run the engine: RuntimeError: no CUDA device (exit 6) -- fix: see the device's output above"
+    )
+    assert "stage failed: [device]" in line and line.count("stage failed") == 1

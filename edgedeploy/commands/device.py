@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgedeploy.remote.hosts import DeviceHost
+    from edgedeploy.remote.step import DeviceOptions
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -99,7 +105,11 @@ def run_device(args: argparse.Namespace) -> int:
     return next((c for c in codes if c), 0)
 
 
-def _one(out: Path, target: str, host: object, options: object, say: object) -> int:
+# report formats (matplotlib figures for report.html) are written one folder at a time
+_MERGE_LOCK = threading.Lock()
+
+
+def _one(out: Path, target: str, host: DeviceHost, options: DeviceOptions, say: Callable[..., None]) -> int:
     """One host's step and merge; returns its exit code (its failure printed as one line)."""
     import shutil
     import tempfile
@@ -107,11 +117,9 @@ def _one(out: Path, target: str, host: object, options: object, say: object) -> 
     from edgedeploy.errors import DeployError, ParityError
     from edgedeploy.fileio.integrity import verify_artifacts
     from edgedeploy.pipeline.device_report import SIGNATURE, merge_device_outcome
-    from edgedeploy.remote.hosts import DeviceHost
-    from edgedeploy.remote.step import DeviceOptions, run_on_device
+    from edgedeploy.remote.step import device_message, run_on_device
     from edgedeploy.validate.gate import load_report
 
-    assert isinstance(host, DeviceHost) and isinstance(options, DeviceOptions) and callable(say)
     tag = f"[{target} {host.label}]"
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.device-", dir=out.resolve().parent))
     try:
@@ -120,14 +128,15 @@ def _one(out: Path, target: str, host: object, options: object, say: object) -> 
         model = report["model"]
         bundle = out / str(model["artifact"]).rsplit("/", 1)[0]
         outcome = run_on_device(bundle, str(model["sha256"]), host, options, staging, lambda line: say(f"{tag} {line}"))
-        merged = merge_device_outcome(out, outcome)
+        with _MERGE_LOCK:
+            merged = merge_device_outcome(out, outcome)
         rows = [r for c in merged["parity"]["candidates"] if c.get("device") for r in c.get("checks", [])]
         status = merged["parity"]["status"]
         say(f"{tag} results merged into {out / 'report.json'}: {len(rows)} device checks, parity {status}")
         if (out / SIGNATURE).exists():
             say(f"{tag} note: {out / SIGNATURE} no longer covers {out}: sign it again with deploy sign {out} --key ...")
         if outcome.exit_code == ParityError.exit_code:
-            raise ParityError(f"{host.label}: {outcome.last_line}", hint=f"see {out / 'report.json'}")
+            raise ParityError(f"{host.label}: {device_message(outcome.last_line)}", hint=f"see {out / 'report.json'}")
         return 0
     except DeployError as exc:
         say(f"deploy device: {tag} {exc.one_line()}", err=True)

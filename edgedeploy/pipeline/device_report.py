@@ -91,6 +91,9 @@ def merge_device_outcome(out: Path, outcome: DeviceOutcome) -> dict[str, Any]:
     parity["candidates"] = candidates
     report["parity"] = {k: v for k, v in parity.items() if v is not None}
     latency = (outcome.checked["validation"] or {}).get("latency")
+    if outcome.runner != "tensorrt" and ENGINE_CANDIDATE in ((report.get("latency") or {}).get("backends") or {}):
+        # an earlier engine's timing does not belong to this run's (stand-in) result
+        report["latency"] = {"status": "skipped", "reason": engine.get("reason")}
     if outcome.runner == "tensorrt" and latency:
         timed = {k: latency[k] for k in ("p50_ms", "p90_ms", "p99_ms") if k in latency}
         report["latency"] = {

@@ -110,8 +110,12 @@ class DeviceConnection:
                 f"{where}: cannot connect ({' '.join(str(exc).split())[:300]})",
                 hint="check the host name and port, and that sshd runs on the device",
             ) from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(30)  # a device that vanishes mid-build drops the link instead of hanging
         self.client = client
         self.sftp = client.open_sftp()
+        self.sftp.get_channel().settimeout(max(60.0, connect_timeout))  # per read / write, not per file
 
     def __enter__(self) -> DeviceConnection:
         return self

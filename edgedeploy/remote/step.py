@@ -74,10 +74,19 @@ def verify_local_bundle(bundle: Path, bundle_sha256: str) -> dict[str, Any]:
         raise InputError(exc.message, hint=exc.hint) from None
 
 
+_DEVICE_KINDS = ("input error", "stage failed", "parity failure", "artifact integrity error", "engine incompatible")
+
+
+def device_message(line: str) -> str:
+    """The device step's last line without its ``complete_bundle: <kind>: `` prefix (the host names the kind)."""
+    text = line[len("complete_bundle: ") :] if line.startswith("complete_bundle: ") else line
+    kind, sep, rest = text.partition(": ")
+    return rest if sep and kind in _DEVICE_KINDS else text
+
+
 def _device_error(code: int, host: DeviceHost, line: str) -> DeployError:
     """The device step's own failure (its exit codes are edgedeploy's), as this host reports it."""
-    text = line.split(": ", 1)[-1] if line.startswith("complete_bundle: ") else line
-    message = f"{host.label}: {text or f'the device step exited {code}'}"
+    message = f"{host.label}: {device_message(line) or f'the device step exited {code}'}"
     if code == InputError.exit_code:
         return InputError(message)
     if code == ArtifactIntegrityError.exit_code:

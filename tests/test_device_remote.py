@@ -311,3 +311,6 @@ def test_the_device_steps_own_failure_keeps_its_code_and_line(sshd, outs, capsys
         "cannot run the engine: RuntimeError: no CUDA device (exit 6) -- fix: see the device's output above"
     )
     assert "stage failed: [device]" in line and line.count("stage failed") == 1
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], python="/nonexistent/python3") == 3
+    (line,) = _errors(capsys)
+    assert "cannot run /nonexistent/python3 there" in line and "--python" in line

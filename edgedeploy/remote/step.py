@@ -139,6 +139,11 @@ def run_on_device(
             if options.timing_cache:
                 argv += ["--timing-cache", options.timing_cache]
             code = conn.run(argv, cwd=remote, timeout=options.timeout, log=relay)
+            if code in (126, 127):  # the shell's "not executable" / "not found"
+                raise InputError(
+                    f"{host.label}: cannot run {options.python} there ({device_message(last[0])})",
+                    hint="pass --python PATH to the device's Python 3 (with TensorRT's bindings and numpy)",
+                )
             if code not in (0, _PARITY_EXIT):
                 raise _device_error(code, host, last[0])
             fetched = [VALIDATION]

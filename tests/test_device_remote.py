@@ -160,6 +160,12 @@ def _errors(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.startswith("deploy device:")]
 
 
+def _fits_schema(report: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "report.schema.json").read_text())
+    jsonschema.validate(report, schema)
+
+
 def _wrapper(folder: Path, body: str) -> str:
     """A stand-in device Python: a shell script that runs ``body`` around the real interpreter."""
     path = folder / f"python-{uuid.uuid4().hex[:6]}"
@@ -183,6 +189,7 @@ def test_orin_bundle_completes_over_ssh_and_the_gate_judges_the_device_rows(sshd
     assert report["parity"]["status"] == "skipped"  # nothing is claimed about an engine that was not built
     assert report["latency"]["status"] == "skipped"
     assert "bundle/validation.json" in verify_artifacts(out)  # listed in the manifest, hash verified
+    _fits_schema(report)
     result = run_gate(out)
     judged = {c.id for c in result.checks}
     assert result.passed and "parity:onnxruntime@device:logits" in judged, [c.line() for c in result.checks]
@@ -206,6 +213,7 @@ def test_a_device_that_disagrees_with_the_goldens_fails_the_command_and_the_gate
     assert "parity failure" in line
     report = json.loads((out / "report.json").read_text())
     assert report["parity"]["status"] == "failed"
+    _fits_schema(report)
     assert main(["gate", str(out)]) == ParityError.exit_code
 
 
@@ -314,3 +322,50 @@ def test_the_device_steps_own_failure_keeps_its_code_and_line(sshd, outs, capsys
     assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], python="/nonexistent/python3") == 3
     (line,) = _errors(capsys)
     assert "cannot run /nonexistent/python3 there" in line and "--python" in line
+
+
+def test_a_tensorrt_result_merges_as_the_deployed_engine_and_fits_the_report_schema(outs, tmp_path):
+    """The merge of an engine's result (no sshd needed): candidate ``tensorrt``, its latency row, the schema."""
+    import hashlib
+
+    from edgedeploy.device import complete_bundle as device
+    from edgedeploy.pipeline.device_report import merge_device_outcome
+    from edgedeploy.remote.hosts import parse_host
+    from edgedeploy.remote.results import check_device_results
+    from edgedeploy.remote.step import DeviceOutcome
+
+    out = outs["orin"]
+    bundle = out / "bundle"
+    staging = tmp_path / "staging"
+    shutil.copytree(bundle, staging)
+    assert device.main([str(staging), "--runner", "onnxruntime"], log=lambda line: None) == 0
+    plan = json.loads((bundle / "plan.json").read_text())
+    files = json.loads((bundle / "bundle.json").read_text())["files"]
+    engine_bytes = b"an engine as the device built it"
+    (staging / "model.engine").write_bytes(engine_bytes)
+    record = {
+        "schema": "edgedeploy-engine/1",
+        "engine": "model.engine",
+        "engine_sha256": hashlib.sha256(engine_bytes).hexdigest(),
+        "source_onnx_sha256": files[plan["onnx"]],
+        "target": plan["target"],
+        "precision": plan["precision"],
+        "tensorrt": "10.3.0.30",
+        "gpu": {"name": "Orin", "sm": "8.7"},
+    }
+    (staging / "engine.json").write_text(json.dumps(record))
+    validation = json.loads((staging / "validation.json").read_text())
+    latency = {"p50_ms": 2.0, "p90_ms": 2.5, "p99_ms": 3.0, "iters": 20, "shape": {"image": [4, 3, 32, 32]}}
+    validation.update(runner="tensorrt (named tensors (execute_async_v3))", engine=record, latency=latency)
+    (staging / "validation.json").write_text(json.dumps(validation))
+    checked = check_device_results(bundle, staging, runner="tensorrt", host="ci@orin")
+    files_back = ("validation.json", "engine.json", "model.engine")
+    report = merge_device_outcome(
+        out, DeviceOutcome(parse_host("ci@orin"), "tensorrt", staging, files_back, checked, 0, "")
+    )
+    (cand,) = [c for c in report["parity"]["candidates"] if c["name"] == "tensorrt"]
+    assert cand["deploy"] and cand["status"] == "passed" and cand["device"]["gpu"]["sm"] == "8.7"
+    assert report["parity"]["status"] == "passed" and report["latency"]["backends"]["tensorrt"]["throughput"] == 2000.0
+    _fits_schema(report)
+    assert "bundle/model.engine" in verify_artifacts(out)
+    assert run_gate(out).passed

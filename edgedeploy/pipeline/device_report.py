@@ -38,9 +38,10 @@ def device_candidates(outcome: DeviceOutcome, bundle_prefix: str) -> list[dict[s
     if engine:
         about.update(tensorrt=engine.get("tensorrt"), gpu=engine.get("gpu"))
     cand: dict[str, Any] = {
+        "backend": "tensorrt" if outcome.runner == "tensorrt" else "onnxruntime",
         "status": validation.get("status"),
         "precision": validation.get("precision"),
-        "checks": validation.get("checks", []),
+        "checks": [{"check": "parity", **row} for row in validation.get("checks", [])],
         "device": {k: v for k, v in about.items() if v},
     }
     if outcome.runner == "tensorrt":
@@ -89,19 +90,21 @@ def merge_device_outcome(out: Path, outcome: DeviceOutcome) -> dict[str, Any]:
     else:
         parity.update(status="skipped", reason=engine.get("reason"))
     parity["candidates"] = candidates
+    if parity["status"] in ("passed", "failed"):
+        parity["reference"] = "pytorch-eager"  # the bundle's goldens are the PyTorch model's outputs
     report["parity"] = {k: v for k, v in parity.items() if v is not None}
     latency = (outcome.checked["validation"] or {}).get("latency")
     if outcome.runner != "tensorrt" and ENGINE_CANDIDATE in ((report.get("latency") or {}).get("backends") or {}):
         # an earlier engine's timing does not belong to this run's (stand-in) result
         report["latency"] = {"status": "skipped", "reason": engine.get("reason")}
     if outcome.runner == "tensorrt" and latency:
-        timed = {k: latency[k] for k in ("p50_ms", "p90_ms", "p99_ms") if k in latency}
-        report["latency"] = {
-            "status": "measured",
-            "shape": "opt",
-            "backends": {ENGINE_CANDIDATE: {**timed, "shape": latency.get("shape"), "device": outcome.host.label}},
-            "note": f"host-side timing on {outcome.host.label} (copies included), {latency.get('iters')} runs",
-        }
+        timed = {k: float(latency[k]) for k in ("p50_ms", "p90_ms", "p99_ms")}
+        shapes = latency.get("shape") or {}
+        batch = next((int(dims[0]) for dims in shapes.values() if dims), 1)
+        row: dict[str, Any] = {**timed, "throughput": batch * 1000.0 / timed["p50_ms"] if timed["p50_ms"] > 0 else 0.0}
+        # complete_bundle.py times after 3 warm-up runs, host-side (copies to and from the device included)
+        row.update(batch=batch, iters=int(latency.get("iters") or 0), warmup=3, shape=shapes, device=outcome.host.label)
+        report["latency"] = {"status": "measured", "shape": "opt", "backends": {ENGINE_CANDIDATE: row}}
     report["device"] = {
         "host": outcome.host.label,
         "runner": outcome.runner,

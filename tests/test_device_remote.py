@@ -369,3 +369,19 @@ def test_a_tensorrt_result_merges_as_the_deployed_engine_and_fits_the_report_sch
     _fits_schema(report)
     assert "bundle/model.engine" in verify_artifacts(out)
     assert run_gate(out).passed
+
+
+def test_a_release_signed_before_the_device_step_is_signed_again_after_it(sshd, outs, capsys, tmp_path):
+    pytest.importorskip("model_signing", reason="signing needs edgedeploy[sign]")
+    out = outs["orin"]
+    key = tmp_path / "release"
+    assert main(["sign", "--generate-key", str(key)]) == 0
+    assert main(["sign", str(out), "--key", f"{key}.key"]) == 0
+    bundle_policy = tmp_path / "bundle-gate.toml"
+    bundle_policy.write_text('[gate]\nrequired_checks = ["integrity"]\n')
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub", "--policy", str(bundle_policy)]) == 0
+    assert device_run(sshd, [out], [sshd.host("orin")]) == 0
+    assert "no longer covers" in capsys.readouterr().out
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub"]) == ArtifactIntegrityError.exit_code
+    assert main(["sign", str(out), "--key", f"{key}.key"]) == 0
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub"]) == 0

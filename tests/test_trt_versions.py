@@ -454,6 +454,13 @@ def test_host_checks_a_tensorrt_result_against_the_bundle(fake_device, tmp_path)
     assert cand["artifact"] == "bundle/model.engine" and cand["device"]["gpu"]["sm"] == "8.7"
     with pytest.raises(ArtifactIntegrityError, match="the onnxruntime runner"):
         check_device_results(bundle, bundle, runner="onnxruntime", host="ci@orin")
+    good = (bundle / "validation.json").read_text()
+    forged = json.loads(good)
+    forged["checks"][0]["sample"] = "0; rm -rf /"
+    (bundle / "validation.json").write_text(json.dumps(forged))
+    with pytest.raises(ArtifactIntegrityError, match=r"checks\[0\]\.sample must be an integer"):
+        check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+    (bundle / "validation.json").write_text(good)
     (bundle / "model.engine").write_bytes((bundle / "model.engine").read_bytes() + b"x")  # not the engine recorded
     with pytest.raises(ArtifactIntegrityError, match="engine_sha256"):
         check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from edgedeploy.errors import ArtifactIntegrityError
+from edgedeploy.errors import ArtifactIntegrityError, InputError
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.reportview import ReportView
 
 VALIDATION = "validation.json"
 ENGINE_RECORD = "engine.json"
@@ -101,12 +102,16 @@ def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str)
     rows = validation.get("checks")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ArtifactIntegrityError(f"{host}: {VALIDATION} has no list of checks", hint="run the device step again")
+    try:  # every figure of the wrong type, named the way the gate would name it
+        ReportView.parse({"schema": "edgedeploy-report/1", "parity": {"candidates": [{"checks": rows}]}}, VALIDATION)
+    except InputError as exc:
+        raise ArtifactIntegrityError(f"{host}: {exc.message}", hint="run the device step again") from None
     wanted = {(p, s, o) for (p, s, o) in refs if o in outputs}
     seen: set[tuple[str, int, str]] = set()
     for row in rows:
         if row.get("sample") is None:  # pooled top-1 rows: judged by the host's gate like any other row
             continue
-        key = (str(row.get("shape")), int(row.get("sample", -1)), str(row.get("output")))
+        key = (str(row.get("shape")), int(row["sample"]), str(row.get("output")))
         if key not in wanted or key in seen:
             problems.append(f"row {key[0]}#{key[1]} {key[2]} is {'repeated' if key in seen else 'not a golden'}")
             continue

@@ -112,7 +112,10 @@ def run_on_device(
         InputError, StageError, EngineCompatibilityError: the device step itself failed (its code and line).
     """
     manifest = verify_local_bundle(bundle, bundle_sha256)
-    plan = device.read_json(str(bundle / manifest.get("plan", "plan.json")), "build plan")
+    try:
+        plan = device.read_json(str(bundle / manifest.get("plan", "plan.json")), "build plan")
+    except device.BundleError as exc:
+        raise InputError(exc.message, hint=exc.hint) from None
     target = str(plan.get("target") or "bundle")
     names = sorted(manifest["files"]) + [device.BUNDLE_MANIFEST]
     remote = f"{REMOTE_ROOT}/{target}-{bundle_sha256[:12]}-{uuid.uuid4().hex[:8]}"

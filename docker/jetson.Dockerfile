@@ -33,8 +33,9 @@ RUN printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION
 FROM nvcr.io/nvidia/l4t-jetpack:r36.4.0
 ARG UID=10001
 ARG INSTALL_TORCH2TRT=0
-# torch2trt has no release tags past its early versions: pin a commit.
-ARG TORCH2TRT_REF=450cb2ef17b488d154e969d3489fb47a90d85786
+# torch2trt: pin a master commit (its newest tag, v0.5.0, predates TensorRT 10 support). 4e820ae3 (2024-05-03,
+# "dev_trt_10_refactor") builds with build_serialized_network and sets max_workspace_size only on TensorRT < 10.
+ARG TORCH2TRT_REF=4e820ae31b4e35d59685935223b05b2e11d47b03
 LABEL org.opencontainers.image.title="edgedeploy (Jetson, JetPack 6, TensorRT 10.3)" \
       org.opencontainers.image.description="On-device TensorRT engine builds for Jetson Orin" \
       io.edgedeploy.targets="jetson-orin,jetson-orin-nano" \

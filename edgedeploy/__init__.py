@@ -7,7 +7,8 @@ layer or lower ones, and the module graph has no cycles):
    ``config``, ``targets/``, ``device/`` (the standalone device script);
 1. tools: ``fileio/`` (hashing, atomic store), ``modelio/`` (checkpoint, inputs, goldens,
    user-code loading, torch helpers), ``onnxtools/`` (export helpers, ORT session, shapes, op support);
-2. domain: ``precision/``, ``trt/``, ``validate/``, ``train/``, ``backends/``;
+2. domain: ``precision/``, ``trt/``, ``validate/``, ``train/``, ``backends/``, ``remote/`` (the device
+   step over SSH);
 3. ``stages/``: orchestration only (the stage contract, one stage per module, no stage imports another);
 4. ``pipeline/``: runner, cache, manifest, report, gate;
 5. ``api``, ``commands/``, ``cli``.

@@ -127,6 +127,27 @@ class EngineCompatibilityError(DeployError):
     kind = "engine incompatible"
 
 
+class DeviceTrustError(DeployError):
+    """A device's SSH host key is not in known_hosts or differs from it, or it refused key authentication."""
+
+    exit_code = 11
+    kind = "device not trusted"
+
+
+class DeviceUnreachableError(DeployError):
+    """A device host cannot be reached over SSH (refused, no route, connect timeout, connection lost)."""
+
+    exit_code = 12
+    kind = "device unreachable"
+
+
+class DeviceTimeoutError(DeployError):
+    """The device step on a host ran past its time limit (it is stopped; nothing of it is kept)."""
+
+    exit_code = 13
+    kind = "device step timed out"
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected internal error (traceback printed)",
@@ -139,4 +160,7 @@ EXIT_CODES: dict[int, str] = {
     PerformanceRegressionError.exit_code: "performance regression against the baseline",
     ArtifactIntegrityError.exit_code: "missing or tampered artifact (hash mismatch with manifest)",
     EngineCompatibilityError.exit_code: "engine built for another TensorRT version or GPU",
+    DeviceTrustError.exit_code: "device SSH host key unknown or changed, or key authentication refused",
+    DeviceUnreachableError.exit_code: "device host unreachable over SSH (refused, no route, connect timeout)",
+    DeviceTimeoutError.exit_code: "device step ran past its time limit",
 }

@@ -8,7 +8,7 @@ import textwrap
 
 BLOCKED = (
     "tensorrt", "onnxruntime", "torch2trt", "torch_tensorrt", "pycuda", "lightning", "pytorch_lightning",
-    "transformers", "tokenizers", "webdataset", "tensorboard", "torchviz",
+    "transformers", "tokenizers", "webdataset", "tensorboard", "torchviz", "paramiko",
 )  # fmt: skip
 
 

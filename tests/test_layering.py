@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "validate": 2,
     "train": 2,
     "backends": 2,
+    "remote": 2,
     # 3: orchestration
     "stages": 3,
     # 4: running a build

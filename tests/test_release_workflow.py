@@ -221,11 +221,15 @@ def test_workflow_is_wired_train_build_gate_publish():
     assert {"gate", "device"} <= upstream("publish")
     assert "build" in upstream("device")
     device = jobs["device"]
-    assert device["runs-on"] == "${{ matrix.runner }}"
-    include = device["strategy"]["matrix"]["include"]
-    assert all("self-hosted" in entry["runner"] for entry in include), "device jobs run on self-hosted runners"
-    jetson = [entry for entry in include if entry["target"] == "jetson-orin"]
-    assert jetson and "ARM64" in jetson[0]["runner"]
+    assert "self-hosted" in device["runs-on"], "the device job runs on a runner inside the device lab"
+    # one `deploy device run` completes every TensorRT target's bundle on its own device, then gates and re-signs
+    calls = [c for _, script in workflow_scripts() if "device run" in script for c in deploy_invocations(script)]
+    (run,) = [c for c in calls if c[:2] == ["device", "run"]]
+    hosts = [run[i + 1].split("=", 1)[0] for i, token in enumerate(run) if token == "--host"]
+    assert sorted(hosts) == ["desktop", "jetson-orin"] and {"out/jetson-orin", "out/desktop"} <= set(run)
+    steps = " ".join(step.get("run", "") for step in device["steps"])
+    assert steps.index("deploy device run") < steps.index("deploy gate") < steps.index("deploy sign")
+    assert 'required_backends = ["tensorrt"]' in steps
 
     matrix = jobs["build"]["strategy"]["matrix"]["target"]
     assert set(matrix) == {"cpu", "jetson-orin", "desktop"}

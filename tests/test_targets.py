@@ -130,3 +130,13 @@ def test_deploy_targets_lists_every_profile_with_capabilities(capsys):
     assert main(["targets", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["jetson-orin"]["dla_cores"] == 2 and data["jetson-nano"]["precisions"] == ["fp32", "fp16"]
+
+
+def test_desktop_profiles_name_the_python_of_their_build_image():
+    """The desktop device step runs in the NGC TensorRT image (Dockerfile; 25.xx images are Ubuntu 24.04: 3.12)."""
+    import re
+
+    dockerfile = (Path(__file__).resolve().parents[1] / "Dockerfile").read_text()
+    years = {int(y) for y in re.findall(r"nvcr\.io/nvidia/tensorrt:(\d\d)\.\d\d-py3", dockerfile)}
+    assert years and min(years) >= 25
+    assert get_target("desktop").device_python == get_target("desktop-trt11").device_python == "3.12"

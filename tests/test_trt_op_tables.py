@@ -112,3 +112,51 @@ def test_dla_findings_know_the_tensorrt_version_and_dla_generation(tmp_path):
 
     assert dla_ops("jetson-xavier") == {"Div", "Softmax"}  # TensorRT 8.5, first-generation DLA
     assert dla_ops("jetson-orin") == set()  # TensorRT 10.3, Orin DLA
+
+
+@pytest.mark.parametrize(
+    ("restriction", "inputs"),
+    [
+        ("`frame_step` and `window` must be an initializer. Input must be real-valued.", ["frame_step", "window"]),
+        (
+            "Inputs `max_output_boxes_per_class`, `iou_threshold`, and `score_threshold` must be initializers. "
+            "Output has fixed shape and is padded to [`max_output_boxes_per_class`, 3].",
+            ["iou_threshold", "max_output_boxes_per_class", "score_threshold"],
+        ),
+        ("Scales `scale` and biases `B` must be initializers. Input rank must be >=3 & <=5", ["B", "scale"]),
+        ("`pads` must be an initializer", ["pads"]),
+    ],
+)
+def test_generator_reads_every_input_a_restriction_names(restriction, inputs):
+    assert _tool().rules_from_restrictions(restriction)["static_inputs"] == inputs
+
+
+def test_shipped_tables_carry_multi_input_restrictions_and_the_10_13_opset_ceiling():
+    for version in ("10.13", "10.15"):
+        assert trt_table(version)["supported"]["STFT"]["static_inputs"] == ["frame_step", "window"]
+    nms = trt_table("8.2")["supported"]["NonMaxSuppression"]["static_inputs"]
+    assert nms == ["iou_threshold", "max_output_boxes_per_class", "score_threshold"]
+    from edgedeploy.targets import get_target
+
+    assert trt_table("10.13")["opset"][1] == get_target("desktop").max_opset == 22
+
+
+def test_stft_with_a_computed_frame_step_is_refused_for_tensorrt_10_13():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["step"], name="step", axis=0),
+        helper.make_node("STFT", ["x", "step", "win"], ["y"], name="stft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
+            numpy_helper.from_array(np.hanning(16).astype(np.float32), "win"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    refused = [f for f in _errors(model, "10.13") if "STFT" in f.message]
+    assert len(refused) == 1 and "`frame_step`" in refused[0].message

@@ -221,3 +221,30 @@ def test_torch_builders_follow_the_same_plan_and_refuse_what_they_cannot_do(file
     if importlib.util.find_spec("torch2trt") is None:
         with pytest.raises(StageError, match="torch2trt is not installed"):
             build_with_torch2trt(object(), plan, [])
+
+
+def test_torch2trt_gets_dla_and_shapes_and_refuses_int8_for_the_right_reason(files, monkeypatch):
+    """torch2trt (master, TensorRT 10 support) runs DLA with static shapes; only INT8 is refused."""
+    import sys
+    import types
+
+    from trt_fakes import make_tensorrt
+
+    from edgedeploy.trt.torch_builders import build_with_torch2trt, torch2trt_settings
+
+    calls: list[dict] = []
+    fake = types.ModuleType("torch2trt")
+    fake.torch2trt = lambda model, example, **kw: calls.append(kw) or "module"
+    monkeypatch.setitem(sys.modules, "torch2trt", fake)
+    trt = make_tensorrt("10.3")
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    dla = make_plan(_cfg("fp16", dynamic=False, dla_core=0), get_target("jetson-orin"), {})
+    assert build_with_torch2trt(object(), dla, []) == "module"
+    kw = calls[-1]
+    assert kw["default_device_type"] is trt.DeviceType.DLA and kw["dla_core"] == 0 and kw["gpu_fallback"]
+    assert kw["fp16_mode"] and kw["min_shapes"] == kw["max_shapes"] == [(2, 3, 8, 8)]
+    assert "default_device_type" not in torch2trt_settings(make_plan(_cfg("fp16"), get_target("desktop"), {}))
+    implicit = make_plan(_cfg("int8"), get_target("desktop"), {"calib.cache": files["calib"]})
+    with pytest.raises(StageError, match="example input alone") as exc:
+        build_with_torch2trt(object(), implicit, [])
+    assert "DLA" not in str(exc.value)

@@ -275,3 +275,219 @@ def test_nano_bundle_validates_an_engine_with_its_own_copies_and_no_polygraphy(t
     assert "PASSED" in proc.stderr
     record = json.loads((bundle / "validation.json").read_text())
     assert record["runner"] == "tensorrt (bindings (execute_v2))"
+
+
+# ---- member lists read from each release's binding sources -------------------------------------
+
+
+def test_member_lists_name_the_release_sources_they_were_read_from():
+    from trt_fakes import members_source
+
+    for version, tag in (("8.2", "@8.2.1 "), ("8.5", "@8.5.2 "), ("10.3", "@v10.3.0 "), ("11", "@v11.1 ")):
+        assert f"NVIDIA/TensorRT{tag}" in members_source(version) and "pyCore.cpp" in members_source(version)
+
+
+def test_tensorrt_11_fake_has_what_11_has_and_refuses_what_11_removed(tmp_path):
+    v10, v11 = make_tensorrt("10.13"), make_tensorrt("11")
+    assert hasattr(v11.BuilderFlag, "DIRECT_IO")  # still in 11 (the migration guide does not remove it)
+    for gone in ("REJECT_EMPTY_ALGORITHMS", "WEIGHTLESS", "FP16", "INT8", "OBEY_PRECISION_CONSTRAINTS"):
+        assert hasattr(v10.BuilderFlag, gone) and not hasattr(v11.BuilderFlag, gone), gone
+    onnx_path = tmp_path / "m.onnx"
+    tiny_onnx(onnx_path)
+    for trt, refuses in ((v10, False), (v11, True)):
+        builder = trt.Builder(trt.Logger())
+        network = builder.create_network(0)
+        trt.OnnxParser(network, trt.Logger()).parse_from_file(str(onnx_path))
+        layer, config = network.get_layer(0), builder.create_builder_config()
+        tensor = layer.get_output(0)
+        checks = [  # called right below, inside this iteration
+            lambda: setattr(layer, "precision", trt.float32),  # noqa: B023
+            lambda: layer.set_output_type(0, trt.float32),  # noqa: B023
+            lambda: setattr(tensor, "dynamic_range", (0.0, 1.0)),  # noqa: B023
+            lambda: setattr(config, "algorithm_selector", None),  # noqa: B023
+            lambda: builder.platform_has_tf32,  # noqa: B023
+        ]
+        for check in checks:
+            if refuses:
+                with pytest.raises(AttributeError, match="TensorRT 11"):
+                    check()
+            else:  # allowed by the release (the fake may not implement every member it allows)
+                try:
+                    check()
+                except AttributeError as exc:
+                    assert "TensorRT" not in str(exc)
+    assert "device_memory_size" in members_for("10.13")["ICudaEngine"]
+    assert "device_memory_size" not in members_for("11")["ICudaEngine"]
+
+
+def test_tensorrt_8_engines_have_no_max_workspace_size():
+    for version in ("8.2", "8.5"):
+        engine = members_for(version)["ICudaEngine"]
+        assert "max_workspace_size" not in engine and "get_binding_dtype" in engine
+        assert "max_workspace_size" in members_for(version)["IBuilderConfig"]
+
+
+def test_member_generator_reads_pybind11_declarations():
+    sys.path.insert(0, str(Path(__file__).parent / "data" / "trt_members"))
+    try:
+        from generate_from_sources import parse_bindings
+    finally:
+        sys.path.pop(0)
+    src = """
+    py::class_<IBuilder>(m, "Builder", BuilderDoc::descr)
+        .def_property_readonly("platform_has_tf32", &IBuilder::platformHasTf32)
+        // .def("commented_out", nullptr)
+        .def("build_serialized_network", lambdas::build, "network"_a, "config"_a);
+    py::class_<IOptimizationProfile, std::unique_ptr<IOptimizationProfile, py::nodelete>>(
+        m, "IOptimizationProfile", IOptimizationProfileDoc::descr)
+        .def("set_shape", &set_shape, "input"_a, "min"_a, "opt"_a, "max"_a);
+    py::enum_<BuilderFlag>(m, "BuilderFlag", py::arithmetic{}, BuilderFlagDoc::descr)
+        .value("FP16", BuilderFlag::kFP16, BuilderFlagDoc::FP16)
+        .value("DIRECT_IO", BuilderFlag::kDIRECT_IO, BuilderFlagDoc::DIRECT_IO);
+    m.attr("float32") = DataType::kFLOAT;
+    """
+    got = parse_bindings([src])
+    assert got["Builder"] == {"platform_has_tf32", "build_serialized_network"}
+    assert got["IOptimizationProfile"] == {"set_shape"}
+    assert got["BuilderFlag"] == {"FP16", "DIRECT_IO"}
+    assert {"Builder", "IOptimizationProfile", "BuilderFlag", "float32"} <= got["module"]
+
+
+# ---- runner faults found against the release sources ------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["8.2", "8.5"])
+def test_runner_maps_types_itself_where_trt_nptype_needs_np_bool(version, fake_device, tmp_path):
+    """TensorRT 8.x's trt.nptype raises AttributeError on numpy 1.24 - 1.26; the runner never calls it."""
+    trt, _ = fake_device(version, TARGET_OF[version][1])
+    with pytest.raises(AttributeError, match="np|numpy"):
+        trt.nptype(trt.float32)
+    lines: list[str] = []
+    assert run_device_step(make_bundle(tmp_path / "b", version), lines)["status"] == "passed", lines
+    assert "module.nptype" not in trt._state.calls
+
+
+def test_engine_run_failure_is_one_line_and_exit_6(fake_device, tmp_path, monkeypatch, capsys):
+    fake_device("10.3", "8.7")
+    bundle = make_bundle(tmp_path / "b", "10.3")
+
+    def refuse(self, feeds):
+        raise ValueError("input 'x' shape [9, 4] is outside the engine's profile")
+
+    monkeypatch.setattr(device.sibling("trt_runner").TensorSession, "infer", refuse)
+    lines: list[str] = []
+    code = device.main([str(bundle), "--latency-iters", "0"], log=lines.append)
+    assert code == device.EXIT_STAGE == 6
+    assert lines[-1].startswith("complete_bundle: stage failed: running the engine failed")
+    assert "ValueError" in lines[-1] and "\n" not in lines[-1]
+
+
+def test_engine_open_failure_of_any_binding_class_is_exit_6(fake_device, tmp_path, monkeypatch):
+    fake_device("8.2", "5.3")
+    bundle = make_bundle(tmp_path / "b", "8.2")
+
+    def old_numpy(*a, **k):
+        raise AttributeError("module 'numpy' has no attribute 'bool'")
+
+    monkeypatch.setattr(device.sibling("trt_runner"), "open_session", old_numpy)
+    lines: list[str] = []
+    assert device.main([str(bundle), "--latency-iters", "0"], log=lines.append) == 6
+    assert "cannot run the engine: AttributeError" in lines[-1]
+
+
+def shape_input_onnx(path: Path) -> None:
+    """x[batch,4] reshaped by an int64 shape input ``dims`` -> y (``dims`` is a shape tensor in TensorRT)."""
+    node = helper.make_node("Reshape", ["x", "dims"], ["y"], name="reshape")
+    graph = helper.make_graph(
+        [node],
+        "shape",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("dims", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("version", ["8.2", "8.5", "10.13"])
+def test_shape_tensor_inputs_get_host_values(version, fake_device, tmp_path):
+    trt, lib = fake_device(version, TARGET_OF[version][1])
+    trt._state.shape_inputs = {"dims"}
+    onnx_path = tmp_path / "m.onnx"
+    shape_input_onnx(onnx_path)
+    profiles = [{"x": ((1, 4), (2, 4), (4, 4)), "dims": ((2,), (2,), (2,))}]
+    engine = adapter.build_serialized_engine(
+        str(onnx_path), profiles=profiles, precision="fp32", strongly_typed=False, workspace_mib=64
+    )
+    session = trt_runner.open_session(engine, trt, trt_runner.CudaDriver(lib))
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    dims = np.array([4, 2], dtype=np.int32 if version.startswith("8") else np.int64)
+    out = session.infer({"x": x, "dims": dims})
+    np.testing.assert_array_equal(out["y"], x.reshape(4, 2))
+    session.close()
+    used = set(trt._state.calls)
+    if version == "8.2":
+        assert "IExecutionContext.set_shape_input" in used
+    else:
+        assert "ICudaEngine.is_shape_inference_io" in used
+
+
+def test_host_checks_a_tensorrt_result_against_the_bundle(fake_device, tmp_path):
+    """What ``deploy device run`` fetches from a TensorRT device: engine, engine.json, validation.json."""
+    from edgedeploy.errors import ArtifactIntegrityError
+    from edgedeploy.pipeline.device_report import device_candidates
+    from edgedeploy.remote.hosts import parse_host
+    from edgedeploy.remote.results import check_device_results
+    from edgedeploy.remote.step import DeviceOutcome
+
+    fake_device("10.3", "8.7")
+    bundle = make_bundle(tmp_path / "b", "10.3")
+    assert run_device_step(bundle, [])["status"] == "passed"
+    checked = check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+    assert checked["engine_sha256"] == hashlib.sha256((bundle / "model.engine").read_bytes()).hexdigest()
+    outcome = DeviceOutcome(parse_host("ci@orin"), "tensorrt", bundle, (), checked, 0, "PASSED")
+    (cand,) = device_candidates(outcome, "bundle/")
+    assert cand["name"] == "tensorrt" and cand["deploy"] and cand["status"] == "passed"
+    assert cand["artifact"] == "bundle/model.engine" and cand["device"]["gpu"]["sm"] == "8.7"
+    with pytest.raises(ArtifactIntegrityError, match="the onnxruntime runner"):
+        check_device_results(bundle, bundle, runner="onnxruntime", host="ci@orin")
+    good = (bundle / "validation.json").read_text()
+    forged = json.loads(good)
+    forged["checks"][0]["sample"] = "0; rm -rf /"
+    (bundle / "validation.json").write_text(json.dumps(forged))
+    with pytest.raises(ArtifactIntegrityError, match=r"checks\[0\]\.sample must be an integer"):
+        check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+    (bundle / "validation.json").write_text(good)
+    (bundle / "model.engine").write_bytes((bundle / "model.engine").read_bytes() + b"x")  # not the engine recorded
+    with pytest.raises(ArtifactIntegrityError, match="engine_sha256"):
+        check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
+
+
+def test_device_host_specs():
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.remote.hosts import assign_hosts, parse_host
+
+    h = parse_host("jetson-orin=ci@orin-01.lab:2222")
+    assert (h.target, h.user, h.hostname, h.port, h.label) == (
+        "jetson-orin",
+        "ci",
+        "orin-01.lab",
+        2222,
+        "ci@orin-01.lab:2222",
+    )
+    assert parse_host("ci@10.0.0.7").port == 22 and parse_host("ci@[fe80::1]:22").hostname == "fe80::1"
+    for bad in ("orin-01", "ci@host:0", "ci@host:x", "=ci@host"):
+        with pytest.raises(ConfigError):
+            parse_host(bad)
+    outs = {Path("out/orin"): "jetson-orin", Path("out/gpu"): "desktop"}
+    pairs = assign_hosts(outs, [parse_host("orin=ci@a"), parse_host("desktop=ci@b")])
+    assert [(o.name, h.hostname) for o, h in pairs] == [("orin", "a"), ("gpu", "b")]
+    with pytest.raises(ConfigError, match="no --host completes it"):
+        assign_hosts(outs, [parse_host("orin=ci@a")])
+    with pytest.raises(ConfigError, match="names no target"):
+        assign_hosts(outs, [parse_host("ci@a"), parse_host("desktop=ci@b")])
+    with pytest.raises(ConfigError, match="no output folder was built for it"):
+        assign_hosts(outs, [parse_host("jetson-nano=ci@a"), parse_host("desktop=ci@b")])

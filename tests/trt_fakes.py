@@ -5,19 +5,15 @@ What it proves: that the device code calls only what each TensorRT release has, 
 writing a public member its version lacks raises ``AttributeError`` the way the real bindings do.
 It does not prove numerics: the "engine" is the ONNX model run by ONNX Runtime.
 
-Where the member lists come from:
+Where the member lists come from (``data/trt_members/members-<version>.json``, each naming its source):
 
-- 10.13: ``tensorrt-stubs`` 10.13 (generated from the real bindings), snapshotted in
-  ``data/trt_members/members-10.13.json``;
-  10.3 uses the same lists (the members the device code calls all exist in 10.3: ``execute_async_v3``,
-  ``set_input_shape``, ``set_tensor_address``, ``set_memory_pool_limit`` since 8.5, ``builder_optimization_level``
-  since 8.6, ``STRONGLY_TYPED`` since 9.x);
-- 11.x: the 10.13 lists minus "Removed Python APIs and Replacements" of NVIDIA's 10.x -> 11.x migration
-  guide (precision builder flags, calibrators, ``int8_calibrator``, ``platform_has_fast_fp16/int8``,
-  ``EXPLICIT_BATCH``);
-- 8.2 / 8.5: written out below from the TensorRT 8.2 / 8.5 Python API reference
-  (``python/src/infer/pyCore.cpp``, ``pyFoundationalTypes.cpp`` on NVIDIA/TensorRT release/8.2 and
-  release/8.5) for the classes the device code touches.
+- 8.2, 8.5, 10.3, 11: the pybind11 sources of NVIDIA/TensorRT at the release tags 8.2.1, 8.5.2, v10.3.0 and
+  v11.1 (``python/src/infer/pyCore.cpp``, ``pyGraph.cpp``, ``pyFoundationalTypes.cpp``, ``pyInt8.cpp``,
+  ``python/src/parsers/pyOnnx.cpp``, ``tensorrt/__init__.py``), read by ``generate_from_sources.py``;
+  11.1 is the newest 11.x whose sources are public, and the fake stands for the ``desktop-trt11`` profile;
+- 10.13: ``tensorrt-stubs`` 10.13 (generated from the real bindings; ``generate.py``). The sources at
+  v10.13.0 give the same lists except three names the stubs add (``ICudaEngine.max_workspace_size``,
+  ``ITensor.is_shape``, ``Runtime.path``).
 """
 
 from __future__ import annotations
@@ -34,98 +30,6 @@ import numpy as np
 MAGIC = b"FAKETRT1"
 
 # ---- member lists ---------------------------------------------------------------------------
-
-_API_82: dict[str, set[str]] = {
-    "Builder": {
-        "create_network", "create_builder_config", "create_optimization_profile", "build_engine",
-        "build_serialized_network", "is_network_supported", "platform_has_tf32", "platform_has_fast_fp16",
-        "platform_has_fast_int8", "max_DLA_batch_size", "num_DLA_cores", "max_batch_size", "error_recorder",
-        "gpu_allocator", "logger", "reset",
-    },
-    "IBuilderConfig": {
-        "min_timing_iterations", "avg_timing_iterations", "int8_calibrator", "max_workspace_size", "flags",
-        "set_flag", "get_flag", "clear_flag", "reset", "add_optimization_profile", "num_optimization_profiles",
-        "set_calibration_profile", "get_calibration_profile", "default_device_type", "DLA_core", "can_run_on_DLA",
-        "set_device_type", "get_device_type", "is_device_type_set", "reset_device_type", "engine_capability",
-        "profiling_verbosity", "algorithm_selector", "set_tactic_sources", "get_tactic_sources",
-        "create_timing_cache", "set_timing_cache", "get_timing_cache", "profile_stream", "set_quantization_flag",
-        "get_quantization_flag", "clear_quantization_flag", "quantization_flags",
-    },
-    "INetworkDefinition": {
-        "num_layers", "get_layer", "num_inputs", "get_input", "num_outputs", "get_output", "name",
-        "has_implicit_batch_dimension", "has_explicit_precision", "mark_output", "unmark_output",
-    },
-    "ILayer": {
-        "name", "type", "num_inputs", "num_outputs", "precision", "precision_is_set", "reset_precision",
-        "get_input", "get_output", "set_input", "set_output_type", "get_output_type", "output_type_is_set",
-        "reset_output_type",
-    },
-    "ITensor": {
-        "name", "shape", "dtype", "broadcast_across_batch", "location", "is_network_input", "is_network_output",
-        "is_shape_tensor", "is_execution_tensor", "dynamic_range", "set_dynamic_range", "reset_dynamic_range",
-        "allowed_formats",
-    },
-    "OnnxParser": {
-        "parse", "parse_with_weight_descriptors", "parse_from_file", "supports_operator", "supports_model",
-        "num_errors", "get_error", "clear_errors",
-    },
-    "Runtime": {"deserialize_cuda_engine", "DLA_core", "num_DLA_cores", "error_recorder", "gpu_allocator"},
-    "ICudaEngine": {
-        "num_bindings", "max_batch_size", "has_implicit_batch_dimension", "num_layers", "max_workspace_size",
-        "device_memory_size", "refittable", "name", "num_optimization_profiles", "engine_capability",
-        "tactic_sources", "profiling_verbosity", "error_recorder", "get_binding_index", "get_binding_name",
-        "binding_is_input", "get_binding_shape", "get_binding_dtype", "get_location", "is_shape_binding",
-        "is_execution_binding", "get_binding_bytes_per_component", "get_binding_components_per_element",
-        "get_binding_format", "get_binding_format_desc", "get_binding_vectorized_dim", "get_profile_shape",
-        "get_profile_shape_input", "create_execution_context", "create_execution_context_without_device_memory",
-        "serialize", "create_engine_inspector",
-    },
-    "IExecutionContext": {
-        "execute", "execute_async", "execute_v2", "execute_async_v2", "debug_sync", "profiler", "engine", "name",
-        "device_memory", "active_optimization_profile", "all_binding_shapes_specified",
-        "all_shape_inputs_specified", "error_recorder", "enqueue_emits_profile", "report_to_profiler",
-        "get_strides", "set_optimization_profile_async", "get_binding_shape", "set_binding_shape", "get_shape",
-        "set_shape_input",
-    },
-    "IOptimizationProfile": {"set_shape", "get_shape", "set_shape_input", "get_shape_input", "extra_memory_target"},
-    "ITimingCache": {"serialize", "combine", "reset"},
-    "IHostMemory": {"dtype", "nbytes"},
-    "BuilderFlag": {
-        "FP16", "INT8", "DEBUG", "GPU_FALLBACK", "STRICT_TYPES", "REFIT", "DISABLE_TIMING_CACHE", "TF32",
-        "SPARSE_WEIGHTS", "SAFETY_SCOPE", "OBEY_PRECISION_CONSTRAINTS", "PREFER_PRECISION_CONSTRAINTS", "DIRECT_IO",
-        "REJECT_EMPTY_ALGORITHMS",
-    },
-    "NetworkDefinitionCreationFlag": {"EXPLICIT_BATCH", "EXPLICIT_PRECISION"},
-    "DeviceType": {"GPU", "DLA"},
-    "module": {
-        "Builder", "Runtime", "Logger", "ILogger", "OnnxParser", "BuilderFlag", "NetworkDefinitionCreationFlag",
-        "DeviceType", "DataType", "Dims", "IInt8Calibrator", "IInt8EntropyCalibrator2", "float32", "float16",
-        "int8", "int32", "bool", "nptype", "volume", "__version__",
-    },
-}  # fmt: skip
-
-_ADDED_85: dict[str, set[str]] = {
-    "ICudaEngine": {"num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_shape", "get_tensor_dtype",
-                    "get_tensor_profile_shape", "get_tensor_location", "get_tensor_format"},
-    "IExecutionContext": {"set_input_shape", "get_tensor_shape", "set_tensor_address", "get_tensor_address",
-                          "execute_async_v3", "infer_shapes", "get_tensor_strides"},
-    "IBuilderConfig": {"set_memory_pool_limit", "get_memory_pool_limit", "set_preview_feature", "get_preview_feature"},
-    "module": {"MemoryPoolType", "TensorIOMode", "PreviewFeature", "uint8"},
-    "MemoryPoolType": {"WORKSPACE", "DLA_MANAGED_SRAM", "DLA_LOCAL_DRAM", "DLA_GLOBAL_DRAM"},
-    "TensorIOMode": {"NONE", "INPUT", "OUTPUT"},
-}  # fmt: skip
-
-_REMOVED_11: dict[str, set[str]] = {
-    "BuilderFlag": {"FP16", "INT8", "FP8", "BF16", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
-                    "PREFER_PRECISION_CONSTRAINTS", "DIRECT_IO"},
-    "IBuilderConfig": {"int8_calibrator", "set_calibration_profile", "get_calibration_profile",
-                       "set_quantization_flag", "get_quantization_flag", "quantization_flags",
-                       "clear_quantization_flag"},
-    "Builder": {"platform_has_fast_fp16", "platform_has_fast_int8"},
-    "NetworkDefinitionCreationFlag": {"EXPLICIT_BATCH"},
-    "module": {"IInt8Calibrator", "IInt8EntropyCalibrator", "IInt8EntropyCalibrator2", "IInt8LegacyCalibrator",
-               "IInt8MinMaxCalibrator"},
-}  # fmt: skip
 
 VERSIONS = {"8.2": "8.2.1.8", "8.5": "8.5.2.2", "10.3": "10.3.0.30", "10.13": "10.13.0.35", "11": "11.5.0.4"}
 
@@ -150,19 +54,25 @@ def _parse_stubs() -> dict[str, set[str]]:
     return {name: set(members) for name, members in data["classes"].items()}
 
 
+MEMBER_FILES = {"8.2": "members-8.2.json", "8.5": "members-8.5.json", "10.3": "members-10.3.json",
+                "10.13": "members-10.13.json", "11": "members-11.json"}  # fmt: skip
+
+
+@functools.cache
+def _members_json(version: str) -> dict[str, frozenset[str]]:
+    data = json.loads((Path(__file__).parent / "data" / "trt_members" / MEMBER_FILES[version]).read_text())
+    return {name: frozenset(members) for name, members in data["classes"].items()}
+
+
+def members_source(version: str) -> str:
+    """Where the member lists of ``version`` come from (the JSON file's ``source``)."""
+    path = Path(__file__).parent / "data" / "trt_members" / MEMBER_FILES[version]
+    return str(json.loads(path.read_text())["source"])
+
+
 def members_for(version: str) -> dict[str, set[str]]:
     """Public members per class for ``version`` (a key of :data:`VERSIONS`)."""
-    if version in ("8.2", "8.5"):
-        out = {k: set(v) for k, v in _API_82.items()}
-        if version == "8.5":
-            for k, v in _ADDED_85.items():
-                out.setdefault(k, set()).update(v)
-        return out
-    out = stub_members()
-    if version == "11":
-        for k, v in _REMOVED_11.items():
-            out[k] = out.get(k, set()) - v
-    return out
+    return {k: set(v) for k, v in _members_json(version).items()}
 
 
 # ---- the fake CUDA driver (ctypes level) ---------------------------------------------------
@@ -308,6 +218,7 @@ class FakeState:
         self.calls: list[str] = []
         self.build_failure: list[tuple[int, str]] | None = None  # (severity, message) lines, then None
         self.configs: list[Any] = []
+        self.shape_inputs: set[str] = set()  # engine inputs that are shape tensors (values read on the host)
 
 
 def _strict(state: FakeState, api: str) -> type:
@@ -351,7 +262,9 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
     def enum(kind: str, names: list[str]) -> _Enum:
         return _Enum(kind, names, allowed.get(kind, set()), state.version)
 
-    flag_names = sorted(set(_API_82["BuilderFlag"]) | stub_members()["BuilderFlag"] - {"Members", "name", "value"})
+    flag_names = sorted(
+        set().union(*(members_for(v).get("BuilderFlag", set()) for v in VERSIONS)) - {"Members", "name", "value"}
+    )
     BuilderFlag = enum("BuilderFlag", flag_names)
     CreationFlag = enum("NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED", "EXPLICIT_PRECISION"])
     MemoryPoolType = enum("MemoryPoolType", ["WORKSPACE", "DLA_MANAGED_SRAM", "DLA_LOCAL_DRAM", "DLA_GLOBAL_DRAM"])
@@ -402,7 +315,6 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             self.name = name
             self._outputs = outputs
             self._failures = failures
-            self.precision = dtypes["float32"]
 
         @property
         def num_outputs(self) -> int:
@@ -487,6 +399,7 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             self._workspace = None
             self._calibrator = None
             self._cache = None
+            self._calib_profile = None
             state.configs.append(self)
 
         def set_flag(self, flag: Any) -> None:
@@ -505,6 +418,11 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
         def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
             self._profiles.append(profile)
             return len(self._profiles) - 1
+
+        def set_calibration_profile(self, profile: IOptimizationProfile) -> bool:
+            assert profile in self._profiles, "the calibration profile must be one added to the config"
+            self._calib_profile = profile
+            return True
 
         def create_timing_cache(self, data: bytes) -> ITimingCache:
             return ITimingCache(data)
@@ -545,6 +463,11 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
                 for msg in network._failures:
                     log(self._logger, "ERROR", msg)
                 return None
+            dynamic = any(lo != hi for p in config._profiles for lo, _, hi in p._shapes.values())
+            if "INT8" in config._flags and config._calibrator is not None and dynamic and major < 10:
+                if config._calib_profile is None:  # NvInfer.h 8.x: required with runtime dimensions
+                    log(self._logger, "ERROR", "Calibration profile must be set for networks with dynamic shapes")
+                    return None
             if "INT8" in config._flags and config._calibrator is not None:
                 cache = bytes(config._calibrator.read_calibration_cache() or b"")
                 want = f"TRT-{_version_code(state.version)}-"
@@ -567,23 +490,47 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             self._engine = engine
             self._shapes: dict[str, tuple[int, ...]] = {}
             self._addresses: dict[str, int] = {}
+            self._shape_values_set: dict[str, list[int]] = {}
 
         def _out_shapes(self) -> dict[str, tuple[int, ...]]:
             e = self._engine
-            feeds = {n: np.zeros(self._shapes[n], dtype=e._ort_in_types[n]) for n in e._inputs}
+            feeds = {n: np.zeros(self._shape(n), dtype=e._ort_in_types[n]) for n in e._inputs}
+            for n in state.shape_inputs & set(e._inputs):
+                feeds[n] = self._shape_values(n, self._addresses).astype(e._ort_in_types[n])
             return {n: tuple(a.shape) for n, a in zip(e._outputs, e._session.run(e._outputs, feeds))}
 
         def _run(self, addresses: dict[str, int]) -> bool:
             e = self._engine
             feeds = {}
             for n in e._inputs:
-                host = state.cuda.read(addresses[n], np_of[e._dtypes[n].name], self._shapes[n])
+                if n in state.shape_inputs:
+                    feeds[n] = self._shape_values(n, addresses).astype(e._ort_in_types[n])
+                    continue
+                host = state.cuda.read(addresses[n], np_of[e._dtypes[n].name], self._shape(n))
                 feeds[n] = host.astype(e._ort_in_types[n])
             for n, arr in zip(e._outputs, e._session.run(e._outputs, feeds)):
                 state.cuda.write(addresses[n], arr.astype(np_of[e._dtypes[n].name]))
             return True
 
+        def _shape(self, name: str) -> tuple[int, ...]:
+            return self._shapes.get(name, self._engine._declared[name])
+
+        def _shape_values(self, name: str, addresses: dict[str, int]) -> np.ndarray:
+            """A shape tensor's values: set_shape_input's (bindings API) or read from its host address."""
+            if name in self._shape_values_set:
+                return np.array(self._shape_values_set[name]).reshape(self._shape(name))
+            ptr = addresses[name]
+            assert ptr not in state.cuda.memory, f"shape tensor {name!r} given a device address (must be host)"
+            dtype = np_of[self._engine._dtypes[name].name]
+            count = int(np.prod(self._shape(name)))
+            return np.frombuffer((ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(ptr), dtype).copy()
+
         # bindings API (TensorRT < 10)
+        def set_shape_input(self, index: int, values: Any) -> bool:
+            assert isinstance(values, list) and all(isinstance(v, int) for v in values)
+            self._shape_values_set[self._engine._names[index]] = list(values)
+            return True
+
         def set_binding_shape(self, index: int, shape: Any) -> bool:
             self._shapes[self._engine._names[index]] = tuple(shape)
             return True
@@ -596,7 +543,8 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
 
         @property
         def all_binding_shapes_specified(self) -> bool:
-            return all(n in self._shapes for n in self._engine._inputs)
+            e = self._engine
+            return all(n in self._shapes or -1 not in e._declared[n] for n in e._inputs)
 
         def execute_v2(self, bindings: list[int]) -> bool:
             assert isinstance(bindings, list) and all(isinstance(b, int) for b in bindings)
@@ -613,7 +561,7 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             return Dims(self._out_shapes()[name])
 
         def set_tensor_address(self, name: str, ptr: int) -> bool:
-            assert isinstance(ptr, int) and ptr in state.cuda.memory
+            assert isinstance(ptr, int) and (ptr in state.cuda.memory or name in state.shape_inputs)
             self._addresses[name] = ptr
             return True
 
@@ -655,6 +603,12 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
         def get_binding_shape(self, index: int) -> Dims:
             return Dims(self._declared.get(self._names[index], ()))
 
+        def is_shape_binding(self, index: int) -> bool:
+            return self._names[index] in state.shape_inputs
+
+        def is_shape_inference_io(self, name: str) -> bool:
+            return name in state.shape_inputs
+
         def get_binding_dtype(self, index: int) -> Any:
             return self._dtypes[self._names[index]]
 
@@ -686,6 +640,10 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             return ICudaEngine(onnx_bytes)
 
     def nptype(dtype: Any) -> Any:
+        if major < 10:
+            # TensorRT 8.2.1 / 8.5.2's tensorrt/__init__.py builds {bool: np.bool} on every call; np.bool is
+            # gone in numpy 1.24 - 1.26, the numpy pip gives a JetPack 5 Python 3.8: every call fails there
+            raise AttributeError("module 'numpy' has no attribute 'bool'")
         return np_of[dtype.name]
 
     def volume(shape: Any) -> int:

@@ -95,6 +95,10 @@ TABLES: list[dict[str, Any]] = [
         "md": "trt-10.15.md",
         "source": {"ref": "main (file revision whose header reads 'TensorRT 10.15')", "commit": None},
         "derived_from": "operators.md of TensorRT 10.15 minus the operators the 10.14 / 10.15 GA changelog entries add",
+        # 10.15's operators.md reads opset 24; no operators.md of 10.13 was available, so the ceiling is the
+        # last one documented at or below 10.13 (10.9: opset 22), the desktop profile's max_opset
+        "opset": [9, 22],
+        "opset_source": "onnx-tensorrt operators.md of TensorRT 10.9 (opset 22); 10.15's (opset 24) is newer",
         "drop_restrictions": {},
         "unsupported_ops": {
             "Attention": "added in TensorRT 10.14 (changelog)",
@@ -119,9 +123,11 @@ _HEADER = re.compile(
     r"\s+to opset\s+(\d+))",
     re.IGNORECASE,
 )
+# one or several backquoted inputs ("`window` must be an initializer", "`frame_step` and `window` must be ...",
+# "Inputs `a`, `b`, and `c` must be initializers") followed by a constant-ness requirement
 _STATIC = re.compile(
-    r"`(\w+)`\s+(?:input\s+)?must be "
-    r"(?:an initializer|an initailizer|a build-time constant|a constant tensor|resolvable to a constant)"
+    r"((?:`\w+`(?:,?\s+(?:and|or)\s+(?:[a-z]+\s+)?|\s*,\s*)?)+)\s*(?:inputs?\s+)?(?:must|should) be "
+    r"(?:an?\s+)?(?:initializers?|initailizers?|build-time constants?|constant tensors?|resolvable to a constant)"
 )
 _ATTR_INT = re.compile(r"`(\w+)`\s+(?:attribute\s+)?must be (-?\d+)\b")
 _ATTR_LIST = {
@@ -167,7 +173,7 @@ def parse_operators_md(text: str) -> dict[str, Any]:
 def rules_from_restrictions(text: str) -> dict[str, Any]:
     """Machine-checkable parts of a restriction: inputs that must be constant, attribute values allowed."""
     rules: dict[str, Any] = {}
-    static = sorted(set(_STATIC.findall(text)))
+    static = sorted({name for names in _STATIC.findall(text) for name in re.findall(r"`(\w+)`", names)})
     if static:
         rules["static_inputs"] = static
     attrs: dict[str, list[Any]] = {}
@@ -218,9 +224,23 @@ def build_table(spec: dict[str, Any], src: Path) -> dict[str, Any]:
         "supported": supported,
         "unsupported": unsupported,
     }
+    if "opset" in spec:
+        table["opset"], table["opset_source"] = list(spec["opset"]), spec["opset_source"]
     if "derived_from" in spec:
         table["derived_from"] = spec["derived_from"]
         table["changelog"] = {"repo": REPO, **CHANGELOG}
+    return table
+
+
+def rederive(table: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """An existing table with its constant-input rules read again from each row's restriction text and the
+    spec's opset ceiling applied (so a parser fix reaches the tables without the operators.md copies)."""
+    for entry in table["supported"].values():  # attribute values stay as the importer corrected them
+        static = rules_from_restrictions(entry.get("restrictions", "")).get("static_inputs")
+        if static:
+            entry["static_inputs"] = static
+    if "opset" in spec:
+        table["opset"], table["opset_source"] = list(spec["opset"]), spec["opset_source"]
     return table
 
 
@@ -311,7 +331,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in TABLES:
         path = args.out / f"{spec['id']}.json"
-        table = build_table(spec, args.src) if args.src else json.loads(path.read_text(encoding="utf-8"))
+        table = (
+            build_table(spec, args.src) if args.src else rederive(json.loads(path.read_text(encoding="utf-8")), spec)
+        )
         if args.importers:
             source = (args.importers / spec["importer"]["file"]).read_text(encoding="utf-8", errors="replace")
             table = apply_importer(table, spec, importer_view(spec, source))

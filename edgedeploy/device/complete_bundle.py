@@ -468,6 +468,18 @@ class OrtRunner:
         return None
 
 
+# What the TensorRT bindings, the CUDA driver calls (trt_runner.CudaError is a RuntimeError) and the
+# device's numpy raise when an engine cannot be opened or run: TensorRT's own errors are RuntimeError or
+# TypeError (pybind11), a binding a release lacks is AttributeError (e.g. TensorRT 8.x's trt.nptype on
+# numpy 1.24 - 1.26), a shape outside the profile ValueError, a missing input KeyError.
+RUNNER_FAILURES = (RuntimeError, TypeError, ValueError, KeyError, AttributeError, MemoryError, OSError)
+RUNNER_HINT = "run again with --verbose for TensorRT's messages, and check the device's TensorRT and numpy versions"
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+
+
 class TrtRunner:
     """The engine, deserialized and run.
 
@@ -495,14 +507,17 @@ class TrtRunner:
             runner = sibling("trt_runner")
             try:
                 self.session = runner.open_session(engine_bytes)
-            except (runner.CudaError, RuntimeError) as exc:
-                raise BuildFailed(f"cannot run the engine: {exc}") from None
+            except RUNNER_FAILURES as exc:
+                raise BuildFailed(f"cannot run the engine: {_one_line(exc)}", hint=RUNNER_HINT) from None
             self.label = f"tensorrt ({self.session.api})"
         self.dtypes = self.session.input_dtypes()
 
     def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
         cast = {k: v.astype(self.dtypes.get(k, v.dtype)) for k, v in feeds.items()}
-        return self.session.infer(cast)
+        try:
+            return self.session.infer(cast)
+        except RUNNER_FAILURES as exc:
+            raise BuildFailed(f"running the engine failed ({self.label}): {_one_line(exc)}", hint=RUNNER_HINT) from None
 
     def close(self) -> None:
         self.session.close()

@@ -155,6 +155,40 @@ class _Buffers:
         self.ptrs = {}
 
 
+# TensorRT DataType attribute of the tensorrt module -> numpy type name. Not ``trt.nptype``: in TensorRT
+# 8.2.1 / 8.5.2 it builds ``{bool: np.bool}`` on every call, and ``np.bool`` is gone in numpy 1.24 - 1.26
+# (the numpy pip installs on a JetPack 5 Xavier's Python 3.8), so every call raises AttributeError there.
+NUMPY_OF_TRT = (
+    ("float32", "float32"),
+    ("float16", "float16"),
+    ("int8", "int8"),
+    ("int32", "int32"),
+    ("bool", "bool_"),
+    ("uint8", "uint8"),
+    ("int64", "int64"),
+)
+
+
+def numpy_dtypes(trt: Any, np: Any) -> Dict[Any, Any]:
+    """TensorRT DataType -> numpy dtype, for the types this TensorRT module has."""
+    out = {}
+    for trt_name, np_name in NUMPY_OF_TRT:
+        if hasattr(trt, trt_name):
+            out[getattr(trt, trt_name)] = np.dtype(getattr(np, np_name))
+    return out
+
+
+def numpy_dtype(mapping: Dict[Any, Any], trt_dtype: Any, tensor: str) -> Any:
+    """The numpy dtype of ``tensor``'s TensorRT type.
+
+    Raises:
+        TypeError: a TensorRT type with no numpy equivalent here (e.g. BF16, FP8, INT4).
+    """
+    if trt_dtype in mapping:
+        return mapping[trt_dtype]
+    raise TypeError(f"engine tensor {tensor!r} has TensorRT type {trt_dtype}, which has no numpy type here")
+
+
 class _Session:
     """Shared parts: deserialize, own the CUDA driver and buffers."""
 
@@ -165,6 +199,7 @@ class _Session:
 
         self.np = np
         self.trt = trt
+        self.np_of = numpy_dtypes(trt, np)
         self.cuda = cuda if cuda is not None else CudaDriver()
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
@@ -195,7 +230,8 @@ class BindingsSession(_Session):
         n = self.engine.num_bindings
         self.names = [self.engine.get_binding_name(i) for i in range(n)]
         self.is_input = [bool(self.engine.binding_is_input(i)) for i in range(n)]
-        self.dtypes = [self.np.dtype(trt.nptype(self.engine.get_binding_dtype(i))) for i in range(n)]
+        self.is_shape = [self.is_input[i] and bool(self.engine.is_shape_binding(i)) for i in range(n)]
+        self.dtypes = [numpy_dtype(self.np_of, self.engine.get_binding_dtype(i), self.names[i]) for i in range(n)]
 
     def input_dtypes(self) -> Dict[str, Any]:
         return {self.names[i]: self.dtypes[i] for i in range(len(self.names)) if self.is_input[i]}
@@ -214,6 +250,9 @@ class BindingsSession(_Session):
             if -1 in tuple(self.engine.get_binding_shape(index)):
                 if not self.context.set_binding_shape(index, tuple(host.shape)):
                     raise ValueError(f"input {name!r} shape {list(host.shape)} is outside the engine's profile")
+            if self.is_shape[i]:  # a shape tensor's values are given on the host before execution
+                if not self.context.set_shape_input(index, [int(v) for v in host.reshape(-1)]):
+                    raise ValueError(f"shape input {name!r} values {host.reshape(-1).tolist()} are outside the profile")
             bindings[i] = self.buffers.get(name, host.nbytes)
             self.cuda.to_device(bindings[i], host)
         if not self.context.all_binding_shapes_specified:
@@ -243,7 +282,12 @@ class TensorSession(_Session):
         n = self.engine.num_io_tensors
         self.names = [self.engine.get_tensor_name(i) for i in range(n)]
         self.is_input = [self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT for name in self.names]
-        self.dtypes = [self.np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))) for name in self.names]
+        # shape-tensor inputs are read by TensorRT on the host: their address must be host memory (8.5+)
+        self.is_shape = [
+            self.is_input[i] and bool(self.engine.is_shape_inference_io(n)) for i, n in enumerate(self.names)
+        ]
+        self._host = {}  # type: Dict[str, Any]
+        self.dtypes = [numpy_dtype(self.np_of, self.engine.get_tensor_dtype(name), name) for name in self.names]
         self.stream_handle = self.cuda.stream()
 
     def input_dtypes(self) -> Dict[str, Any]:
@@ -260,6 +304,10 @@ class TensorSession(_Session):
             host = np.ascontiguousarray(feeds[name], dtype=self.dtypes[i])
             if not self.context.set_input_shape(name, tuple(host.shape)):
                 raise ValueError(f"input {name!r} shape {list(host.shape)} is outside the engine's profile")
+            if self.is_shape[i]:
+                self._host[name] = host  # kept alive until the next run: TensorRT holds its address
+                self.context.set_tensor_address(name, int(host.ctypes.data))
+                continue
             ptr = self.buffers.get(name, host.nbytes)
             self.cuda.to_device(ptr, host)
             self.context.set_tensor_address(name, ptr)

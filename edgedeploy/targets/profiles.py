@@ -180,7 +180,7 @@ _DESKTOP = dataclasses.replace(
     sm="",  # any desktop GPU; the engine records the SM it was built on
     max_opset=22,  # conservative: 10.9+ parses opset 22 (later 10.x go higher)
     workspace_mib=4096,
-    device_python="3.10",
+    device_python="3.12",  # the desktop image (NGC TensorRT 25.08, Ubuntu 24.04) runs the device step
     implicit_int8=True,  # deprecated in 10.x (explicit Q/DQ preferred) but still available
 )
 _DESKTOP_TRT11 = dataclasses.replace(

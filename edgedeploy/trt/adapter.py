@@ -292,11 +292,17 @@ def build_serialized_engine(
                 config.int8_calibrator = _cache_calibrator(cache_bytes)
         if fp32_layers and _pin_fp32(network, fp32_layers, warn or say):
             config.set_flag(_builder_flag("OBEY_PRECISION_CONSTRAINTS"))
+    calib_profile = None
     for shapes in profiles:
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
             profile.set_shape(name, trt.Dims(list(lo)), trt.Dims(list(opt)), trt.Dims(list(hi)))
         config.add_optimization_profile(profile)
+        calib_profile = calib_profile or profile
+    if calib_profile is not None and major < 10 and calib_cache and precision == "int8" and not strongly_typed:
+        # NvInfer.h (8.x): the calibration profile must be set when INT8 calibration runs on a network
+        # with runtime dimensions (as polygraphy does: the first profile); its opt shapes are used
+        config.set_calibration_profile(calib_profile)
     if dla_core is not None:
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = int(dla_core)

@@ -83,27 +83,51 @@ def build_with_torch_tensorrt(model: Any, plan: BuildPlan) -> Any:
         raise StageError("build", f"Torch-TensorRT compile failed: {' '.join(str(exc).split())[:300]}") from None
 
 
-def build_with_torch2trt(model: Any, plan: BuildPlan, example: list[Any]) -> Any:
-    """Convert ``model`` with torch2trt at the plan's max shapes; returns the TRTModule.
+def torch2trt_settings(plan: BuildPlan) -> dict[str, Any]:
+    """Keyword arguments for ``torch2trt.torch2trt`` equivalent to ``plan`` (plain data; the DLA device
+    type is named, ``"DLA"``, and turned into ``trt.DeviceType.DLA`` where TensorRT is imported).
+
+    torch2trt (master since 2024-05, TensorRT 10 support) builds with ``build_serialized_network`` on
+    TensorRT >= 10 and ``build_engine`` before; it applies ``max_workspace_size`` only before 10 (on 10
+    the workspace is TensorRT's default: the whole device memory). DLA it supports with static shapes
+    (``default_device_type``, ``dla_core``, ``gpu_fallback``), which a DLA plan has.
 
     Raises:
-        StageError: torch2trt is not installed, or the plan needs what torch2trt cannot do
-            (INT8: it would calibrate on the example input alone; DLA).
+        StageError: INT8, which torch2trt would calibrate on the example input alone.
     """
-    if plan.precision == "int8" or plan.dla_core is not None:
+    if plan.precision == "int8":
         raise StageError(
             "build",
-            "torch2trt would calibrate INT8 on the example input alone and cannot target DLA",
-            hint="use the ONNX route (complete_bundle.py) for INT8 and DLA",
+            "torch2trt would calibrate INT8 on the example input alone (it cannot replay the bundle's "
+            "calibration cache or read a Q/DQ model)",
+            hint="use the ONNX route (complete_bundle.py) for INT8",
         )
+    settings: dict[str, Any] = {
+        "fp16_mode": plan.precision == "fp16",
+        "max_workspace_size": plan.workspace_mib << 20,
+        "min_shapes": [tuple(i.min) for i in plan.inputs],
+        "opt_shapes": [tuple(i.opt) for i in plan.inputs],
+        "max_shapes": [tuple(i.max) for i in plan.inputs],
+    }
+    if plan.dla_core is not None:
+        settings.update(default_device_type="DLA", dla_core=int(plan.dla_core), gpu_fallback=bool(plan.gpu_fallback))
+    return settings
+
+
+def build_with_torch2trt(model: Any, plan: BuildPlan, example: list[Any]) -> Any:
+    """Convert ``model`` with torch2trt at the plan's min / opt / max shapes; returns the TRTModule.
+
+    Raises:
+        StageError: torch2trt is not installed, the plan needs what torch2trt cannot do (INT8), or
+            the conversion failed.
+    """
+    settings = torch2trt_settings(plan)
     t2t = _require("torch2trt", "torch2trt (from github.com/NVIDIA-AI-IOT/torch2trt)")
+    if settings.get("default_device_type") == "DLA":
+        import tensorrt as trt
+
+        settings["default_device_type"] = trt.DeviceType.DLA
     try:
-        return t2t.torch2trt(
-            model,
-            example,
-            fp16_mode=plan.precision == "fp16",
-            max_workspace_size=plan.workspace_mib << 20,
-            max_batch_size=max(i.max[0] for i in plan.inputs),
-        )
+        return t2t.torch2trt(model, example, **settings)
     except Exception as exc:  # torch2trt raises untyped errors
         raise StageError("build", f"torch2trt conversion failed: {' '.join(str(exc).split())[:300]}") from None

@@ -1,10 +1,12 @@
 """The ``trtexec`` command line equivalent to a build plan, for the plan's TensorRT version.
 
-Flag spellings follow NVIDIA's trtexec migration guides: ``--workspace=N`` up to 8.3 and
-``--memPoolSize=workspace:N`` (MiB) from 8.4 (``--workspace`` is gone in 10); precision flags
-(``--fp16``, ``--int8``, ``--calib``) and ``--stronglyTyped`` do not exist in 11, where every
-network is strongly typed; ``--builderOptimizationLevel`` from 8.6; ``--layerPrecisions`` /
-``--layerOutputTypes`` / ``--precisionConstraints`` from 8.4.
+Flag spellings follow NVIDIA's trtexec migration guides and each release's ``trtexec.cpp`` /
+``sampleOptions.cpp``: ``--workspace=N`` up to 8.3 and ``--memPoolSize=workspace:N`` (MiB) from 8.4
+(``--workspace`` is gone in 10); the precision flags (``--fp16``, ``--int8``, ``--calib``) do not
+exist in 11, and ``--stronglyTyped`` is accepted there as a no-op (every network is strongly typed),
+so the 11 line leaves it out; ``--builderOptimizationLevel`` from 8.6; ``--precisionConstraints``
+exists in 8.2.1 already, but ``--layerPrecisions`` / ``--layerOutputTypes`` (the per-layer pins it
+obeys) come with 8.4, so an 8.2 line cannot pin layers and says so.
 """
 
 from __future__ import annotations

@@ -1,0 +1,387 @@
+"""``deploy device run`` against a real OpenSSH server started here on 127.0.0.1.
+
+The server (the distribution's ``/usr/sbin/sshd``; ``.ci/apt-packages.txt`` lists openssh-server) gets a
+generated host key, an authorized_keys file with a generated client key, password and keyboard-interactive
+login off; the client trusts only a known_hosts file written here. The "device" is this machine: its Python
+(this venv, which has onnxruntime) runs the bundle's ``complete_bundle.py -I`` with ``--runner onnxruntime``,
+so transport, result checks, the report merge and the gate are real, and TensorRT's numerics stay "skipped".
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TOML, write_tiny_project
+
+from edgedeploy.cli import main
+from edgedeploy.errors import (
+    ArtifactIntegrityError,
+    DeviceTimeoutError,
+    DeviceTrustError,
+    DeviceUnreachableError,
+    ParityError,
+)
+from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.validate.gate import run_gate
+
+SSHD = Path("/usr/sbin/sshd")
+pytestmark = [
+    pytest.mark.skipif(not SSHD.is_file(), reason="no /usr/sbin/sshd (install openssh-server: .ci/apt-packages.txt)"),
+    pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen (openssh-client)"),
+    pytest.mark.xdist_group("test_device_remote"),
+]
+paramiko = pytest.importorskip("paramiko", reason="deploy device run needs paramiko (edgedeploy[device])")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+class Sshd:
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.user = getpass.getuser()
+        self.port = _free_port()
+        host_pub = _keygen(folder / "host_key")
+        self.identity = folder / "client_key"
+        (folder / "authorized_keys").write_text(_keygen(self.identity) + "\n")
+        self.known_hosts = folder / "known_hosts"
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {' '.join(host_pub.split()[:2])}\n")
+        config = folder / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {folder / 'host_key'}",
+                    f"PidFile {folder / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {folder / 'authorized_keys'}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin prohibit-password",
+                    f"AllowUsers {self.user}",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel ERROR",
+                    "",
+                ]
+            )
+        )
+        if os.geteuid() == 0:
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+        self.proc = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.skip(f"sshd did not start here: {self.proc.stdout.read()[-500:] if self.proc.stdout else ''}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        self.stop()
+        pytest.skip("sshd did not listen within 15 s")
+
+    def host(self, key: str = "") -> str:
+        return f"{key + '=' if key else ''}{self.user}@127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two TensorRT targets' bundle builds of the tiny model (jetson-orin and desktop)."""
+    from edgedeploy.api import build
+
+    folder = tmp_path_factory.mktemp("device-project")
+    name = f"tinynet_{uuid.uuid4().hex[:8]}"
+    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
+    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    outs = {}
+    for target in ("jetson-orin", "desktop"):
+        result = build(cfg, log=lambda line: None, build__target=target, build__out=str(folder / "out" / target))
+        outs[target] = result.out
+    return outs
+
+
+@pytest.fixture
+def outs(built, tmp_path):
+    """Private copies of the built output folders: ``orin`` and ``desktop``."""
+    copies = {}
+    for key, target in (("orin", "jetson-orin"), ("desktop", "desktop")):
+        copies[key] = tmp_path / "out" / key
+        shutil.copytree(built[target], copies[key], ignore=shutil.ignore_patterns(".cache"))
+    return copies
+
+
+def device_run(sshd: Sshd, outs: list[Path], hosts: list[str], *extra: str, python: str = sys.executable) -> int:
+    argv = ["device", "run", *map(str, outs)]
+    for h in hosts:
+        argv += ["--host", h]
+    argv += ["--known-hosts", str(sshd.known_hosts), "--identity", str(sshd.identity), "--python", python]
+    argv += ["--runner", "onnxruntime", "--connect-timeout", "10", *extra]
+    return main(argv)
+
+
+def _errors(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("deploy device:")]
+
+
+def _fits_schema(report: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "report.schema.json").read_text())
+    jsonschema.validate(report, schema)
+
+
+def _wrapper(folder: Path, body: str) -> str:
+    """A stand-in device Python: a shell script that runs ``body`` around the real interpreter."""
+    path = folder / f"python-{uuid.uuid4().hex[:6]}"
+    path.write_text(f"#!/bin/sh\nREAL={sys.executable}\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_orin_bundle_completes_over_ssh_and_the_gate_judges_the_device_rows(sshd, outs, capsys, tmp_path):
+    out = outs["orin"]
+    assert device_run(sshd, [out], [sshd.host("orin")]) == 0
+    stdout = capsys.readouterr().out
+    assert f"[jetson-orin {sshd.user}@127.0.0.1:{sshd.port}] bundle verified" in stdout  # streamed from the device
+    assert "runner: onnxruntime (stand-in: no engine built)" in stdout
+    report = json.loads((out / "report.json").read_text())
+    cands = {c["name"]: c for c in report["parity"]["candidates"]}
+    stand_in = cands["onnxruntime@device"]
+    assert stand_in["status"] == "passed" and stand_in["checks"] and not stand_in["deploy"]
+    assert stand_in["device"]["host"] == f"{sshd.user}@127.0.0.1:{sshd.port}"
+    assert cands["tensorrt"]["status"] == "skipped" and "no engine built" in cands["tensorrt"]["reason"]
+    assert report["parity"]["status"] == "skipped"  # nothing is claimed about an engine that was not built
+    assert report["latency"]["status"] == "skipped"
+    assert "bundle/validation.json" in verify_artifacts(out)  # listed in the manifest, hash verified
+    _fits_schema(report)
+    result = run_gate(out)
+    judged = {c.id for c in result.checks}
+    assert result.passed and "parity:onnxruntime@device:logits" in judged, [c.line() for c in result.checks]
+    assert {"integrity", "binding"} <= judged
+    policy = tmp_path / "engine.toml"
+    policy.write_text('[gate]\nrequired_backends = ["tensorrt"]\n')
+    assert main(["gate", str(out), "--policy", str(policy)]) == ParityError.exit_code  # no engine yet: refused
+
+
+def test_a_device_that_disagrees_with_the_goldens_fails_the_command_and_the_gate(sshd, outs, capsys):
+    """Its rows are merged as failed (the report says where), the command and the gate exit 7."""
+    out = outs["orin"]
+    # a device whose runtime adds 0.5 to every output (the bundle itself verifies: the runtime is wrong)
+    noisy = (
+        'shift; exec "$REAL" -I -c "import runpy, sys, onnxruntime as o; run = o.InferenceSession.run; '
+        "o.InferenceSession.run = lambda s, *a, **k: [x + 0.5 for x in run(s, *a, **k)]; "
+        'sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name=\'__main__\')" "$@"'
+    )
+    assert device_run(sshd, [out], [sshd.host("orin")], python=_wrapper(out.parent, noisy)) == 7
+    (line,) = _errors(capsys)
+    assert "parity failure" in line
+    report = json.loads((out / "report.json").read_text())
+    assert report["parity"]["status"] == "failed"
+    _fits_schema(report)
+    assert main(["gate", str(out)]) == ParityError.exit_code
+
+
+def test_a_bundle_changed_here_is_refused_before_anything_is_copied(sshd, outs, capsys):
+    bundle = outs["orin"] / "bundle"
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["validation"]["tolerance"] = {"atol": 1.0, "rtol": 1.0}  # looser than the build wrote
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")]) == ArtifactIntegrityError.exit_code
+    (line,) = _errors(capsys)
+    assert "bundle/bundle.json sha256 differs from manifest" in line
+
+
+def test_a_forged_result_is_refused_and_nothing_is_merged(sshd, outs, capsys):
+    out = outs["orin"]
+    before = (out / "report.json").read_bytes()
+    # the device step runs, then its validation.json loses all rows but one (still "passed")
+    forge = (
+        '"$REAL" "$@"; code=$?; "$REAL" -c "import json; d = json.load(open(\'validation.json\')); '
+        "d['checks'] = d['checks'][:1]; json.dump(d, open('validation.json', 'w'))\"; exit $code"
+    )
+    code = device_run(sshd, [out], [sshd.host("orin")], python=_wrapper(out.parent, forge))
+    assert code == ArtifactIntegrityError.exit_code == 9
+    (line,) = _errors(capsys)
+    assert "does not match the bundle" in line and "golden checks missing" in line
+    assert (out / "report.json").read_bytes() == before and not (out / "bundle" / "validation.json").exists()
+
+
+def test_a_row_marked_passed_against_its_own_figures_is_refused(sshd, outs, capsys):
+    out = outs["orin"]
+    forge = (
+        '"$REAL" "$@"; code=$?; "$REAL" -c "import json; d = json.load(open(\'validation.json\')); '
+        "d['checks'][0]['max_abs'] = 0.5; json.dump(d, open('validation.json', 'w'))\"; exit $code"
+    )
+    assert device_run(sshd, [out], [sshd.host("orin")], python=_wrapper(out.parent, forge)) == 9
+    (line,) = _errors(capsys)
+    assert "exceeds atol + rtol" in line
+
+
+def test_a_wrong_host_key_is_refused_before_anything_is_sent(sshd, outs, capsys, tmp_path):
+    other = _keygen(tmp_path / "impostor")
+    sshd_known = sshd.known_hosts.read_text()
+    sshd.known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {' '.join(other.split()[:2])}\n")
+    try:
+        assert device_run(sshd, [outs["orin"]], [sshd.host("orin")]) == DeviceTrustError.exit_code == 11
+        (line,) = _errors(capsys)
+        assert "differs from the one known_hosts" in line and "fix:" in line
+        sshd.known_hosts.write_text("")  # unknown host: never added, never accepted
+        assert device_run(sshd, [outs["orin"]], [sshd.host("orin")]) == 11
+        (line,) = _errors(capsys)
+        assert "not in" in line and "unknown host" in line
+        assert sshd.known_hosts.read_text() == ""
+    finally:
+        sshd.known_hosts.write_text(sshd_known)
+
+
+def test_a_dead_host_is_one_line_and_its_own_code(sshd, outs, capsys):
+    dead = f"orin={sshd.user}@127.0.0.1:{_free_port()}"
+    assert device_run(sshd, [outs["orin"]], [dead]) == DeviceUnreachableError.exit_code == 12
+    (line,) = _errors(capsys)
+    assert "device unreachable" in line and "cannot connect" in line
+
+
+def test_a_device_step_past_its_time_limit_is_stopped(sshd, outs, capsys):
+    slow = _wrapper(outs["orin"].parent, 'sleep 30; exec "$REAL" "$@"')
+    t0 = time.monotonic()
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], "--timeout", "2", python=slow) == 13
+    assert time.monotonic() - t0 < 25
+    assert DeviceTimeoutError.exit_code == 13
+    (line,) = _errors(capsys)
+    assert "ran past 2s" in line
+
+
+def test_two_hosts_complete_two_targets_in_one_command_and_a_failing_one_leaves_the_other(sshd, outs, capsys):
+    hosts = [sshd.host("jetson-orin"), sshd.host("desktop")]  # the same sshd twice: two "devices"
+    assert device_run(sshd, [outs["orin"], outs["desktop"]], hosts) == 0
+    for key in ("orin", "desktop"):
+        report = json.loads((outs[key] / "report.json").read_text())
+        assert {c["name"]: c["status"] for c in report["parity"]["candidates"]}["onnxruntime@device"] == "passed"
+        assert run_gate(outs[key]).passed
+    out = capsys.readouterr().out
+    assert "[jetson-orin " in out and "[desktop " in out
+
+    desktop_before = (outs["desktop"] / "report.json").read_bytes()
+    dead = f"desktop={sshd.user}@127.0.0.1:{_free_port()}"
+    shutil.rmtree(outs["orin"] / "bundle" / "validation.json", ignore_errors=True)
+    assert device_run(sshd, [outs["orin"], outs["desktop"]], [sshd.host("orin"), dead]) == 12
+    (line,) = _errors(capsys)
+    assert line.startswith("deploy device: [desktop ")
+    assert (outs["desktop"] / "report.json").read_bytes() == desktop_before
+    assert run_gate(outs["orin"]).passed and run_gate(outs["desktop"]).passed
+
+
+def test_the_device_steps_own_failure_keeps_its_code_and_line(sshd, outs, capsys):
+    """complete_bundle.py's exit codes are edgedeploy's: the host reports the device's line with that code."""
+    failing = _wrapper(
+        outs["orin"].parent,
+        'echo "complete_bundle: stage failed: cannot run the engine: RuntimeError: no CUDA device" >&2; exit 6',
+    )
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], python=failing) == 6
+    (line,) = _errors(capsys)
+    assert line.endswith(
+        "cannot run the engine: RuntimeError: no CUDA device (exit 6) -- fix: see the device's output above"
+    )
+    assert "stage failed: [device]" in line and line.count("stage failed") == 1
+    assert device_run(sshd, [outs["orin"]], [sshd.host("orin")], python="/nonexistent/python3") == 3
+    (line,) = _errors(capsys)
+    assert "cannot run /nonexistent/python3 there" in line and "--python" in line
+
+
+def test_a_tensorrt_result_merges_as_the_deployed_engine_and_fits_the_report_schema(outs, tmp_path):
+    """The merge of an engine's result (no sshd needed): candidate ``tensorrt``, its latency row, the schema."""
+    import hashlib
+
+    from edgedeploy.device import complete_bundle as device
+    from edgedeploy.pipeline.device_report import merge_device_outcome
+    from edgedeploy.remote.hosts import parse_host
+    from edgedeploy.remote.results import check_device_results
+    from edgedeploy.remote.step import DeviceOutcome
+
+    out = outs["orin"]
+    bundle = out / "bundle"
+    staging = tmp_path / "staging"
+    shutil.copytree(bundle, staging)
+    assert device.main([str(staging), "--runner", "onnxruntime"], log=lambda line: None) == 0
+    plan = json.loads((bundle / "plan.json").read_text())
+    files = json.loads((bundle / "bundle.json").read_text())["files"]
+    engine_bytes = b"an engine as the device built it"
+    (staging / "model.engine").write_bytes(engine_bytes)
+    record = {
+        "schema": "edgedeploy-engine/1",
+        "engine": "model.engine",
+        "engine_sha256": hashlib.sha256(engine_bytes).hexdigest(),
+        "source_onnx_sha256": files[plan["onnx"]],
+        "target": plan["target"],
+        "precision": plan["precision"],
+        "tensorrt": "10.3.0.30",
+        "gpu": {"name": "Orin", "sm": "8.7"},
+    }
+    (staging / "engine.json").write_text(json.dumps(record))
+    validation = json.loads((staging / "validation.json").read_text())
+    latency = {"p50_ms": 2.0, "p90_ms": 2.5, "p99_ms": 3.0, "iters": 20, "shape": {"image": [4, 3, 32, 32]}}
+    validation.update(runner="tensorrt (named tensors (execute_async_v3))", engine=record, latency=latency)
+    (staging / "validation.json").write_text(json.dumps(validation))
+    checked = check_device_results(bundle, staging, runner="tensorrt", host="ci@orin")
+    files_back = ("validation.json", "engine.json", "model.engine")
+    report = merge_device_outcome(
+        out, DeviceOutcome(parse_host("ci@orin"), "tensorrt", staging, files_back, checked, 0, "")
+    )
+    (cand,) = [c for c in report["parity"]["candidates"] if c["name"] == "tensorrt"]
+    assert cand["deploy"] and cand["status"] == "passed" and cand["device"]["gpu"]["sm"] == "8.7"
+    assert report["parity"]["status"] == "passed" and report["latency"]["backends"]["tensorrt"]["throughput"] == 2000.0
+    _fits_schema(report)
+    assert "bundle/model.engine" in verify_artifacts(out)
+    assert run_gate(out).passed
+
+
+def test_a_release_signed_before_the_device_step_is_signed_again_after_it(sshd, outs, capsys, tmp_path):
+    pytest.importorskip("model_signing", reason="signing needs edgedeploy[sign]")
+    out = outs["orin"]
+    key = tmp_path / "release"
+    assert main(["sign", "--generate-key", str(key)]) == 0
+    assert main(["sign", str(out), "--key", f"{key}.key"]) == 0
+    bundle_policy = tmp_path / "bundle-gate.toml"
+    bundle_policy.write_text('[gate]\nrequired_checks = ["integrity"]\n')
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub", "--policy", str(bundle_policy)]) == 0
+    assert device_run(sshd, [out], [sshd.host("orin")]) == 0
+    assert "no longer covers" in capsys.readouterr().out
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub"]) == ArtifactIntegrityError.exit_code
+    assert main(["sign", str(out), "--key", f"{key}.key"]) == 0
+    assert main(["gate", str(out), "--verify-key", f"{key}.pub"]) == 0

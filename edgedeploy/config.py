@@ -178,6 +178,8 @@ class ValidateSection:
     topk: int = 1
     latency_iters: int = field(default=20, metadata=_flag("--latency-iters", "timed runs per backend"))
     latency_warmup: int = 3
+    # goldens.npz size (it travels in device bundles): unset = the larger of 8 MB and twice the model's weights
+    goldens_budget_mb: float | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ DEVICE_CODE = {
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
     "trt_runner.py": _PKG / "device" / "trt_runner.py",
     "parity.py": _PKG / "validate" / "parity.py",
+    "goldens_format.py": _PKG / "device" / "goldens_format.py",
 }
 
 

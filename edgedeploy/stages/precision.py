@@ -202,7 +202,7 @@ def _int8(
     from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
 
     goldens = golden_cases(ctx.path(GOLDENS))
-    real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
+    real_data = [feeds for point, feeds, _, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")

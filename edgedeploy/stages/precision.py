@@ -11,6 +11,7 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 from __future__ import annotations
 
 import dataclasses
+import math
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,7 +101,26 @@ class PrecisionFromOnnx(Stage):
         # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
         (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         result.metrics = plan
+        if ctx.precision == "int8" and _host_kernels(ctx.target.runtime):
+            result.metrics = {**plan, **_speedup(plan.get("latency_onnxruntime_cpu") or {}, warnings)}
         return result
+
+
+def _speedup(latency: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """``speedup_vs_fp32`` of the INT8 model on this CPU (ONNX Runtime, the stage's own timing of both models on
+    the first calibration batch), and one line when INT8 is not faster: it then buys nothing here."""
+    try:
+        fp32, int8 = float(latency["fp32"]["p50_ms"]), float(latency["int8_final"]["p50_ms"])
+    except (KeyError, TypeError, ValueError):
+        return {"speedup_vs_fp32": None}
+    speedup = round(fp32 / max(int8, 1e-9), 3)
+    if speedup <= 1.0:
+        line = (
+            f"INT8 is not faster than FP32 on this CPU: p50 {int8:.3f} ms vs {fp32:.3f} ms (speedup_vs_fp32 "
+            f"{speedup:.2f}); FP32 gives the same speed at full accuracy"
+        )
+        warnings.append(line)  # printed once, as the build's warnings are
+    return {"speedup_vs_fp32": speedup}
 
 
 def _cpu_flags() -> tuple[str, ...]:
@@ -278,7 +298,6 @@ def _int8(
 
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)
     if not result.met:
-        final = result.final
         table = "; ".join(
             f"try {t['try']}: {t['float_nodes']} float nodes"
             + (f" ({t['family']})" if t.get("family") else "")
@@ -286,37 +305,14 @@ def _int8(
             + (f" ({t['vetoed']})" if "vetoed" in t else "")
             for t in result.tries
         )
-        all_float = bool(result.sensitivity) and final.get("float_nodes", 0) >= len(result.sensitivity)
-        hint = (
-            f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay in float"
-            if not all_float
-            else "even with every measured layer in float the target is missed: build in FP16/FP32, or lower "
-            "precision.accuracy_target if this agreement is acceptable"
-        )
-        if "vetoed" in final:
-            hint = (
-                "the INT8 model meets the target on real held-out data but not the goldens' tolerance.int8 "
-                "(the device check): give validate.data with real inputs, or relax [tolerance.int8]"
-            )
+        all_float = bool(result.sensitivity) and result.final.get("float_nodes", 0) >= len(result.sensitivity)
         raise StageError(
             "precision",
             f"INT8 misses {_target_text(ctx, accuracy_target)} on held-out data after "
             f"{len(result.tries) - 1} fallback tries ({table})",
-            hint=hint + resolution,
+            hint=_int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float) + resolution,
         )
-    if result.candidates and not analysis.int8_compute_left(ctx.staging / deploy_model_name("int8")):
-        scores = ", ".join(
-            f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
-            for t in result.tries
-        )
-        raise StageError(
-            "precision",
-            f"INT8 meets {_target_text(ctx, accuracy_target)} only with every Conv/Gemm/MatMul back in "
-            f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
-            f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
-            hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
-            "these tries reach" + resolution,
-        )
+    _refuse_without_int8_compute(ctx, ctx.staging / deploy_model_name("int8"), result, probe, pinned, accuracy_target)
     for why, nodes in (
         ("for accuracy", [n for n in result.excluded if n not in pinned]),
         ("because faster on this CPU (precision.float_when_faster)", list(probe.kept)),
@@ -352,6 +348,76 @@ def _int8(
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool) -> str:
+    """The fixes that would change a failed INT8 search's outcome, from what stopped its tries: a veto by the
+    real-sample goldens (``tolerance.int8``), a score under the held-out target (``accuracy_target``), or too few
+    tries to put more layers in float."""
+    p = ctx.cfg.precision
+    fixes = []
+    if more_tries:
+        fixes.append(f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay float")
+    vetoed = [t for t in tries if "vetoed" in t]
+    if vetoed:
+        key = "min_topk_agreement" if "top-k" in str(vetoed[-1]["vetoed"]) else "min_cosine"
+        fixes.append(
+            f"relax [tolerance.int8] {key} if that real-sample agreement is acceptable (it is what validation and "
+            "the device check judge)"
+        )
+    scored = [float(t["score"]) for t in tries if "vetoed" not in t and t.get("score") is not None]
+    if scored and max(scored) < target:
+        fixes.append(
+            f"lower precision.accuracy_target to {math.floor(max(scored) * 1000) / 1000:g} (the best try's "
+            f"held-out score) if that agreement is acceptable"
+        )
+    fixes.append("build FP32 (or FP16 on a GPU target)")
+    return "; or ".join(fixes)
+
+
+def _refuse_without_int8_compute(
+    ctx: BuildContext, model: Path, result: Any, probe: Any, pinned: dict[str, str], target: float
+) -> None:
+    """Never an INT8 label on a float model: refuse when ``model`` has no INT8 compute left, naming what kept
+    every node float (the accuracy search, the speed probe, ``precision.keep_fp32``).
+
+    Raises:
+        NoInt8ComputeError: no QLinear*/integer op and no compute op reading DequantizeLinear outputs.
+    """
+    from edgedeploy.errors import NoInt8ComputeError
+    from edgedeploy.precision import analysis
+
+    if analysis.int8_compute_left(model):
+        return
+    causes = []
+    listed = [n for n, why in pinned.items() if why == "listed in precision.keep_fp32"]
+    if listed:
+        causes.append(f"{len(listed)} listed in precision.keep_fp32")
+    if probe.kept:
+        causes.append(f"{len(probe.kept)} faster in float on this CPU (precision.float_when_faster)")
+    searched = [n for n in result.excluded if n not in pinned]
+    if searched:
+        causes.append(f"{len(searched)} for accuracy")
+    scores = ", ".join(
+        f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
+        + (" (vetoed)" if "vetoed" in t else "")
+        for t in result.tries
+    )
+    fixes = []
+    if searched:
+        fixes.append(_int8_fixes(ctx, result.tries[:-1] or result.tries, target, more_tries=False))
+    if listed:
+        fixes.append("list fewer nodes in precision.keep_fp32")
+    if probe.kept:
+        fixes.append("set precision.float_when_faster = false")
+    raise NoInt8ComputeError(
+        "precision",
+        "INT8 leaves no INT8 compute in this model (every Conv/Gemm/MatMul/LSTM/GRU in float: "
+        + (", ".join(causes) or "nothing was quantized")
+        + f"), i.e. an FP32 model: refusing to call it INT8 (held-out {result.final.get('metric')} by float "
+        f"nodes: {scores or 'no tries'})",
+        hint="; or ".join(fixes or ["build FP32 (--precision fp32), or FP16 on a GPU target"]),
+    )
 
 
 def _int8_transformer(
@@ -402,6 +468,18 @@ def _int8_transformer(
             f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out calibration "
             f"data after {len(result.tries) - 1} fallback tries ({table})",
             hint=", or ".join(fixes),
+        )
+    from edgedeploy.precision.analysis import int8_compute_left
+
+    if not int8_compute_left(out):
+        from edgedeploy.errors import NoInt8ComputeError
+
+        raise NoInt8ComputeError(
+            "precision",
+            f"transformer INT8 leaves no INT8 compute in this model ({len(result.kept_float)} MatMul(s) kept float: "
+            + ", ".join(f"{n} ({why})" for n, why in list(result.kept_float.items())[:4])
+            + "), i.e. an FP32 model: refusing to call it INT8",
+            hint="list fewer nodes in precision.keep_fp32, or build FP32 (--precision fp32)",
         )
     if plan["absurd_ranges"]:
         ctx.log(f"  INT8: {len(plan['absurd_ranges'])} tensor(s) with absurd ranges (masks) kept float")

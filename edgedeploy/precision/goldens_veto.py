@@ -69,5 +69,5 @@ def goldens_veto(cfg: DeployConfig, model: Path, cases: list[GoldenCase]) -> str
     for row in rows:
         if not row["passed"]:
             why = row.get("reason") or ", ".join(row.get("failure", []))
-            return f"{where(row)} {row['output']} fails tolerance.int8: {why}"[:240]
+            return f"golden {where(row)} {row['output']} fails tolerance.int8: {why}"[:240]
     return None

@@ -359,6 +359,10 @@ def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: floa
     if more_tries:
         fixes.append(f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay float")
     vetoed = [t for t in tries if "vetoed" in t]
+    if vetoed and not any("real sample" in str(t["vetoed"]) for t in vetoed):
+        fixes.append(
+            "give validate.data with real inputs: with no real-sample golden the spec-random ones judge agreement"
+        )
     if vetoed:
         key = "min_topk_agreement" if "top-k" in str(vetoed[-1]["vetoed"]) else "min_cosine"
         fixes.append(

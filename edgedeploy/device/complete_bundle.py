@@ -634,9 +634,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     goldens = load_goldens(bundle_path(folder, manifest.get("goldens", "goldens.npz"), "goldens"))
     spec = dict(manifest.get("validation", {}), precision=plan.get("precision") or "fp32")
     record = None
+    proved = None  # what the run proves: the ONNX Runtime stand-in proves the model it runs, not the engine
     if args.runner == "onnxruntime":
-        runner = OrtRunner(os.path.join(folder, plan["onnx"]))  # type: Any
-        log(f"runner: {runner.label} on {plan['onnx']}")
+        dry_run = manifest.get("dry_run") or {}
+        onnx_name = dry_run.get("onnx") or plan["onnx"]
+        if onnx_name not in manifest["files"]:
+            raise IntegrityFailed(f"bundle.json's dry run names {onnx_name!r}, which it does not list; refusing")
+        proved = dry_run.get("proves") or "{}: the plan's ONNX model".format(plan.get("precision"))
+        runner = OrtRunner(bundle_path(folder, onnx_name, "dry-run model"))  # type: Any
+        log(f"runner: {runner.label} on {onnx_name} (proves {proved})")
     else:
         adapter = sibling("trt_adapter")
         trt_version = adapter.tensorrt_version()
@@ -676,6 +682,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         "runner": runner.label,
         "status": "passed" if not failures else "failed",
         "precision": plan.get("precision"),
+        "proved": proved or "{}: the engine".format(plan.get("precision")),
         "tolerance": spec.get("tolerance", {}),
         "engine": record,
         "checks": rows,
@@ -693,7 +700,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
             f"{len(failures)} of {len(rows)} checks against the PyTorch goldens failed ({runner.label}): {worst}",
             hint=f"see {os.path.join(folder, VALIDATION)}",
         )
-    log(f"PASSED: {len(rows)} checks against the PyTorch goldens ({runner.label})")
+    log(f"PASSED: {len(rows)} checks against the PyTorch goldens ({runner.label}; proved {result['proved']})")
     return result
 
 

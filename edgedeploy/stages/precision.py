@@ -22,6 +22,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import (
     CALIB_CODE,
     CALIBRATION,
+    FP16_SIMULATED,
     GOLDENS,
     ONNX_DATA,
     ONNX_MODEL,
@@ -44,7 +45,7 @@ class PrecisionFromOnnx(Stage):
     name = names.PRECISION
     # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
     # 7: the goldens' pooled top-1 within one standard error; cpu: the faster of both families' passing sets
-    version = "7"
+    version = "8"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -62,7 +63,9 @@ class PrecisionFromOnnx(Stage):
 
         files = [deploy_model_name(ctx.precision), PRECISION_JSON]
         if ctx.precision == "fp16" and fp16_strategy(ctx.target.strongly_typed_only) == "builder-flag":
-            files = [PRECISION_JSON]  # TensorRT <= 10: the FP32 graph + builder flag + pins; no second ONNX file
+            # TensorRT <= 10: the FP32 graph + builder flag + pins, and the FP16 simulation the build judged,
+            # which the bundle's dry run runs
+            files = [PRECISION_JSON, FP16_SIMULATED]
         if ctx.precision == "int8" and ctx.target.implicit_int8:
             files.append(CALIB_CACHE)
         return tuple(files)
@@ -541,7 +544,7 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
         # Host check: FP32 graph rounding every FP16 layer's weights and outputs to FP16 (what the GPU stores),
         # pinned layers exact. Used for both routes; TensorRT <= 10 never gets an FP16 ONNX file.
-        sim = tmp / "fp16.simulated.onnx"
+        sim = (ctx.staging if strategy == "builder-flag" else tmp) / FP16_SIMULATED
         conversion = mixed_fp16(model_path, sim, keep_fp32=list(pins), simulate=True)
         reference = analysis.run_model(model_path, batches)
         outputs = analysis.run_model(sim, batches)
@@ -585,6 +588,7 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "fp32_layers": [{"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in pins.items()],
         "fp16_findings": findings,
         "host_check": {**check, "how": "FP16 rounding of weights and layer outputs simulated in ONNX Runtime CPU"},
+        "simulated_onnx": FP16_SIMULATED if strategy == "builder-flag" else None,
         "conversion": {k: v for k, v in conversion.items() if k != "fp32_nodes"},
         "library_warnings": library_warnings,
     }

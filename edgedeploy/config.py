@@ -99,7 +99,7 @@ class PrecisionSection:
     calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
     # auto: mse for classifier outputs (EfficientNet-Lite0: ahead of minmax in 23 of 24 measured pairs), minmax
     # otherwise (a ResNet-50 embedder's never-calibrated photos: mse clipped, min cosine 0.76 against 0.94);
-    # docs/precision.md, "Why mse for classifiers"
+    # bench/README.md, "Why `mse` ranges for classifiers"
     calib_method: CalibMethod = field(
         default="auto",
         metadata=_flag("--calib-method", "auto (mse for classifiers, else minmax)/minmax/entropy/percentile/mse"),

@@ -319,6 +319,29 @@ def _int8(
             f"{len(result.tries) - 1} fallback tries ({table})",
             hint=_int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float) + resolution,
         )
+    recurrent: dict[str, Any] = {"status": "skipped", "why": f"{target.runtime}: no INT8 LSTM kernel used here"}
+    if flavour.host_cpu_kernels:  # ONNX Runtime's DynamicQuantizeLSTM: projections INT8, gates float
+        from edgedeploy.precision.recurrent import lstm_int8
+
+        final = ctx.staging / deploy_model_name("int8")
+        recurrent = lstm_int8(
+            final,
+            tmp / "lstm.int8.onnx",
+            eval_batches=evals or calib,
+            reference=reference if reference is not None else analysis.run_model(float_model, evals or calib),
+            target=accuracy_target,
+            classifier_outputs=cfg.validate.classifier_outputs,
+            exclude=list(p.keep_fp32),
+            veto=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
+            groups=groups or None,
+        )
+        if recurrent.get("kept"):
+            import shutil
+
+            shutil.copyfile(tmp / "lstm.int8.onnx", final)
+            if isinstance(result.latency.get("int8_final"), dict):
+                iters = max(cfg.validate.latency_iters, 3)
+                result.latency["int8_final"] = analysis.measure_latency(final, calib[0], warmup=2, iters=iters)
     _refuse_without_int8_compute(ctx, ctx.staging / deploy_model_name("int8"), result, probe, pinned, accuracy_target)
     for why, nodes in (
         ("for accuracy", [n for n in result.excluded if n not in pinned]),
@@ -346,6 +369,7 @@ def _int8(
         ],
         "fallback_tries": result.tries,
         "fallback_choice": result.choice,
+        "recurrent_int8": recurrent,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }

@@ -151,3 +151,26 @@ def test_int8_not_faster_than_fp32_says_so_once_and_in_the_report(
     assert len(lines) == 1 and "speedup_vs_fp32 0.80" in lines[0]
     assert capsys.readouterr().out.count("INT8 is not faster than FP32") + 0 <= 1
     assert "speedup_vs_fp32" not in (tmp_path / "cpu" / "precision.json").read_text()  # hashed: no timings
+
+
+def test_the_release_gate_judges_agreement_where_the_build_did() -> None:
+    from edgedeploy.policy import GatePolicy
+    from edgedeploy.validate.gate import evaluate
+
+    cases, got = _cases()
+    rows = [dict(r, check="parity") for r in judge_goldens(cases, got, "int8", INT8, outputs=["emb"])]
+    report = {
+        "schema": "edgedeploy-report/1",
+        "status": "passed",
+        "parity": {
+            "status": "passed",
+            "candidates": [{"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "checks": rows}],
+        },
+        "latency": {"status": "skipped", "reason": "not timed"},
+    }
+    policy = GatePolicy(min_cosine={"int8": 0.99})
+    result = evaluate(report, policy)
+    # the spec-random row's cosine (~0.7) is informational; the real sample's (~1.0) meets the gate's minimum
+    assert result.passed, [c.line() for c in result.failures]
+    rows[1]["cosine"] = 0.95  # the real sample below the gate's minimum fails it
+    assert evaluate(report, policy).exit_code == 7

@@ -174,3 +174,30 @@ def test_the_release_gate_judges_agreement_where_the_build_did() -> None:
     assert result.passed, [c.line() for c in result.failures]
     rows[1]["cosine"] = 0.95  # the real sample below the gate's minimum fails it
     assert evaluate(report, policy).exit_code == 7
+
+
+def test_int8_candidates_are_vetoed_by_real_samples_only(tmp_path: Path) -> None:
+    from test_precision import _stage_ctx, outlier_net
+
+    from edgedeploy.modelio.goldens import golden_key
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
+
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "int8", outlier_net(), {"accuracy_target": 0.5})
+    model = ctx.staging / "model.onnx"
+    feeds = {"image": np.random.default_rng(0).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)}
+    right = analysis.run_model(model, [feeds])[0]["logits"]
+    wrong = np.ones((1, 10), np.float32)  # nothing the model produces
+
+    def veto(random_out: np.ndarray, real_out: np.ndarray) -> str | None:
+        arrays = {
+            golden_key("opt", 0, "in", "image"): feeds["image"],
+            golden_key("opt", 0, "out", "logits"): random_out,
+            golden_key("data", 0, "in", "image"): feeds["image"],
+            golden_key("data", 0, "out", "logits"): real_out,
+        }
+        np.savez(ctx.staging / "goldens.npz", **arrays)
+        return goldens_veto(ctx.cfg, model, golden_cases(ctx.staging / "goldens.npz"))
+
+    assert veto(wrong, right) is None  # a spec-random golden never vetoes when real samples exist
+    reason = veto(right, wrong)
+    assert reason and reason.startswith("golden real sample data#0 logits fails tolerance.int8: cosine")

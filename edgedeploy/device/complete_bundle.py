@@ -609,7 +609,8 @@ def _print_table(rows: List[Dict[str, Any]], label: str, log: Callable[[str], No
             f"{label.split()[0]:<12} {r['shape']:<6} {'all' if r['sample'] is None else r['sample']:<6} "
             f"{r['output']:<16} "
             f"{'-' if max_abs is None else format(max_abs, '.3e'):>10} "
-            f"{'-' if cosine is None else format(cosine, '.6f'):>9}  {'ok' if r.get('passed') else 'FAIL'}"
+            f"{'-' if cosine is None else format(cosine, '.6f'):>9}  "
+            f"{('info' if r.get('informational') else 'ok') if r.get('passed') else 'FAIL'}"
         )
 
 

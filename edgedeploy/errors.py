@@ -95,6 +95,13 @@ class StageError(DeployError):
         self.stage = stage
 
 
+class NoInt8ComputeError(StageError):
+    """An INT8 build whose model has no INT8 compute left (every quantizable node kept float, for accuracy,
+    speed or ``precision.keep_fp32``): refused rather than labelled INT8."""
+
+    kind = "no INT8 compute"
+
+
 class ParityError(DeployError):
     """A built artifact does not agree with the PyTorch reference within tolerance."""
 

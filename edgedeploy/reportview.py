@@ -109,6 +109,9 @@ class CheckRow:
     top1_agreement: float | None = None
     nan: int = 0
     inf: int = 0
+    # False: a spec-random golden of an FP16/INT8 artifact, whose agreement figures are informational
+    agreement_judged: bool = True
+    informational: str | None = None
 
     @classmethod
     def _read(cls, r: _Reader) -> CheckRow:
@@ -127,6 +130,8 @@ class CheckRow:
             top1_agreement=r.num("top1_agreement"),
             nan=r.int_("nan"),
             inf=r.int_("inf"),
+            agreement_judged=r.bool_("agreement_judged", True),
+            informational=r.str_("informational"),
         )
 
     @property

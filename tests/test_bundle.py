@@ -71,7 +71,7 @@ def test_build_writes_a_complete_bundle_and_builds_no_engine(orin_build):
         "trt_adapter.py",
         "trt_runner.py",
     }
-    assert expected | {"parity.py", "README.txt", "bundle.json"} == names
+    assert expected | {"parity.py", "goldens_format.py", "README.txt", "bundle.json"} == names
     manifest = json.loads((folder / "bundle.json").read_text())
     assert set(manifest["files"]) == names - {"bundle.json"}
     assert manifest["target"]["name"] == "jetson-orin" and manifest["validation"]["outputs"] == ["logits"]

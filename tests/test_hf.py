@@ -172,3 +172,32 @@ def test_flags_alone_make_a_config_with_hf(tmp_path: Path, monkeypatch: pytest.M
     assert [s.name for s in cfg.inputs] == ["input_ids", "attention_mask"]  # RoBERTa: no segment ids
     with pytest.raises(ConfigError, match="--config"):
         config_from_args(build_parser().parse_args(["build", "--target", "cpu"]))
+
+
+def test_natural_minilm_class_int8_config_builds_and_every_verdict_agrees(tmp_path: Path) -> None:
+    """A sentence embedder's config as a user writes it: the model folder (two int64 inputs, dynamic batch and
+    sequence), tokenized calibration text, INT8 on cpu, no [validate] section. Precision, validation and the
+    report judge the same real-sample evidence."""
+    folder = save_tiny("distilbert", tmp_path / "distilbert")
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(SENTENCES * 4))
+    raw = {
+        "model": {"hf": str(folder)},
+        "precision": {"mode": "int8", "calib": str(text)},
+        "export": {"exporter": "torchscript"},  # the export route is not what this test is about
+        "build": {"out": str(tmp_path / "out"), "cache": False, "target": "cpu"},
+    }
+    cfg = config_from_dict(raw, source="t", base_dir=tmp_path)
+    assert [(s.name, s.dtype) for s in cfg.inputs] == [("input_ids", "int64"), ("attention_mask", "int64")]
+    assert cfg.inputs[1].range == (0, 1) and all(isinstance(d, str) for d in cfg.inputs[0].shape)
+    result = edgedeploy.build(cfg, log=quiet)
+    assert result.ok and result.report["status"] == "passed" and result.report["precision"] == "int8"
+    plan = json.loads((result.out / "precision.json").read_text())
+    assert plan["strategy"].startswith("transformer") and plan["accuracy"]["score"] >= 0.99
+    cand = {c["name"]: c for c in result.report["parity"]["candidates"]}["onnxruntime-int8"]
+    assert cand["status"] == "passed"
+    rows = [r for r in cand["checks"] if r["check"] == "parity"]
+    real = [r for r in rows if r["shape"] in ("data", "calib-heldout")]
+    assert real and all(r["agreement_judged"] and r["passed"] for r in real)  # real text judges agreement
+    assert all(not r["agreement_judged"] for r in rows if r["shape"] in ("min", "opt", "max"))
+    assert "speedup_vs_fp32" in result.report["metrics"]["precision"]

@@ -264,7 +264,8 @@ def test_stage_fp16_builder_flag_for_trt10(tmp_path: Path) -> None:
 
     ctx = _stage_ctx(tmp_path, "jetson-orin", "fp16", overflow_net())
     stage = PrecisionFromOnnx()
-    assert set(stage.outputs(ctx)) == {"precision.json"}  # no second ONNX graph: FP32 graph + flag + pins
+    # no FP16 graph to build from: FP32 graph + flag + pins, and the FP16 simulation the bundle's dry run runs
+    assert set(stage.outputs(ctx)) == {"precision.json", "model.fp16-simulated.onnx"}
     result = stage.run(ctx)
     metrics = result.metrics
     plan = json.loads((ctx.staging / "precision.json").read_text())
@@ -430,7 +431,7 @@ def test_int8_that_needs_every_layer_in_float_is_refused_not_shipped_as_int8(tmp
     ctx = _stage_ctx(tmp_path, "cpu", "int8", outlier_net(), over)
     with pytest.raises(StageError) as err:
         PrecisionFromOnnx().run(ctx)
-    assert "only with every Conv/Gemm/MatMul back in float" in str(err.value) and "FP32 model" in str(err.value)
+    assert "leaves no INT8 compute" in str(err.value) and "FP32 model" in str(err.value)
     assert "lower precision.accuracy_target" in (err.value.hint or "")
 
 

@@ -232,7 +232,7 @@ def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp
     cases = golden_cases(ctx.path("goldens.npz"))
     assert [c[0] for c in cases] == ["opt"]
     reason = goldens_veto(ctx.cfg, ctx.staging / "model.onnx", cases)
-    assert reason and "golden opt logits fails tolerance.int8" in reason
+    assert reason and "golden opt#0 logits fails tolerance.int8" in reason
     from edgedeploy.errors import StageError
     from edgedeploy.stages.precision import PrecisionFromOnnx
 

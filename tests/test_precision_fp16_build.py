@@ -2,7 +2,8 @@
 
 The model's first conv reaches ~1e5 (> FP16 max 65504) before a Mul scales it back: the precision stage pins
 both nodes. TensorRT <= 10 targets get the FP32 graph plus pins in plan.json / trtexec.sh; TensorRT 11 gets
-an FP16 ONNX model with Casts. Either way the bundle carries one ONNX graph and its own dry run passes.
+an FP16 ONNX model with Casts. Either way the bundle carries the ONNX graph the engine is built from, and its own
+dry run passes on FP16 numbers: the FP16 model itself, or (TensorRT <= 10) the FP16 simulation the build judged.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def test_fp16_with_a_pinned_overflowing_layer_builds_and_its_bundle_dry_run_pass
     bundle = out / "bundle"
     graphs = sorted(p.name for p in bundle.glob("*.onnx"))
     plan = json.loads((bundle / "plan.json").read_text())
-    assert graphs == [plan["onnx"]]  # one ONNX graph, the one the plan builds
+    simulated = [] if plan["strategy"] == "fp16-typed" else ["model.fp16-simulated.onnx"]
+    assert graphs == sorted([plan["onnx"], *simulated])  # the graph the plan builds, and the dry run's FP16 one
     script = (bundle / "trtexec.sh").read_text()
     if target == "desktop-trt11":
         assert (plan["strategy"], plan["onnx"], plan["fp32_layers"]) == ("fp16-typed", "model.fp16.onnx", [])
@@ -100,4 +102,9 @@ def test_fp16_with_a_pinned_overflowing_layer_builds_and_its_bundle_dry_run_pass
     assert result.report["metrics"]["precision"]["host_check"]["score"] > 0.999
     proc = run_device(bundle, "--runner", "onnxruntime")
     assert proc.returncode == 0, proc.stderr
-    assert "PASSED" in proc.stderr
+    proved = "proved fp16 (simulated)" if simulated else "proved fp16: the FP16 model"
+    assert "PASSED" in proc.stderr and proved in proc.stderr
+    validation = json.loads((bundle / "validation.json").read_text())
+    assert validation["proved"].startswith("fp16")
+    # FP16 numbers, not the FP32 model's: outputs differ from PyTorch by FP16 rounding
+    assert max(c["max_abs"] for c in validation["checks"] if "max_abs" in c) > 1e-5

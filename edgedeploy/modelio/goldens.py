@@ -16,8 +16,10 @@ def golden_key(point: str, sample: int, kind: str, name: str) -> str:
     return f"{point}/{sample}/{kind}/{name}"
 
 
-def load_goldens(path: str | Path) -> dict[str, dict[int, dict[str, dict[str, np.ndarray]]]]:
-    """goldens.npz → {point: {sample: {"in": {...}, "out": {...}}}}.
+def load_goldens(path: str | Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """goldens.npz → {point: {sample: {"in": {...}, "out": {...}, "sparse": {name: (shape, stride)}}}}: inputs
+    stored as seeds regenerated, sparingly stored outputs as their stored elements
+    (:func:`edgedeploy.validate.parity.goldens_from_arrays`).
 
     Raises:
         InputError: the file is missing or not a goldens archive.
@@ -27,14 +29,12 @@ def load_goldens(path: str | Path) -> dict[str, dict[int, dict[str, dict[str, np
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise InputError(f"goldens file unreadable: {path} ({exc})") from None
-    out: dict[str, dict[int, dict[str, dict[str, np.ndarray]]]] = {}
-    for key, arr in arrays.items():
-        try:
-            point, sample, kind, name = key.split("/", 3)
-        except ValueError:
-            raise InputError(f"{path}: unexpected entry {key!r} (not an edgedeploy goldens file)") from None
-        out.setdefault(point, {}).setdefault(int(sample), {"in": {}, "out": {}})[kind][name] = arr
-    return out
+    from edgedeploy.device.goldens_format import goldens_from_arrays
+
+    try:
+        return goldens_from_arrays(arrays)
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -59,9 +59,18 @@ def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[st
 
 
 def store_goldens(
-    arrays: dict[str, np.ndarray], point: str, s: int, feeds: dict[str, np.ndarray], outs: dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray],
+    point: str,
+    s: int,
+    feeds: dict[str, np.ndarray],
+    outs: dict[str, np.ndarray],
+    gens: dict[str, np.ndarray] | None = None,
 ) -> None:
+    """Put one golden sample into ``arrays``; inputs named in ``gens`` are stored as their seed entry."""
     for n, a in feeds.items():
+        if gens and n in gens:
+            arrays[golden_key(point, s, "gen", n)] = gens[n]
+            continue
         arrays[golden_key(point, s, "in", n)] = a
     for n, a in outs.items():
         arrays[golden_key(point, s, "out", n)] = a

@@ -125,4 +125,6 @@ def _verdict(row: CheckRow) -> str:
     """ok / FAIL, or vacuous for a passing row whose reference and candidate are both constant."""
     if not row.passed:
         return "FAIL"
+    if row.informational:
+        return "info (spec-random, not judged)"
     return "vacuous" if row.vacuous else "ok"

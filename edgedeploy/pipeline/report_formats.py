@@ -200,7 +200,8 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {cand['name']} | - | - | - | - | - | - | - | - | - | {note} |")
             for row in _worst_rows(cand):
                 result = (
-                    ("vacuous" if row.get("vacuous") else "ok")
+                    ("vacuous" if row.get("vacuous") else "info: " if row.get("informational") else "ok")
+                    + (str(row["informational"]).replace("|", "\\|") if row.get("informational") else "")
                     if row.get("passed")
                     else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
                 )
@@ -319,6 +320,8 @@ def _parity_table(report: dict[str, Any]) -> str:
             figures = [_num(n) for n in nums[:3]] + [_num(nums[3], 6), _num(row.get("top1_agreement"))]
             figures.append(f"{row.get('nan', 0)}/{row.get('inf', 0)}")
             result = "ok" if ok else "FAIL: " + e(str(row.get("reason", "")))
+            if ok and row.get("informational"):  # a spec-random golden of FP16/INT8: reported, not judged
+                result = "info: " + e(str(row["informational"]))
             rows.append(
                 f"<tr{'' if ok else ' class=fail'}>"
                 + "".join(f"<td>{c}</td>" for c in cells)

@@ -10,7 +10,7 @@ pushed to 0 or 1 by an annealed regularizer) to minimize the layer's output erro
 where ``x`` is the layer's input in the float model and ``x~`` the input it reconstructs from: ``x`` itself
 (the default, :func:`round_weights`), or its input in a quantized model (the asymmetric reconstruction of
 the paper / QDrop / BRECQ, at once or sequentially, optionally half-way): measured on EfficientNet-Lite0
-those fitted the calibration photos' activation error and lost on held-out photos (docs/precision.md).
+those fitted the calibration photos' activation error and lost on held-out photos (bench/README.md).
 The loss is quadratic in the weights, so each layer needs only the second moments of its input patches
 (``E[x~ x~^T]``, ``E[x x~^T]``, ``E[x x^T]``), accumulated once over the calibration batches; every
 optimization step is one matrix product and the gradient is closed-form (no autograd).
@@ -549,7 +549,7 @@ def round_weights(
     Each layer's float output is reconstructed from its float input (the weights-only objective): on
     EfficientNet-Lite0 reconstructing from the nearest-rounded INT8 model's inputs instead scored worse on
     held-out photos (every layer then compensates the upstream error the upstream layers fix too; see
-    docs/precision.md). ``batches``: the calibration batches only, never the held-out ones.
+    bench/README.md). ``batches``: the calibration batches only, never the held-out ones.
     Returns the note for precision.json.
     """
     reduce_range = q.flavour.reduce_range if q.reduce_range is None else q.reduce_range

@@ -174,14 +174,28 @@ def check_node_names(names: Sequence[str], model: ModelProto, key: str) -> None:
         )
 
 
-def int8_compute_left(model: Path) -> bool:
-    """Whether any Conv/ConvTranspose/Gemm/MatMul of the QDQ model at ``model`` still runs in INT8 (reads
-    DequantizeLinear outputs): a fallback that put every one back in float is an FP32 model, not INT8."""
+# ops that compute in integers whatever reads them (ONNX Runtime's operator-oriented and dynamic formats)
+INTEGER_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+# float ops that run in INT8 on a QDQ backend when they read DequantizeLinear outputs
+QDQ_COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN")
+
+
+def int8_compute_ops(model: Path) -> list[str]:
+    """Names of the nodes of the model at ``model`` that compute in INT8: QLinear* and integer ops, and
+    Conv/ConvTranspose/Gemm/MatMul/LSTM/GRU/RNN reading DequantizeLinear outputs (the QDQ format). Empty: the
+    model is a float model, whatever its Q/DQ pairs around other ops."""
     import onnx
 
-    proto = onnx.load(str(model))
+    proto = onnx.load(str(model), load_external_data=False)
     ops = {n.name: n.op_type for n in proto.graph.node}
-    return any(ops.get(n) in ("Conv", "ConvTranspose", "Gemm", "MatMul") for n in quantized_nodes(proto))
+    integer = [n.name for n in proto.graph.node if n.op_type.startswith("QLinear") or n.op_type in INTEGER_OPS]
+    return integer + [n for n in quantized_nodes(proto) if ops.get(n) in QDQ_COMPUTE_OPS]
+
+
+def int8_compute_left(model: Path) -> bool:
+    """Whether the model at ``model`` still computes anything in INT8 (:func:`int8_compute_ops`): a fallback or a
+    speed probe that put every compute node back in float leaves an FP32 model, not INT8."""
+    return bool(int8_compute_ops(model))
 
 
 def accuracy(
@@ -210,13 +224,16 @@ def accuracy(
         classifier = name in classifier_outputs
         row = compare_output(ref, cand, atol=None, rtol=None, min_cosine=None, classifier=classifier)
         metric = "top1_agreement" if classifier and "top1_agreement" in row else "cosine"
-        value = float(row[metric]) if not (row.get("nan") or row.get("inf")) else 0.0
+        undefined = row.get(metric) is None  # cosine of (near) zero or under three values: nothing to judge
+        value = 0.0 if row.get("nan") or row.get("inf") else 1.0 if undefined else float(row[metric])
         per_output[name] = {
             "metric": metric,
             "value": value,
             "cosine": row.get("cosine"),
             "max_abs": row.get("max_abs"),
         }
+        if undefined:
+            per_output[name]["n/a"] = row.get("cosine_na")
         if metric == "top1_agreement" and value > 0.0:
             from edgedeploy.precision.heldout import top1_score
 

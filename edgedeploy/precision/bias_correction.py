@@ -12,7 +12,7 @@ The measurement model has an ``Add`` after every conv whose addend is a graph in
 session serves every step; the final shifts are folded into the biases (int32 codes behind a
 DequantizeLinear for ONNX Runtime's U8S8 flavour, float biases for TensorRT's). Measured on EfficientNet-Lite0
 (every layer INT8, 270 held-out photo crops): top-1 agreement with FP32 84.8 % with the float-mean correction,
-89.6 % with this one (docs/precision.md).
+89.6 % with this one (bench/README.md).
 """
 
 from __future__ import annotations

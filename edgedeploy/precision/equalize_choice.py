@@ -55,7 +55,7 @@ def choose_equalization(
 
     ``auto``: only for graphs with depthwise convs, and measured: the all-INT8 model plain, with bias
     correction only, and with CLE + bias correction is scored on the held-out data and the best kept (on
-    EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see docs/precision.md).
+    EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see bench/README.md).
     Returns the model to quantize, the note for precision.json and the bias correction to apply.
     """
     import onnx

@@ -52,18 +52,36 @@ def held_out_score(
             agree = float(np.mean(ref.argmax(-1) == cand.argmax(-1)))
             per_output[name] = {"metric": "top1_agreement", **top1_score(agree, ref, cand)}
             continue
-        r = ref.reshape(ref.shape[0], -1)
-        c = cand.reshape(cand.shape[0], -1)
-        denom = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
-        cos = np.where(denom > 0, (r * c).sum(axis=1) / np.maximum(denom, 1e-30), 1.0)
-        per_output[name] = {
-            "metric": "cosine",
-            "value": float(cos.mean()),
-            "min": float(cos.min()),
-            "p5": float(np.percentile(cos, 5)),
-        }
+        per_output[name] = cosine_score(ref, cand)
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "samples": int(len(ref)), "outputs": per_output}
+
+
+def cosine_score(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
+    """Mean cosine of each sample's output (min and 5th percentile reported), over the samples where it is
+    defined (:func:`edgedeploy.validate.parity.cosine_undefined_why`: three elements or more, a reference not
+    near zero). An output of fewer elements per sample (a score, a speech/no-speech probability) is judged by
+    one cosine over all samples' values together (``pooled``); none defined at all: ``value`` 1.0, ``n/a``.
+    """
+    from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS, NEAR_ZERO_RMS, cosine_or_none
+
+    r = ref.reshape(ref.shape[0], -1)
+    c = cand.reshape(cand.shape[0], -1)
+    if r.shape[1] < MIN_COSINE_ELEMENTS:
+        pooled = cosine_or_none(r.ravel(), c.ravel())
+        if pooled is None:
+            return {"metric": "cosine", "value": 1.0, "n/a": "too few or (near) zero values to compare"}
+        return {"metric": "cosine", "value": pooled, "min": pooled, "p5": pooled, "pooled": True}
+    defined = np.sqrt((r**2).mean(axis=1)) >= NEAR_ZERO_RMS
+    if not defined.any():
+        return {"metric": "cosine", "value": 1.0, "n/a": "every reference sample is (near) zero"}
+    r, c = r[defined], c[defined]
+    denom = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
+    cos = np.where(denom > 0, (r * c).sum(axis=1) / np.maximum(denom, 1e-30), 0.0)
+    row = {"metric": "cosine", "value": float(cos.mean()), "min": float(cos.min()), "p5": float(np.percentile(cos, 5))}
+    if not defined.all():
+        row["undefined_samples"] = int((~defined).sum())
+    return row
 
 
 def top1_score(observed: float, reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:

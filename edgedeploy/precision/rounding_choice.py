@@ -5,7 +5,7 @@ measured on the held-out data for ``auto``.
 CNN), and then keeps the learned codes only when they score *higher* on the held-out data than nearest did.
 Learning always lowers each layer's output error on the calibration batches, but that is not the held-out
 agreement: on EfficientNet-Lite0 with the first three convs float, AdaRound scored 95.2 % / 93.3 % top-1
-agreement on held-out photos / fresh crops against nearest's 95.6 % / 96.7 % (docs/precision.md).
+agreement on held-out photos / fresh crops against nearest's 95.6 % / 96.7 % (bench/README.md).
 
 Owns the choice only; the learning lives in :mod:`edgedeploy.precision.adaround`. Imports the precision
 package and plain data only.

@@ -132,20 +132,26 @@ def probe_float_prefix(
     """
     import onnx
 
-    from edgedeploy.precision.analysis import quantized_nodes
+    from edgedeploy.precision.analysis import QDQ_COMPUTE_OPS, quantized_nodes
 
     plain = dataclasses.replace(q, bias_means=None, output_bias_correction=False, weight_codes=None)
     models: dict[int, Path] = {0: plain.quantize(q.workdir / "speed0.int8.onnx", batches, exclude=list(pinned))}
-    order = quantized_nodes(onnx.load(str(models[0])))
+    proto = onnx.load(str(models[0]))
+    order = quantized_nodes(proto)
     if not order:
         return skipped("no quantized node to time")
+    # a prefix may not reach the last INT8 compute node: all of them float is an FP32 model, not a faster INT8 one
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    computing = [i for i, name in enumerate(order) if ops.get(name) in QDQ_COMPUTE_OPS]
+    if not computing or computing[-1] == 0:
+        return skipped("keeping the first quantized node float would leave no INT8 compute")
     runs = {"0": one_thread_run(models[0], feeds)}
     all_int8_ms = interleaved_p50(runs, rounds=1, iters=iters)["0"][0]
     if all_int8_ms < MIN_MS:
         probe = skipped(f"all-INT8 runs under {MIN_MS:g} ms: too short for a float prefix to save measurable time")
         probe.measured = [{"float_nodes": 0, "nodes": [], "p50_ms": round(all_int8_ms, 3)}]
         return probe
-    for k in range(1, min(max_prefix, len(order)) + 1):
+    for k in range(1, min(max_prefix, computing[-1]) + 1):
         models[k] = plain.quantize(q.workdir / f"speed{k}.int8.onnx", batches, exclude=[*pinned, *order[:k]])
         runs[str(k)] = one_thread_run(models[k], feeds)
     per_round = interleaved_p50(runs, rounds=rounds, iters=iters)

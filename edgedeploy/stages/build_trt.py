@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import GOLDENS, ONNX_DATA
+from edgedeploy.artifacts import FP16_SIMULATED, GOLDENS, ONNX_DATA
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.store import atomic_write_json, atomic_write_text
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
@@ -44,16 +44,42 @@ DEVICE_CODE = {
     "trt_adapter.py": _PKG / "trt" / "adapter.py",
     "trt_runner.py": _PKG / "device" / "trt_runner.py",
     "parity.py": _PKG / "validate" / "parity.py",
+    "goldens_format.py": _PKG / "device" / "goldens_format.py",
 }
 
 
-def bundle_files(plan: BuildPlan, *, precision_info: bool, external_data: tuple[str, ...] = ()) -> list[str]:
+# what ``complete_bundle.py --runner onnxruntime`` proves, by plan strategy (said in its output and validation.json)
+DRY_RUN_PROVES = {
+    "fp32": "fp32: the FP32 model in ONNX Runtime",
+    "fp16-typed": "fp16: the FP16 model in ONNX Runtime (the engine's kernels differ)",
+    "fp16-flag": "fp16 (simulated): the FP32 graph rounding weights and layer outputs to FP16, as the build judged it",
+    "int8-qdq": "int8: the Q/DQ model in ONNX Runtime's INT8 kernels (the engine's kernels differ)",
+    "int8-calib-cache": "fp32 only: implicit INT8 exists only in the engine; the run on the device proves int8",
+}
+
+
+def dry_run_model(plan: BuildPlan, simulated: bool) -> tuple[str, str]:
+    """(ONNX file the bundle's dry run runs, what that proves): the FP16 simulation for a builder-flag FP16 plan
+    when the precision stage wrote it (``simulated``), else the plan's own ONNX model."""
+    if plan.strategy == "fp16-flag" and simulated:
+        return FP16_SIMULATED, DRY_RUN_PROVES["fp16-flag"]
+    if plan.strategy == "fp16-flag":
+        return plan.onnx, "fp32 only: no FP16 simulation in this bundle; the run on the device proves fp16"
+    return plan.onnx, DRY_RUN_PROVES.get(plan.strategy, f"{plan.precision}: the plan's ONNX model in ONNX Runtime")
+
+
+def bundle_files(
+    plan: BuildPlan, *, precision_info: bool, external_data: tuple[str, ...] = (), dry_run: str | None = None
+) -> list[str]:
     """Names of every file in a bundle for ``plan`` (relative to the bundle folder), manifest last.
 
-    One ONNX graph: the one the plan builds from. ``external_data``: the FP32 model's external-data
+    One ONNX graph: the one the plan builds from, and ``dry_run``, the model the ONNX Runtime dry run runs in
+    its place when that differs (the FP16 simulation). ``external_data``: the FP32 model's external-data
     companions (``model.onnx.data``), which travel with it when the plan builds from ``model.onnx``.
     """
     names = [plan.onnx, *(external_data if plan.onnx == ONNX_FP32 else ())]
+    if dry_run and dry_run != plan.onnx:
+        names.append(dry_run)
     if plan.calib_cache:
         names.append(plan.calib_cache)
     if precision_info:
@@ -76,10 +102,10 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 class BundleFromOnnx(Stage):
     name = names.BUILD
-    version = "1"
+    version = "2"
     consumes = (ONNX_FP32, GOLDENS)
     # what the precision stage wrote for this precision and target; the plan decides which it needs
-    optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO)
+    optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, FP16_SIMULATED)
 
     def __init__(self) -> None:
         self._plans: dict[str, BuildPlan] = {}
@@ -98,8 +124,12 @@ class BundleFromOnnx(Stage):
         return self._plans[key]
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        plan = self.plan(ctx)
         names = bundle_files(
-            self.plan(ctx), precision_info=ctx.path(PRECISION_INFO).is_file(), external_data=_companions(ctx)
+            plan,
+            precision_info=ctx.path(PRECISION_INFO).is_file(),
+            external_data=_companions(ctx),
+            dry_run=dry_run_model(plan, ctx.path(FP16_SIMULATED).is_file())[0],
         )
         return tuple(f"{BUNDLE_DIR}/{n}" for n in names)
 
@@ -118,7 +148,8 @@ class BundleFromOnnx(Stage):
         folder.mkdir(parents=True)
         has_info = ctx.path(PRECISION_INFO).is_file()
         companions = _companions(ctx) if plan.onnx == ONNX_FP32 else ()
-        copies = [plan.onnx, *companions, plan.calib_cache, PRECISION_INFO if has_info else None]
+        dry_run, proves = dry_run_model(plan, ctx.path(FP16_SIMULATED).is_file())
+        copies = [plan.onnx, *companions, dry_run, plan.calib_cache, PRECISION_INFO if has_info else None]
         for name in dict.fromkeys(c for c in [*copies, GOLDENS] if c):
             _link_or_copy(ctx.path(name), folder / name)  # hard links: no second copy of the model in OUT
         for name, src in DEVICE_CODE.items():
@@ -129,7 +160,7 @@ class BundleFromOnnx(Stage):
         atomic_write_text(folder / BUNDLE_README, _readme(plan, ctx.target.device_python or "3.6"))
         listed = [
             n
-            for n in bundle_files(plan, precision_info=has_info, external_data=_companions(ctx))
+            for n in bundle_files(plan, precision_info=has_info, external_data=_companions(ctx), dry_run=dry_run)
             if n != BUNDLE_MANIFEST
         ]
         manifest = {
@@ -140,6 +171,7 @@ class BundleFromOnnx(Stage):
             "goldens": GOLDENS,
             "engine": plan.engine,
             "validation": _validation_spec(ctx),
+            "dry_run": {"onnx": dry_run, "proves": proves},
             "files": {n: sha256_file(folder / n) for n in listed},
         }
         atomic_write_json(folder / BUNDLE_MANIFEST, manifest)

@@ -11,6 +11,7 @@ Everything decided goes into ``precision.json`` and the stage metrics (report.js
 from __future__ import annotations
 
 import dataclasses
+import math
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import (
     CALIB_CODE,
     CALIBRATION,
+    FP16_SIMULATED,
     GOLDENS,
     ONNX_DATA,
     ONNX_MODEL,
@@ -43,7 +45,7 @@ class PrecisionFromOnnx(Stage):
     name = names.PRECISION
     # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
     # 7: the goldens' pooled top-1 within one standard error; cpu: the faster of both families' passing sets
-    version = "7"
+    version = "8"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -61,7 +63,9 @@ class PrecisionFromOnnx(Stage):
 
         files = [deploy_model_name(ctx.precision), PRECISION_JSON]
         if ctx.precision == "fp16" and fp16_strategy(ctx.target.strongly_typed_only) == "builder-flag":
-            files = [PRECISION_JSON]  # TensorRT <= 10: the FP32 graph + builder flag + pins; no second ONNX file
+            # TensorRT <= 10: the FP32 graph + builder flag + pins, and the FP16 simulation the build judged,
+            # which the bundle's dry run runs
+            files = [PRECISION_JSON, FP16_SIMULATED]
         if ctx.precision == "int8" and ctx.target.implicit_int8:
             files.append(CALIB_CACHE)
         return tuple(files)
@@ -100,7 +104,30 @@ class PrecisionFromOnnx(Stage):
         # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
         (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         result.metrics = plan
+        if ctx.precision == "int8" and _host_kernels(ctx.target.runtime):
+            result.metrics = {**plan, **_speedup(plan.get("latency_onnxruntime_cpu") or {}, warnings)}
         return result
+
+
+# FP32 faster than this: whether INT8 is faster is timer noise (speedup_vs_fp32 recorded, no line)
+MIN_MS = 1.0
+
+
+def _speedup(latency: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """``speedup_vs_fp32`` of the INT8 model on this CPU (ONNX Runtime, the stage's own timing of both models on
+    the first calibration batch), and one line when INT8 is not faster: it then buys nothing here."""
+    try:
+        fp32, int8 = float(latency["fp32"]["p50_ms"]), float(latency["int8_final"]["p50_ms"])
+    except (KeyError, TypeError, ValueError):
+        return {"speedup_vs_fp32": None}
+    speedup = round(fp32 / max(int8, 1e-9), 3)
+    if speedup <= 1.0 and fp32 >= MIN_MS:  # under a millisecond the difference is timer noise: recorded only
+        line = (
+            f"INT8 is not faster than FP32 on this CPU: p50 {int8:.3f} ms vs {fp32:.3f} ms (speedup_vs_fp32 "
+            f"{speedup:.2f}); FP32 gives the same speed at full accuracy"
+        )
+        warnings.append(line)  # printed once, as the build's warnings are
+    return {"speedup_vs_fp32": speedup}
 
 
 def _cpu_flags() -> tuple[str, ...]:
@@ -202,7 +229,7 @@ def _int8(
     from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
 
     goldens = golden_cases(ctx.path(GOLDENS))
-    real_data = [feeds for point, feeds, _ in goldens if point == "data"]  # validate.data
+    real_data = [feeds for point, feeds, _, _ in goldens if point == "data"]  # validate.data
     evals = held + real_data
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
@@ -278,7 +305,6 @@ def _int8(
 
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)
     if not result.met:
-        final = result.final
         table = "; ".join(
             f"try {t['try']}: {t['float_nodes']} float nodes"
             + (f" ({t['family']})" if t.get("family") else "")
@@ -286,37 +312,37 @@ def _int8(
             + (f" ({t['vetoed']})" if "vetoed" in t else "")
             for t in result.tries
         )
-        all_float = bool(result.sensitivity) and final.get("float_nodes", 0) >= len(result.sensitivity)
-        hint = (
-            f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay in float"
-            if not all_float
-            else "even with every measured layer in float the target is missed: build in FP16/FP32, or lower "
-            "precision.accuracy_target if this agreement is acceptable"
-        )
-        if "vetoed" in final:
-            hint = (
-                "the INT8 model meets the target on real held-out data but not the goldens' tolerance.int8 "
-                "(the device check): give validate.data with real inputs, or relax [tolerance.int8]"
-            )
+        all_float = bool(result.sensitivity) and result.final.get("float_nodes", 0) >= len(result.sensitivity)
         raise StageError(
             "precision",
             f"INT8 misses {_target_text(ctx, accuracy_target)} on held-out data after "
             f"{len(result.tries) - 1} fallback tries ({table})",
-            hint=hint + resolution,
+            hint=_int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float) + resolution,
         )
-    if result.candidates and not analysis.int8_compute_left(ctx.staging / deploy_model_name("int8")):
-        scores = ", ".join(
-            f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
-            for t in result.tries
+    recurrent: dict[str, Any] = {"status": "skipped", "why": f"{target.runtime}: no INT8 LSTM kernel used here"}
+    if flavour.host_cpu_kernels:  # ONNX Runtime's DynamicQuantizeLSTM: projections INT8, gates float
+        from edgedeploy.precision.recurrent import lstm_int8
+
+        final = ctx.staging / deploy_model_name("int8")
+        recurrent = lstm_int8(
+            final,
+            tmp / "lstm.int8.onnx",
+            eval_batches=evals or calib,
+            reference=reference if reference is not None else analysis.run_model(float_model, evals or calib),
+            target=accuracy_target,
+            classifier_outputs=cfg.validate.classifier_outputs,
+            exclude=list(p.keep_fp32),
+            veto=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
+            groups=groups or None,
         )
-        raise StageError(
-            "precision",
-            f"INT8 meets {_target_text(ctx, accuracy_target)} only with every Conv/Gemm/MatMul back in "
-            f"float ({result.final['float_nodes']} of {result.candidates} quantized nodes), i.e. an FP32 model: "
-            f"refusing to call it INT8 (held-out {result.final['metric']} by float nodes: {scores})",
-            hint="build FP32 (or FP16 on GPU targets), or lower precision.accuracy_target to an agreement "
-            "these tries reach" + resolution,
-        )
+        if recurrent.get("kept"):
+            import shutil
+
+            shutil.copyfile(tmp / "lstm.int8.onnx", final)
+            if isinstance(result.latency.get("int8_final"), dict):
+                iters = max(cfg.validate.latency_iters, 3)
+                result.latency["int8_final"] = analysis.measure_latency(final, calib[0], warmup=2, iters=iters)
+    _refuse_without_int8_compute(ctx, ctx.staging / deploy_model_name("int8"), result, probe, pinned, accuracy_target)
     for why, nodes in (
         ("for accuracy", [n for n in result.excluded if n not in pinned]),
         ("because faster on this CPU (precision.float_when_faster)", list(probe.kept)),
@@ -343,6 +369,7 @@ def _int8(
         ],
         "fallback_tries": result.tries,
         "fallback_choice": result.choice,
+        "recurrent_int8": recurrent,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }
@@ -352,6 +379,81 @@ def _int8(
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool) -> str:
+    """The fixes that would change a failed INT8 search's outcome, from what stopped its tries: a veto by the
+    real-sample goldens (``tolerance.int8``), a score under the held-out target (``accuracy_target``), or too few
+    tries to put more layers in float."""
+    p = ctx.cfg.precision
+    fixes = []
+    if more_tries:
+        fixes.append(f"raise precision.max_fallback_tries (now {p.max_fallback_tries}) so more layers can stay float")
+    vetoed = [t for t in tries if "vetoed" in t]
+    if vetoed and not any("real sample" in str(t["vetoed"]) for t in vetoed):
+        fixes.append(
+            "give validate.data with real inputs: with no real-sample golden the spec-random ones judge agreement"
+        )
+    if vetoed:
+        key = "min_topk_agreement" if "top-k" in str(vetoed[-1]["vetoed"]) else "min_cosine"
+        fixes.append(
+            f"relax [tolerance.int8] {key} if that real-sample agreement is acceptable (it is what validation and "
+            "the device check judge)"
+        )
+    scored = [float(t["score"]) for t in tries if "vetoed" not in t and t.get("score") is not None]
+    if scored and max(scored) < target:
+        fixes.append(
+            f"lower precision.accuracy_target to {math.floor(max(scored) * 1000) / 1000:g} (the best try's "
+            f"held-out score) if that agreement is acceptable"
+        )
+    fixes.append("build FP32 (or FP16 on a GPU target)")
+    return "; or ".join(fixes)
+
+
+def _refuse_without_int8_compute(
+    ctx: BuildContext, model: Path, result: Any, probe: Any, pinned: dict[str, str], target: float
+) -> None:
+    """Never an INT8 label on a float model: refuse when ``model`` has no INT8 compute left, naming what kept
+    every node float (the accuracy search, the speed probe, ``precision.keep_fp32``).
+
+    Raises:
+        NoInt8ComputeError: no QLinear*/integer op and no compute op reading DequantizeLinear outputs.
+    """
+    from edgedeploy.errors import NoInt8ComputeError
+    from edgedeploy.precision import analysis
+
+    if analysis.int8_compute_left(model):
+        return
+    causes = []
+    listed = [n for n, why in pinned.items() if why == "listed in precision.keep_fp32"]
+    if listed:
+        causes.append(f"{len(listed)} listed in precision.keep_fp32")
+    if probe.kept:
+        causes.append(f"{len(probe.kept)} faster in float on this CPU (precision.float_when_faster)")
+    searched = [n for n in result.excluded if n not in pinned]
+    if searched:
+        causes.append(f"{len(searched)} for accuracy")
+    scores = ", ".join(
+        f"{t['float_nodes']} float{' ' + t['family'] if t.get('family') else ''}: {t['score']:.3f}"
+        + (" (vetoed)" if "vetoed" in t else "")
+        for t in result.tries
+    )
+    fixes = []
+    if searched:  # what stopped the tries with fewer float nodes: the target, or a veto by a real sample
+        missed = [t for t in result.tries if not t.get("met")]
+        fixes.append(_int8_fixes(ctx, missed, target, more_tries=False))
+    if listed:
+        fixes.append("list fewer nodes in precision.keep_fp32")
+    if probe.kept:
+        fixes.append("set precision.float_when_faster = false")
+    raise NoInt8ComputeError(
+        "precision",
+        "INT8 leaves no INT8 compute in this model (every Conv/Gemm/MatMul/LSTM/GRU in float: "
+        + (", ".join(causes) or "nothing was quantized")
+        + f"), i.e. an FP32 model: refusing to call it INT8 (held-out {result.final.get('metric')} by float "
+        f"nodes: {scores or 'no tries'})",
+        hint="; or ".join(fixes or ["build FP32 (--precision fp32), or FP16 on a GPU target"]),
+    )
 
 
 def _int8_transformer(
@@ -402,6 +504,18 @@ def _int8_transformer(
             f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out calibration "
             f"data after {len(result.tries) - 1} fallback tries ({table})",
             hint=", or ".join(fixes),
+        )
+    from edgedeploy.precision.analysis import int8_compute_left
+
+    if not int8_compute_left(out):
+        from edgedeploy.errors import NoInt8ComputeError
+
+        raise NoInt8ComputeError(
+            "precision",
+            f"transformer INT8 leaves no INT8 compute in this model ({len(result.kept_float)} MatMul(s) kept float: "
+            + ", ".join(f"{n} ({why})" for n, why in list(result.kept_float.items())[:4])
+            + "), i.e. an FP32 model: refusing to call it INT8",
+            hint="list fewer nodes in precision.keep_fp32, or build FP32 (--precision fp32)",
         )
     if plan["absurd_ranges"]:
         ctx.log(f"  INT8: {len(plan['absurd_ranges'])} tensor(s) with absurd ranges (masks) kept float")
@@ -459,7 +573,7 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         pins.update({n: why for n, why in analysis.fp16_pins(findings).items() if n not in pins})
         # Host check: FP32 graph rounding every FP16 layer's weights and outputs to FP16 (what the GPU stores),
         # pinned layers exact. Used for both routes; TensorRT <= 10 never gets an FP16 ONNX file.
-        sim = tmp / "fp16.simulated.onnx"
+        sim = (ctx.staging if strategy == "builder-flag" else tmp) / FP16_SIMULATED
         conversion = mixed_fp16(model_path, sim, keep_fp32=list(pins), simulate=True)
         reference = analysis.run_model(model_path, batches)
         outputs = analysis.run_model(sim, batches)
@@ -503,6 +617,7 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
         "fp32_layers": [{"node": n, "why": why, "pin_output_type": n in typed_outputs} for n, why in pins.items()],
         "fp16_findings": findings,
         "host_check": {**check, "how": "FP16 rounding of weights and layer outputs simulated in ONNX Runtime CPU"},
+        "simulated_onnx": FP16_SIMULATED if strategy == "builder-flag" else None,
         "conversion": {k: v for k, v in conversion.items() if k != "fp32_nodes"},
         "library_warnings": library_warnings,
     }

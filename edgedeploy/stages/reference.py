@@ -2,6 +2,12 @@
 
 Every later comparison (ONNX Runtime here, TensorRT on the device) reads these
 files, so validation needs no torch once the goldens exist.
+
+goldens.npz travels in device bundles, so it is kept within ``validate.goldens_budget_mb`` (default: the
+larger of 8 MB and twice the model's weights): spec-random float inputs of more than ``SEEDED_MIN_BYTES`` are
+stored as their seed and regenerated where they are read (numpy's legacy RandomState stream,
+``edgedeploy/device/goldens_format.py``), and the largest outputs, spec-random first, are stored sparingly
+(every n-th element, the full shape still checked) until the file fits. The stage metrics say what was kept.
 """
 
 from __future__ import annotations
@@ -17,15 +23,21 @@ from edgedeploy.errors import InputError, StageError
 from edgedeploy.modelio.goldens import store_goldens, torch_outputs
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
 from edgedeploy.precision.data import HELDOUT_POINT
-from edgedeploy.stages.base import BuildContext, Stage, model_inputs
+from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
 
 if TYPE_CHECKING:
     from edgedeploy.config import DeployConfig
 
 
+# a spec-random float input larger than this is stored as its seed (inputs this small cost nothing to keep)
+SEEDED_MIN_BYTES = 64 * 1024
+DEFAULT_BUDGET_BYTES = 8_000_000  # goldens budget floor when validate.goldens_budget_mb is unset
+BUDGET_MODEL_MULTIPLE = 2  # ... or this many times the model's weights, when larger
+
+
 class GoldensFromTorch(Stage):
     name = names.REFERENCE
-    version = "1"
+    version = "2"
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
@@ -40,26 +52,33 @@ class GoldensFromTorch(Stage):
             "inputs": c.to_dict()["inputs"],
             "dims": c.to_dict()["dims"],
             "outputs": list(c.outputs),
-            "validate": [c.validate.samples, c.validate.seed, c.validate.data],
+            "validate": [c.validate.samples, c.validate.seed, c.validate.data, c.validate.goldens_budget_mb],
             "calibration": _calibration_key(c),
             "heldout_calibration": _heldout_key(ctx),
         }
 
-    def run(self, ctx: BuildContext) -> dict[str, Any]:
+    def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         model = ctx.model()
         rng = np.random.default_rng(cfg.validate.seed)
         arrays: dict[str, np.ndarray] = {}
         user = _user_data(ctx)
-        for point in SHAPE_POINTS:
+        seeded = 0
+        for p_index, point in enumerate(SHAPE_POINTS):
             for s in range(cfg.validate.samples):
                 feeds = feeds_at(cfg, point, rng)
-                store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
+                gens = _seed_large_floats(cfg, feeds, seed=[cfg.validate.seed, p_index, s])
+                store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds), gens=gens)
+                seeded += len(gens)
         for s, feeds in enumerate(user):
             store_goldens(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
         held = [] if _calibration_file(cfg) is not None else _heldout_calibration(ctx)  # else already "data"
         for s, feeds in enumerate(held):
             store_goldens(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
+        from edgedeploy.device.goldens_format import fit_budget
+
+        budget = _budget_bytes(cfg, model)
+        fitted = fit_budget(arrays, budget, protect=["data", HELDOUT_POINT])
         # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
         np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
@@ -69,12 +88,54 @@ class GoldensFromTorch(Stage):
                 f"the PyTorch model itself produced NaN/Inf in {', '.join(nonfinite[:4])}",
                 hint="fix the model or its weights before exporting",
             )
-        return {
-            "points": list(SHAPE_POINTS),
-            "samples": cfg.validate.samples,
-            "user_batches": len(user),
-            "heldout_calibration_batches": len(held),
+        size = {
+            "budget_bytes": budget,
+            "bytes": fitted["bytes"],
+            "inputs_stored_as_seeds": seeded,
+            "outputs_stored_sparingly": {k: f"every {n}th element" for k, n in fitted["sparse"].items()},
+            "within_budget": fitted["within_budget"],
         }
+        result = StageResult(
+            {
+                "points": list(SHAPE_POINTS),
+                "samples": cfg.validate.samples,
+                "user_batches": len(user),
+                "heldout_calibration_batches": len(held),
+                "goldens_size": size,
+            }
+        )
+        if not fitted["within_budget"]:
+            result.warnings.append(
+                f"goldens.npz is {fitted['bytes'] / 1e6:.1f} MB, over its {budget / 1e6:.1f} MB budget (real samples "
+                "are kept whole): raise validate.goldens_budget_mb or give fewer validate.data samples"
+            )
+        return result
+
+
+def _seed_large_floats(cfg: DeployConfig, feeds: dict[str, np.ndarray], seed: list[int]) -> dict[str, np.ndarray]:
+    """Replace each large spec-random float input in ``feeds`` (in place) by one drawn from a seed; return the
+    ``gen`` entries that stand for them in goldens.npz."""
+    from edgedeploy.device.goldens_format import gen_entry, seeded_uniform
+    from edgedeploy.modelio.generators import kind_of
+
+    gens: dict[str, np.ndarray] = {}
+    for i, spec in enumerate(cfg.inputs):
+        arr = feeds[spec.name]
+        if kind_of(spec) != "float" or arr.nbytes <= SEEDED_MIN_BYTES:
+            continue
+        value = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
+        lo, hi = float(spec.range[0]), float(spec.range[1])
+        feeds[spec.name] = seeded_uniform(value, list(arr.shape), lo, hi, spec.dtype)
+        gens[spec.name] = gen_entry(value, list(arr.shape), lo, hi, spec.dtype)
+    return gens
+
+
+def _budget_bytes(cfg: DeployConfig, model: Any) -> int:
+    """validate.goldens_budget_mb in bytes, else the larger of 8 MB and twice the model's weights."""
+    if cfg.validate.goldens_budget_mb is not None:
+        return int(cfg.validate.goldens_budget_mb * 1e6)
+    weights = sum(int(t.numel()) * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return max(DEFAULT_BUDGET_BYTES, BUDGET_MODEL_MULTIPLE * weights)
 
 
 def _user_data(ctx: BuildContext) -> list[dict[str, np.ndarray]]:

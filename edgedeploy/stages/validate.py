@@ -4,7 +4,8 @@ Backends: the TorchScript capture, ONNX Runtime on the FP32 model and on the FP1
 the precision stage wrote them, and the TensorRT engine when there is one and TensorRT imports (else
 the candidate is listed as ``skipped: no TensorRT``). Each runs through a polygraphy runner
 (``edgedeploy.validate.runners``) on the goldens' inputs (min / opt / max shapes and ``validate.data``);
-each output is judged with the tolerance of the backend's precision (``[tolerance.<precision>]``).
+each output is judged with the tolerance of the backend's precision (``[tolerance.<precision>]``) by the one
+rule of :func:`edgedeploy.validate.parity.judge_goldens` (FP16/INT8 agreement on real samples only).
 A batch made of one row repeated must give the same output in every row. A failing ONNX candidate is
 traced back to the first layer where it departs from PyTorch (``edgedeploy.validate.localize``).
 All failures are collected, then reported in one ParityError.
@@ -27,9 +28,8 @@ from edgedeploy.validate.parity import (
     NON_FINITE,
     add_to_histogram,
     batch_consistency,
-    compare_output,
     empty_histogram,
-    pooled_top1,
+    judge_goldens,
     where,
 )
 from edgedeploy.validate.runners import (
@@ -160,25 +160,28 @@ class ParityFromGoldens(Stage):
             cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
             return cand, None
         hist = {name: empty_histogram() for name in cfg.outputs}
-        for (point, s, pair), got in zip(samples, outputs):
+        for (_, _, pair), got in zip(samples, outputs):
             for out_name in cfg.outputs:
-                ref = pair["out"][out_name]
-                if out_name not in got:
-                    row = {"passed": False, "failure": ["missing output"], "reason": "backend has no such output"}
-                else:
-                    row = compare_output(
-                        ref,
-                        got[out_name],
-                        atol=tol.atol,
-                        rtol=tol.rtol,
-                        min_cosine=tol.min_cosine,
-                        topk=cfg.validate.topk,
-                        classifier=out_name in cfg.validate.classifier_outputs,
-                    )
-                    add_to_histogram(hist[out_name], ref, got[out_name])
-                row.update(check="parity", shape=point, sample=s, output=out_name)
-                cand["checks"].append(row)
-        cand["checks"] += pooled_top1(cand["checks"], tol.min_topk_agreement)  # real samples, pooled
+                if out_name in got and out_name in pair["out"] and out_name not in pair.get("sparse", {}):
+                    add_to_histogram(hist[out_name], pair["out"][out_name], got[out_name])
+        rows = judge_goldens(
+            [(point, s, pair) for point, s, pair in samples],
+            outputs,
+            backend.precision,
+            tol.__dict__,
+            outputs=list(cfg.outputs),
+            topk=cfg.validate.topk,
+            classifier_outputs=list(cfg.validate.classifier_outputs),
+        )
+        for row in rows:
+            row.setdefault("check", "parity")
+        cand["checks"] += rows  # one judge: the precision stage and the device bundle apply the same
+        informational = [r for r in rows if r.get("informational")]
+        if informational:
+            cand["informational"] = (
+                f"{len(informational)} spec-random golden row(s) outside tolerance.{backend.precision}: reported, "
+                "not judged (task agreement of reduced precision is judged on real samples)"
+            )
         cand["histograms"] = hist
         lat = None
         with quiet_polygraphy(), runner:

@@ -20,6 +20,16 @@ elementwise tolerance and cosine.
 
 A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
 never as ok): agreement between two constants says nothing about the model.
+
+One judge (:func:`judge_goldens`), used by host validation, the precision stage's check of INT8 candidates
+and the device bundle's own run: for FP16 and INT8 artifacts, task agreement (elementwise tolerance, cosine,
+top-1) is judged on real-sample goldens only. Spec-random goldens (uniform noise no user sends) still fail on
+what they can show (non-finite values, a wrong shape) and report their errors as ``informational`` rows. A
+build with no real-sample golden at all (FP16 without calibration data or ``validate.data``) is judged on the
+spec-random ones, as that is all there is. FP32 artifacts are judged on every golden.
+
+Cosine similarity is undefined (``None``, reported as n/a) on an output of fewer than
+``MIN_COSINE_ELEMENTS`` elements and on a reference of (near) zero norm.
 """
 
 # ruff: noqa: UP006, UP035, UP045, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
@@ -37,6 +47,14 @@ LOW_TOPK = "top-k agreement"
 # other points (min/opt/max) are spec-random inputs
 REAL_DATA_POINTS = ("data", "calib-heldout")
 TOP1_CHECK = "top1_agreement"  # the check name of pooled_top1's rows
+# precisions whose task agreement is judged on real samples only (spec-random goldens are informational)
+REDUCED_PRECISIONS = ("fp16", "int8")
+# failure codes that say something about task agreement: informational on spec-random goldens of FP16/INT8
+AGREEMENT_FAILURES = (OUTSIDE_TOLERANCE, LOW_COSINE, LOW_TOPK)
+# cosine of a vector this short is a sign or an angle between two points, not a similarity
+MIN_COSINE_ELEMENTS = 3
+# a reference whose root mean square is below this has no direction to agree with
+NEAR_ZERO_RMS = 1e-6
 # The pooled top-1 check fails an artifact whose agreement is more than one standard error (Wilson score
 # interval, z = 1) below the target. A count on a few dozen goldens cannot resolve a target of 0.95: on 96
 # views of 16 photos one ambiguous photo moves it by 6 points, and EfficientNet-Lite0 INT8 models that agree
@@ -95,8 +113,13 @@ def compare_output(
     min_topk_agreement: Optional[float] = None,
     topk: int = 1,
     classifier: bool = False,
+    agreement: bool = True,
 ) -> Dict[str, Any]:
     """Error figures for one output and whether they pass the tolerance.
+
+    ``agreement`` False (a spec-random golden of an FP16/INT8 artifact, :func:`judges_agreement`): the
+    tolerance, cosine and top-k figures are reported (``informational`` holds what they would have failed) but
+    only non-finite values and a shape mismatch fail the row.
 
     Figures: max and p99 of the absolute and relative error, cosine similarity, NaN and Inf
     counts, and for classifier outputs (last axis = classes) top-1 agreement and top-k overlap.
@@ -129,8 +152,9 @@ def compare_output(
     row["max_rel"] = float(rel.max()) if rel.size else 0.0
     row["p99_rel"] = float(np.percentile(rel, 99)) if rel.size else 0.0
     rf, cf = r[finite].ravel(), c[finite].ravel()
-    denom = float(np.linalg.norm(rf) * np.linalg.norm(cf))
-    row["cosine"] = float(rf @ cf / denom) if denom > 0 else (1.0 if np.array_equal(rf, cf) else 0.0)
+    row["cosine"] = cosine_or_none(rf, cf)
+    if row["cosine"] is None:
+        row["cosine_na"] = cosine_undefined_why(rf)
     if atol is not None or rtol is not None:
         a = atol or 0.0
         t = rtol or 0.0
@@ -144,7 +168,7 @@ def compare_output(
             where = "worst at flat index {}: ref {:.6g}, got {:.6g}".format(worst, r.ravel()[worst], c.ravel()[worst])
             text = "{}: {} of {} values exceed atol={:g} rtol={:g} ({})"
             reasons.append(text.format(OUTSIDE_TOLERANCE, outside, ok.size, a, t, where))
-    if min_cosine is not None and row["cosine"] < min_cosine:
+    if min_cosine is not None and row["cosine"] is not None and row["cosine"] < min_cosine:
         failures.append(LOW_COSINE)
         reasons.append("{}: {:.6f} < {}".format(LOW_COSINE, row["cosine"], min_cosine))
     if classifier and ref.ndim >= 1 and ref.shape[-1] > 0:
@@ -163,6 +187,13 @@ def compare_output(
         if min_topk_agreement is not None and top1 < min_topk_agreement:
             failures.append(LOW_TOPK)
             reasons.append("{}: top-1 agreement {:.4f} < {}".format(LOW_TOPK, top1, min_topk_agreement))
+    row["agreement_judged"] = bool(agreement)
+    if not agreement:
+        info = [why for code, why in zip(failures, reasons) if code in AGREEMENT_FAILURES]
+        reasons = [why for code, why in zip(failures, reasons) if code not in AGREEMENT_FAILURES]
+        failures = [code for code in failures if code not in AGREEMENT_FAILURES]
+        if info:
+            row["informational"] = "; ".join(info)
     row["passed"] = not failures
     # both sides constant (an all-masked batch, a dead output): agreement proves nothing
     row["vacuous"] = bool(rf.size > 1 and np.ptp(rf) == 0 and cf.size > 1 and np.ptp(cf) == 0)
@@ -172,10 +203,97 @@ def compare_output(
     return row
 
 
+def cosine_undefined_why(ref: np.ndarray) -> Optional[str]:
+    """Why the cosine similarity against ``ref`` (flat) is undefined, or None when it is defined."""
+    if ref.size < MIN_COSINE_ELEMENTS:
+        return "n/a: {} element(s), cosine needs {}".format(ref.size, MIN_COSINE_ELEMENTS)
+    if float(np.sqrt(np.mean(ref.astype(np.float64) ** 2))) < NEAR_ZERO_RMS:
+        return "n/a: reference is (near) zero"
+    return None
+
+
+def cosine_or_none(ref: np.ndarray, cand: np.ndarray) -> Optional[float]:
+    """Cosine similarity of two flat vectors; None where undefined (:func:`cosine_undefined_why`)."""
+    if cosine_undefined_why(ref) is not None:
+        return None
+    denom = float(np.linalg.norm(ref) * np.linalg.norm(cand))
+    return float(ref @ cand / denom) if denom > 0 else 0.0
+
+
+def judges_agreement(point: str, precision: str, real_samples: bool) -> bool:
+    """Whether a golden at ``point`` judges task agreement (tolerance, cosine, top-1) of a ``precision``
+    artifact: always for FP32; for FP16/INT8 on real-sample goldens, or on any when ``real_samples`` is False
+    (no real-sample golden exists)."""
+    return precision not in REDUCED_PRECISIONS or point in REAL_DATA_POINTS or not real_samples
+
+
+def judge_goldens(
+    cases: List[Any],
+    results: List[Dict[str, Any]],
+    precision: str,
+    tolerance: Dict[str, Any],
+    outputs: Optional[List[str]] = None,
+    topk: int = 1,
+    classifier_outputs: Optional[List[str]] = None,
+) -> List[Dict[str, Any]]:
+    """Every golden judged by the one rule: rows per (point, sample, output), then pooled top-1 rows.
+
+    ``cases``: ``(point, sample, pair)`` with ``pair["out"]`` the reference outputs (and ``pair["sparse"]``,
+    name -> (shape, stride), for outputs stored as every ``stride``-th element, see ``sparse_values``);
+    ``results``: the candidate's outputs, one dict per case. ``tolerance``: atol / rtol / min_cosine /
+    min_topk_agreement of ``precision`` (None disables one). Agreement rule: :func:`judges_agreement`.
+    """
+    classifiers = list(classifier_outputs or [])
+    real = any(point in REAL_DATA_POINTS for point, _, _ in cases)
+    rows = []  # type: List[Dict[str, Any]]
+    for (point, sample, pair), got in zip(cases, results):
+        sparse = pair.get("sparse") or {}
+        for name in outputs or sorted(pair["out"]):
+            if name not in pair["out"]:
+                continue
+            ref = pair["out"][name]
+            if name not in got:
+                row = {"passed": False, "failure": ["missing output"],
+                       "reason": "output {!r} missing (runner gave {})".format(name, sorted(got))}  # fmt: skip
+            else:
+                cand = np.asarray(got[name])
+                if name in sparse:
+                    shape, stride = sparse[name]
+                    if list(cand.shape) != list(shape):
+                        row = compare_output(np.zeros(shape, np.float32), cand)  # a shape mismatch row
+                        rows.append(dict(row, shape=point, sample=sample, output=name))
+                        continue
+                    cand = sparse_values(cand, stride, ref.size)
+                row = compare_output(
+                    ref,
+                    cand,
+                    atol=tolerance.get("atol"),
+                    rtol=tolerance.get("rtol"),
+                    min_cosine=tolerance.get("min_cosine"),
+                    topk=topk,
+                    classifier=name in classifiers and name not in sparse,
+                    agreement=judges_agreement(point, precision, real),
+                )
+                if name in sparse:
+                    row["stored_every"] = int(sparse[name][1])
+            row.update(shape=point, sample=sample, output=name)
+            rows.append(row)
+    return rows + pooled_top1(rows, tolerance.get("min_topk_agreement"))
+
+
+def sparse_values(full: np.ndarray, stride: int, count: int) -> np.ndarray:
+    """The elements of ``full`` a sparingly stored golden keeps: every ``stride``-th of the flat array, ``count``
+    of them."""
+    return np.ascontiguousarray(full).reshape(-1)[:: int(stride)][: int(count)]
+
+
 def where(row: Dict[str, Any]) -> str:
     """How reports name a comparison row: ``shape#sample``, or ``shape (pooled)`` for a pooled top-1 row."""
     sample = row.get("sample")
-    return "{} (pooled)".format(row.get("shape")) if sample is None else "{}#{}".format(row.get("shape"), sample)
+    if sample is None:
+        return "{} (pooled)".format(row.get("shape"))
+    kind = "real sample " if row.get("shape") in REAL_DATA_POINTS else ""
+    return "{}{}#{}".format(kind, row.get("shape"), sample)
 
 
 def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float]) -> List[Dict[str, Any]]:

@@ -1,0 +1,93 @@
+"""goldens.npz's layout, read the same on the host and on the device (numpy only, Python 3.6, numpy 1.13).
+
+Copied into device bundles beside ``complete_bundle.py``. Keys are ``point/sample/kind/name``. Kinds:
+``in`` and ``out`` (arrays as they are); ``gen`` (a spec-random float input stored as its seed, JSON
+{"seed", "shape", "low", "high", "dtype"}, regenerated with numpy's legacy ``RandomState`` stream, the same
+on every numpy release since before 1.13); ``sparse`` (an output stored as every ``stride``-th element of its
+flat array) with ``sparsemeta`` (JSON {"shape", "stride"}).
+"""
+
+# ruff: noqa: UP006, UP035, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
+import json
+from typing import Any, Dict, List
+
+import numpy as np
+
+GOLDEN_KINDS = ("in", "out", "gen", "sparse", "sparsemeta")
+
+
+def seeded_uniform(seed: int, shape: List[int], low: float, high: float, dtype: str) -> np.ndarray:
+    """A spec-random float input drawn from numpy's legacy RandomState stream (the same on every numpy)."""
+    return np.random.RandomState(int(seed)).uniform(low, high, size=tuple(shape)).astype(dtype)
+
+
+def goldens_from_arrays(arrays: Dict[str, np.ndarray]) -> Dict[str, Dict[int, Dict[str, Any]]]:
+    """{point: {sample: {"in": {...}, "out": {...}, "sparse": {name: (shape, stride)}}}} from goldens.npz's arrays:
+    seeded inputs regenerated, sparingly stored outputs kept as their stored elements.
+
+    Raises:
+        ValueError: an entry that is not part of an edgedeploy goldens file (its key named).
+    """
+    out = {}  # type: Dict[str, Dict[int, Dict[str, Any]]]
+    for key in sorted(arrays):
+        parts = key.split("/", 3)
+        if len(parts) != 4 or parts[2] not in GOLDEN_KINDS or not parts[1].isdigit():
+            raise ValueError("unexpected entry {!r} (not an edgedeploy goldens file)".format(key))
+        point, sample, kind, name = parts
+        pair = out.setdefault(point, {}).setdefault(int(sample), {"in": {}, "out": {}, "sparse": {}})
+        arr = arrays[key]
+        try:
+            if kind == "gen":
+                g = json.loads(str(arr[()]))
+                pair["in"][name] = seeded_uniform(g["seed"], g["shape"], g["low"], g["high"], g["dtype"])
+            elif kind == "sparsemeta":
+                m = json.loads(str(arr[()]))
+                pair["sparse"][name] = ([int(d) for d in m["shape"]], int(m["stride"]))
+            else:
+                pair["out" if kind == "sparse" else kind][name] = arr
+        except (ValueError, KeyError, TypeError):
+            raise ValueError("unreadable entry {!r}".format(key)) from None
+    for by_sample in out.values():
+        for entry in by_sample.values():
+            if set(entry["sparse"]) - set(entry["out"]):
+                raise ValueError("sparse output without values: {}".format(sorted(entry["sparse"])))
+    return out
+
+
+def gen_entry(seed: int, shape: List[int], low: float, high: float, dtype: str) -> np.ndarray:
+    """The ``gen`` entry that stands for :func:`seeded_uniform`'s array with these arguments."""
+    spec = {"seed": int(seed), "shape": [int(d) for d in shape], "low": float(low), "high": float(high)}
+    spec["dtype"] = str(dtype)
+    return np.array(json.dumps(spec, sort_keys=True))
+
+
+def sparing_stride(size: int, keep: int) -> int:
+    """The stride that keeps at most ``keep`` of ``size`` elements (at least every second one)."""
+    return max(2, -(-int(size) // max(1, int(keep))))
+
+
+def fit_budget(arrays: Dict[str, np.ndarray], budget: int, protect: List[str], keep: int = 4096) -> Dict[str, Any]:
+    """Store the largest outputs of ``arrays`` (a goldens dict, changed in place) sparingly until their bytes
+    fit ``budget``: every ``stride``-th element, at most ``keep`` of them, with a ``sparsemeta`` entry.
+
+    Outputs of points listed in ``protect`` (real samples) go last. Returns what was done: ``bytes`` before and
+    after, ``sparse`` (key -> stride) and ``within_budget``.
+    """
+    before = sum(int(a.nbytes) for a in arrays.values())
+    total = before
+    outs = [k for k in arrays if k.split("/")[2] == "out" and arrays[k].size > keep]
+    outs.sort(key=lambda k: (k.split("/")[0] in protect, -arrays[k].nbytes))
+    sparse = {}  # type: Dict[str, int]
+    for key in outs:
+        if total <= budget:
+            break
+        point, sample, _, name = key.split("/", 3)
+        full = arrays.pop(key)
+        stride = sparing_stride(full.size, keep)
+        values = np.ascontiguousarray(full.reshape(-1)[::stride])
+        meta = np.array(json.dumps({"shape": [int(d) for d in full.shape], "stride": stride}))
+        arrays["{}/{}/sparse/{}".format(point, sample, name)] = values
+        arrays["{}/{}/sparsemeta/{}".format(point, sample, name)] = meta
+        total += int(values.nbytes) + int(meta.nbytes) - int(full.nbytes)
+        sparse[key] = stride
+    return {"bytes_full": before, "bytes": total, "sparse": sparse, "within_budget": total <= budget}

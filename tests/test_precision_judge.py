@@ -1,0 +1,203 @@
+"""One judge for reduced precision: FP16/INT8 agreement on real samples, never a float model labelled INT8."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_calib_data import photo_folder
+from test_precision_build import _normalized_project
+from test_precision_speed_probe import _timings
+
+from edgedeploy.cli import main
+from edgedeploy.device import complete_bundle as device
+from edgedeploy.precision import analysis, speed_probe
+from edgedeploy.precision.heldout import cosine_score
+from edgedeploy.validate.parity import compare_output, judge_goldens, where
+
+INT8 = {"atol": None, "rtol": None, "min_cosine": 0.98, "min_topk_agreement": 0.95}
+
+
+def _noisy(ref: np.ndarray, scale: float, seed: int = 0) -> np.ndarray:
+    return (ref + scale * np.random.default_rng(seed).standard_normal(ref.shape)).astype(np.float32)
+
+
+def _cases() -> tuple[list[Any], list[dict[str, np.ndarray]]]:
+    """A spec-random golden whose INT8 output is far off (cosine ~0.7) and a real-sample golden that agrees."""
+    rng = np.random.default_rng(1)
+    random_ref = rng.standard_normal((2, 16)).astype(np.float32)
+    real_ref = rng.standard_normal((2, 16)).astype(np.float32)
+    cases = [("opt", 0, {"out": {"emb": random_ref}}), ("data", 0, {"out": {"emb": real_ref}})]
+    return cases, [{"emb": _noisy(random_ref, 1.0)}, {"emb": _noisy(real_ref, 0.01)}]
+
+
+def test_spec_random_goldens_are_informational_for_int8_and_judged_for_fp32() -> None:
+    cases, got = _cases()
+    rows = judge_goldens(cases, got, "int8", INT8, outputs=["emb"])
+    random_row, real_row = rows
+    assert random_row["passed"] and random_row["agreement_judged"] is False
+    assert random_row["informational"].startswith("cosine:") and random_row["cosine"] < 0.98
+    assert real_row["passed"] and real_row["agreement_judged"] is True
+    fp32 = {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999, "min_topk_agreement": None}
+    assert not judge_goldens(cases, got, "fp32", fp32, outputs=["emb"])[0]["passed"]
+    # a real sample that disagrees fails, named as a real sample with its check
+    bad = judge_goldens(cases, [got[0], {"emb": _noisy(cases[1][2]["out"]["emb"], 1.0)}], "int8", INT8)
+    assert not bad[1]["passed"] and where(bad[1]) == "real sample data#0" and bad[1]["reason"].startswith("cosine")
+    # no real-sample golden at all (FP16 without data): the spec-random ones are all the evidence there is
+    alone = judge_goldens(cases[:1], got[:1], "fp16", {"min_cosine": 0.999})
+    assert not alone[0]["passed"] and alone[0]["agreement_judged"]
+
+
+def test_non_finite_and_shape_fail_on_spec_random_goldens_of_int8() -> None:
+    cases, got = _cases()
+    nan = got[0]["emb"].copy()
+    nan[0, 0] = np.nan
+    rows = judge_goldens(cases, [{"emb": nan}, got[1]], "int8", INT8)
+    assert not rows[0]["passed"] and rows[0]["failure"] == ["non-finite output"]
+    rows = judge_goldens(cases, [{"emb": got[0]["emb"][:1]}, got[1]], "int8", INT8)
+    assert not rows[0]["passed"] and rows[0]["failure"] == ["shape mismatch"]
+
+
+def test_cosine_is_na_on_tiny_or_zero_outputs_not_zero() -> None:
+    one = compare_output(np.array([0.3], np.float32), np.array([0.0], np.float32), min_cosine=0.98)
+    assert one["cosine"] is None and one["passed"] and "1 element" in one["cosine_na"]
+    zero = compare_output(np.zeros(8, np.float32), np.full(8, 1e-3, np.float32), min_cosine=0.98)
+    assert zero["cosine"] is None and zero["passed"] and "zero" in zero["cosine_na"]
+    # held out: a one-value-per-sample output (a speech probability) is judged by one cosine over all samples
+    ref = np.linspace(0.1, 0.9, 20, dtype=np.float32).reshape(20, 1)
+    pooled = cosine_score(ref, ref * 1.01)
+    assert pooled["pooled"] and pooled["value"] == pytest.approx(1.0, abs=1e-6)
+    assert cosine_score(ref, -ref)["value"] == pytest.approx(-1.0, abs=1e-6)
+
+
+class _Runner:
+    """A candidate given as arrays (the device check's runner interface)."""
+
+    def __init__(self, outputs: list[dict[str, np.ndarray]]) -> None:
+        self.outputs = iter(outputs)
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return next(self.outputs)
+
+
+def test_the_bundle_dry_run_applies_the_same_judge() -> None:
+    cases, got = _cases()
+    goldens = {point: {s: dict(pair, **{"in": {}}) for p, s, pair in cases if p == point} for point in ("opt", "data")}
+    spec = {"tolerance": INT8, "outputs": ["emb"], "precision": "int8"}
+    device_rows = device.validate(_Runner([got[1], got[0]]), goldens, spec)  # sorted points: data, opt
+    host_rows = judge_goldens(cases, got, "int8", INT8, outputs=["emb"])
+    assert [r["passed"] for r in device_rows] == [True, True] == [r["passed"] for r in host_rows]
+    assert {r["shape"]: r.get("informational") for r in device_rows} == {
+        r["shape"]: r.get("informational") for r in host_rows
+    }
+
+
+def _build(cfg: Path, calib: Path, out: Path, *extra: str) -> int:
+    argv = ["build", "--config", str(cfg), "--out", str(out), "--precision", "int8", "--calib", str(calib)]
+    return main([*argv, "--target", "cpu", *extra])
+
+
+def test_a_speed_probe_preferring_float_never_leaves_a_float_model_labelled_int8(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _normalized_project(tiny_project)
+    # the Gemm pinned float: the conv is the one INT8 compute node left, and it comes first in the graph
+    cfg.write_text(cfg.read_text().replace("[validate]", '[precision]\nkeep_fp32 = ["/fc/Gemm"]\n\n[validate]'))
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    # float faster the more of it there is: every prefix "wins"
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 5.0, 2: 1.0, 3: 0.5}))
+    assert _build(cfg, calib, tmp_path / "cpu") == 0
+    plan = json.loads((tmp_path / "cpu" / "precision.json").read_text())
+    probe = plan["float_when_faster"]
+    assert probe["status"] == "skipped" and "would leave no INT8 compute" in probe["why"] and not probe["kept"]
+    assert analysis.int8_compute_ops(tmp_path / "cpu" / "model.int8.onnx") == ["/conv/Conv"]
+    report = json.loads((tmp_path / "cpu" / "report.json").read_text())
+    assert report["precision"] == "int8" and report["status"] == "passed"
+
+
+def test_int8_with_every_compute_node_float_is_refused_not_shipped(
+    tiny_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _normalized_project(tiny_project)
+    text = cfg.read_text().replace("[validate]", '[precision]\nkeep_fp32 = ["/conv/Conv", "/fc/Gemm"]\n\n[validate]')
+    cfg.write_text(text)
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    assert _build(cfg, calib, tmp_path / "cpu") == 6
+    err = capsys.readouterr().err
+    assert "no INT8 compute" in err and "2 listed in precision.keep_fp32" in err
+    assert "list fewer nodes in precision.keep_fp32" in err and "accuracy_target" not in err
+    assert not (tmp_path / "cpu" / "model.int8.onnx").exists()
+
+
+def test_int8_not_faster_than_fp32_says_so_once_and_in_the_report(
+    tiny_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=12, size=40)
+    real = analysis.measure_latency
+
+    def scripted(path: Path, feeds: dict[str, np.ndarray], *, warmup: int, iters: int) -> dict[str, Any]:
+        row = real(path, feeds, warmup=warmup, iters=1)  # the model really runs; only the clock is scripted
+        return {**row, "p50_ms": 5.0 if "int8" in Path(path).name else 4.0}
+
+    monkeypatch.setattr(analysis, "measure_latency", scripted)
+    assert _build(cfg, calib, tmp_path / "cpu", "--float-when-faster", "false") == 0
+    report = json.loads((tmp_path / "cpu" / "report.json").read_text())
+    assert report["metrics"]["precision"]["speedup_vs_fp32"] == pytest.approx(0.8)
+    lines = [w for w in report["warnings"] if "INT8 is not faster than FP32" in w]
+    assert len(lines) == 1 and "speedup_vs_fp32 0.80" in lines[0]
+    assert capsys.readouterr().out.count("INT8 is not faster than FP32") + 0 <= 1
+    assert "speedup_vs_fp32" not in (tmp_path / "cpu" / "precision.json").read_text()  # hashed: no timings
+
+
+def test_the_release_gate_judges_agreement_where_the_build_did() -> None:
+    from edgedeploy.policy import GatePolicy
+    from edgedeploy.validate.gate import evaluate
+
+    cases, got = _cases()
+    rows = [dict(r, check="parity") for r in judge_goldens(cases, got, "int8", INT8, outputs=["emb"])]
+    report = {
+        "schema": "edgedeploy-report/1",
+        "status": "passed",
+        "parity": {
+            "status": "passed",
+            "candidates": [{"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "checks": rows}],
+        },
+        "latency": {"status": "skipped", "reason": "not timed"},
+    }
+    policy = GatePolicy(min_cosine={"int8": 0.99})
+    result = evaluate(report, policy)
+    # the spec-random row's cosine (~0.7) is informational; the real sample's (~1.0) meets the gate's minimum
+    assert result.passed, [c.line() for c in result.failures]
+    rows[1]["cosine"] = 0.95  # the real sample below the gate's minimum fails it
+    assert evaluate(report, policy).exit_code == 7
+
+
+def test_int8_candidates_are_vetoed_by_real_samples_only(tmp_path: Path) -> None:
+    from test_precision import _stage_ctx, outlier_net
+
+    from edgedeploy.modelio.goldens import golden_key
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
+
+    ctx = _stage_ctx(tmp_path, "jetson-orin", "int8", outlier_net(), {"accuracy_target": 0.5})
+    model = ctx.staging / "model.onnx"
+    feeds = {"image": np.random.default_rng(0).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)}
+    right = analysis.run_model(model, [feeds])[0]["logits"]
+    wrong = np.ones((1, 10), np.float32)  # nothing the model produces
+
+    def veto(random_out: np.ndarray, real_out: np.ndarray) -> str | None:
+        arrays = {
+            golden_key("opt", 0, "in", "image"): feeds["image"],
+            golden_key("opt", 0, "out", "logits"): random_out,
+            golden_key("data", 0, "in", "image"): feeds["image"],
+            golden_key("data", 0, "out", "logits"): real_out,
+        }
+        np.savez(ctx.staging / "goldens.npz", **arrays)
+        return goldens_veto(ctx.cfg, model, golden_cases(ctx.staging / "goldens.npz"))
+
+    assert veto(wrong, right) is None  # a spec-random golden never vetoes when real samples exist
+    reason = veto(right, wrong)
+    assert reason and reason.startswith("golden real sample data#0 logits fails tolerance.int8: cosine")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -251,79 +249,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     return obj
-
-
-# ---- flags ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FlagField:
-    """One CLI flag and the config field it sets."""
-
-    flag: str
-    dotted: str
-    type: Any
-    help: str
-    path: bool = False
-
-
-def flag_fields() -> list[FlagField]:
-    """Every config field that has a CLI flag, in declaration order."""
-    out = []
-    hints = typing.get_type_hints(DeployConfig)
-    for section in dataclasses.fields(DeployConfig):
-        tp = hints[section.name]
-        if not dataclasses.is_dataclass(tp):
-            continue
-        sub_hints = typing.get_type_hints(tp)
-        for f in dataclasses.fields(tp):
-            if "flag" in f.metadata:
-                out.append(
-                    FlagField(
-                        f.metadata["flag"],
-                        f"{section.name}.{f.name}",
-                        sub_hints[f.name],
-                        f.metadata["help"],
-                        f.metadata.get("path", False),
-                    )
-                )
-    return out
-
-
-def parse_flag_value(ff: FlagField, text: str) -> Any:
-    """Turn a flag's text into the field's type (no eval).
-
-    Raises:
-        ConfigError: the text does not parse as the field's type.
-    """
-    tp = ff.type
-    args = (
-        [a for a in typing.get_args(tp) if a is not type(None)]
-        if typing.get_origin(tp) in (typing.Union, types.UnionType)
-        else [tp]
-    )
-    base = args[0]
-    if base is bool:
-        if any(typing.get_origin(a) is Literal and text in typing.get_args(a) for a in args[1:]):
-            return text  # bool | Literal["auto"]: the word itself
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"flag {ff.flag}: expected true/false, got {text!r}")
-    if ff.path:
-        return str(Path(text).expanduser().resolve())
-    if base is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"flag {ff.flag}: expected an integer, got {text!r}") from None
-    if base is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"flag {ff.flag}: expected a number, got {text!r}") from None
-    return text
 
 
 # ---- loading ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def flags_table() -> str:
-    from edgedeploy.config import flag_fields
+    from edgedeploy.config_flags import flag_fields
 
     rows = ["| config field | flag | meaning |", "|---|---|---|"]
     rows += [f"| `{f.dotted}` | `{f.flag}` | {f.help} |" for f in flag_fields()]

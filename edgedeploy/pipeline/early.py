@@ -21,7 +21,10 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
     Raises:
         TargetCapabilityError: a precision, DLA core or opset the target does not support.
         InputError: INT8 without calibration data; a data file that is missing or needs a
-            Hugging Face tokenizer the model source does not have.
+            Hugging Face tokenizer the model source does not have; an image folder without images, or for
+            a model with several inputs.
+        ConfigError: an image folder for an input that is not one image, or whose height/width are dynamic
+            without ``precision.calib_resize``.
     """
     from edgedeploy.onnxtools.export import choose_opset
 
@@ -41,6 +44,10 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
             continue
         if not path.exists():
             raise InputError(f"{key}: file not found: {path}", hint=f"fix {key} in the config or its flag")
+        if key == "precision.calib" and path.is_dir():
+            from edgedeploy.precision.data import image_folder_plan
+
+            image_folder_plan(cfg, path)  # input geometry and image count: a listing, no image is read
         if path.suffix.lower() == ".txt" and not cfg.model.hf:
             raise InputError(
                 f"{key}: {path} is text; text data needs a Hugging Face model folder (model.hf) to tokenize it",

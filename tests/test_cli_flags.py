@@ -132,3 +132,52 @@ def test_calib_resize_flag_is_the_fix_for_dynamic_image_size(tmp_path: Path, cap
     assert code == 2, err
     assert "--calib-resize" in err[-1] and "dynamic height/width" in err[-1]
     assert not (tmp_path / "out").exists()
+
+
+# ---- did you mean ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["build", "--traget", "cpu"], "deploy build: unknown flag --traget -- fix: did you mean --target?"),
+        (["build", "--calib-resise=224,224"], "unknown flag --calib-resise -- fix: did you mean --calib-resize?"),
+        (["cache", "prune", "--max-szie", "1G"], "unknown flag --max-szie -- fix: did you mean --max-size?"),
+        (["build", "--no-simplfy"], "did you mean --no-simplify?"),
+    ],
+)
+def test_mistyped_flag_names_the_closest_one(capsys, argv: list[str], needle: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and needle in err
+
+
+def test_mistyped_subcommand_names_the_closest_one(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["biuld"])
+    assert exc.value.code == 2 and "did you mean 'build'?" in capsys.readouterr().err
+
+
+def test_mistyped_target_names_the_closest_profile(capsys) -> None:
+    assert main([*BASE, "--target", "jetson-orin-nan"]) == 2
+    assert "did you mean 'jetson-orin-nano'" in capsys.readouterr().err
+
+
+def test_api_keyword_typo_blames_the_keyword_not_the_config(tiny_project: Path) -> None:
+    import edgedeploy
+
+    cfg = edgedeploy.load_config(tiny_project)
+    for call in (
+        lambda: edgedeploy.build(cfg, target="cpu"),
+        lambda: edgedeploy.build(tiny_project, target="cpu"),
+        lambda: edgedeploy.load_config(tiny_project, target="cpu"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            call()
+        line = err.value.one_line()
+        assert "unknown keyword 'target'" in line and "did you mean build__target?" in line
+        assert str(tiny_project) not in line and "deploy.toml" not in line
+    with pytest.raises(ConfigError) as err:
+        edgedeploy.build(cfg, precison__mode="int8")
+    assert "did you mean precision__mode?" in err.value.one_line()
+    assert not (tiny_project.parent / "out").exists()

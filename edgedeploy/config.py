@@ -61,6 +61,12 @@ class InputSpec:
 class ModelSection:
     factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
     hf: str | None = field(default=None, metadata=_flag("--hf", "Hugging Face model folder", path=True))
+    # an ONNX model the user already has (edgedeploy/onnxspec.py): no PyTorch; judged against its own FP32 run
+    onnx: str | None = field(
+        default=None,
+        metadata=_flag("--onnx", "ONNX model to build from (no PyTorch: judged against its ONNX Runtime FP32 run)",
+                       path=True),
+    )  # fmt: skip
     task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
@@ -380,6 +386,10 @@ def config_from_dict(
         from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
 
         fill_from_folder(raw, Path(base_dir), str(source))
+    if (raw.get("model") or {}).get("onnx"):
+        from edgedeploy.onnxspec import fill_from_onnx  # reads the graph only; no onnxruntime import
+
+        fill_from_onnx(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
     cfg: DeployConfig = dataclass_from_dict(
         DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
@@ -391,11 +401,12 @@ def config_from_dict(
 
 def _check_consistency(cfg: DeployConfig) -> None:
     where = cfg.source
-    if not cfg.model.factory:
+    if not cfg.model.factory and not cfg.model.onnx:
         raise ConfigError(
-            f"{where}: missing required key 'model.factory'", hint="set it to 'module:callable', e.g. 'model:build'"
+            f"{where}: missing required key 'model.factory'",
+            hint="set it to 'module:callable', e.g. 'model:build' (or model.onnx to build from an ONNX model)",
         )
-    if ":" not in cfg.model.factory:
+    if cfg.model.factory and ":" not in cfg.model.factory:
         raise ConfigError(f"{where}: key 'model.factory' = {cfg.model.factory!r} must be 'module:callable'")
     if not cfg.inputs:
         raise ConfigError(f"{where}: at least one [[inputs]] table is required")

@@ -132,12 +132,13 @@ def config_from_args(args: argparse.Namespace) -> DeployConfig:
             hint="or describe the model with flags: --factory MODULE:FN --input NAME:SHAPE, --onnx MODEL.onnx, "
             "or --hf FOLDER",
         )
-    if overrides.get("model.factory") and not overrides.get("inputs"):
+    factory_only = given == ["model.factory"]  # several sources: config_from_dict names the conflict
+    if factory_only and not overrides.get("inputs"):
         raise ConfigError(
             "--factory without --config needs the model's inputs",
             hint="add --input NAME:SHAPE per forward() argument, e.g. --input image:1x3x224x224",
         )
-    if overrides.get("model.factory") and "outputs" not in overrides:
+    if factory_only and "outputs" not in overrides:
         overrides["outputs"] = ["output"]
     for spec in overrides.get("inputs") or []:
         for size in spec["shape"]:

@@ -27,6 +27,27 @@ from edgedeploy.errors import ConfigError
 
 # Sections whose fields get generated flags (tables of tables and the [gate] policy go through --set).
 FLAG_SECTIONS = ("model", "export", "precision", "validate", "build")
+# Help for fields whose metadata carries none (a field's own ``help`` metadata wins); a field missing from
+# both still gets a flag, described by its key and default.
+HELP = {
+    "model.kwargs": "keyword arguments of the factory, as JSON",
+    "model.python_path": "folders the factory's module is imported from (default: the config's folder)",
+    "model.class_names": "class names of a classifier's outputs, in order",
+    "model.normalization": 'input normalization as JSON {"mean": [...], "std": [...]}',
+    "export.fail_on_tracer_warnings": "fail tracing on a TracerWarning at your own line",
+    "precision.calib_resize": "HEIGHT,WIDTH calibration images are resized to (needed for dynamic H/W)",
+    "precision.calib_layout": "layout of image-folder calibration tensors: NCHW or NHWC",
+    "precision.calib_samples": "calibration samples used at most",
+    "precision.per_channel": "per-channel INT8 weight scales",
+    "precision.reduce_range": "7-bit INT8 weights: auto (measured where it matters), on or off",
+    "precision.accuracy_target": "held-out score the reduced-precision model must reach (default: from the tolerance)",
+    "precision.max_fallback_tries": "quantizations the float-fallback search may spend",
+    "precision.keep_fp32": "ONNX node names kept in float",
+    "validate.classifier_outputs": "outputs judged by top-k agreement (classifier logits)",
+    "validate.topk": "k of the top-k agreement",
+    "validate.latency_warmup": "untimed runs before timing",
+    "build.jetson": "the Jetson profile --target jetson means off a Jetson",
+}
 
 
 @dataclass(frozen=True)
@@ -110,7 +131,9 @@ def flag_fields() -> list[FlagField]:
                 flag = f"--{name}-{f.name.replace('_', '-')}"
             taken.add(flag)
             default = _default(f)
-            help_text = f.metadata.get("help") or f"{name}.{f.name} (default {default!r})"
+            help_text = (
+                f.metadata.get("help") or HELP.get(f"{name}.{f.name}") or f"{name}.{f.name} (default {default!r})"
+            )
             out.append(
                 FlagField(
                     flag,

@@ -63,3 +63,30 @@ def test_cli_refusal_imports_no_torch(tmp_path: Path) -> None:
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "NO-TORCH 3" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_dynamic_image_size_without_calib_resize_is_refused_before_any_stage(tmp_path: Path) -> None:
+    """An image folder for an input with dynamic height/width needs precision.calib_resize: refused from the
+    config and a directory listing, before the model is imported or any stage runs."""
+    from edgedeploy.errors import ConfigError
+
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"never opened")
+    cfg = config_from_dict(
+        {
+            "model": {"factory": "no_such_module_anywhere:build"},
+            "inputs": [{"name": "image", "shape": ["batch", 3, "h", "w"]}],
+            "dims": {d: {"min": 8, "opt": 16, "max": 32} for d in ("batch", "h", "w")},
+            "outputs": ["y"],
+            "precision": {"mode": "int8", "calib": "photos"},
+            "build": {"out": str(tmp_path / "out")},
+        },
+        source="deploy.toml",
+        base_dir=tmp_path,
+    )
+    lines: list[str] = []
+    with pytest.raises(ConfigError) as err:
+        run_build(cfg, log=lines.append)
+    assert "dynamic height/width" in err.value.message and "--calib-resize" in (err.value.hint or "")
+    assert not [ln for ln in lines if ln.startswith("[")]  # no stage line: reference, capture, export never ran
+    assert not (tmp_path / "out").exists()

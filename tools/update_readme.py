@@ -1,6 +1,7 @@
-"""Regenerate README's generated tables (flags, targets) from the code: `python tools/update_readme.py`.
+"""Regenerate the generated tables (flags, targets) of README.md and docs/cli.md from the code:
+`python tools/update_readme.py`. Each file holds the tables whose markers it has.
 
-tests/test_readme.py fails when README.md is out of date with these tables.
+tests/test_readme.py fails when a file is out of date with these tables.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+CLI_DOC = README.parent / "docs" / "cli.md"
+GENERATED = (README, CLI_DOC)
 
 
 def flags_table() -> str:
     from edgedeploy.config_flags import flag_fields
 
     rows = ["| config field | flag | meaning |", "|---|---|---|"]
-    rows += [f"| `{f.dotted}` | `{f.flag}` | {f.help} |" for f in flag_fields()]
+    for f in flag_fields():
+        flag = f"`{f.flag}` / `{f.negative}`" if f.kind.startswith("bool") else f"`{f.flag}`"
+        rows.append(f"| `{f.dotted}` | {flag} | {f.help} |")
     return "\n".join(rows)
 
 
@@ -43,7 +48,13 @@ def render(text: str) -> str:
 
 
 if __name__ == "__main__":
-    new = render(README.read_text())
-    if "--check" in sys.argv:
-        sys.exit(0 if new == README.read_text() else 1)
-    README.write_text(new)
+    stale = []
+    for path in GENERATED:
+        new = render(path.read_text())
+        if new != path.read_text():
+            stale.append(path)
+            if "--check" not in sys.argv:
+                path.write_text(new)
+    if "--check" in sys.argv and stale:
+        print("stale: " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        sys.exit(1)

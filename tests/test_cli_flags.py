@@ -158,6 +158,12 @@ def test_mistyped_subcommand_names_the_closest_one(capsys) -> None:
     assert exc.value.code == 2 and "did you mean 'build'?" in capsys.readouterr().err
 
 
+def test_mistyped_choice_names_the_closest_one(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--onnx", "m.onnx", "--precision", "int9"])
+    assert exc.value.code == 2 and "did you mean 'int8'?" in capsys.readouterr().err
+
+
 def test_mistyped_target_names_the_closest_profile(capsys) -> None:
     assert main([*BASE, "--target", "jetson-orin-nan"]) == 2
     assert "did you mean 'jetson-orin-nano'" in capsys.readouterr().err

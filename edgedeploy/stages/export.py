@@ -122,9 +122,9 @@ class OnnxFromTorch(Stage):
             if errors:
                 warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
             return StageResult(metrics, warnings=warnings)
-        if frozen:  # the user's own line froze a size: that, not the exporters' symptoms, is the one line
+        dims = _dims_named(errors)
+        if frozen and dims:  # a dynamic dim was baked and the user's own line froze a size: that is the one line
             source, fix = frozen_value_fix(frozen[0])
-            dims = _dims_named(errors) or [d for spec in cfg.inputs for d in cfg.dynamic_dims(spec).values()]
             error = StageError(
                 self.name,
                 f"{frozen[0].where} freezes a tensor size into the graph as a Python number"

@@ -187,3 +187,15 @@ def test_api_keyword_typo_blames_the_keyword_not_the_config(tiny_project: Path) 
         edgedeploy.build(cfg, precison__mode="int8")
     assert "did you mean precision__mode?" in err.value.one_line()
     assert not (tiny_project.parent / "out").exists()
+
+
+def test_generate_key_creates_its_folder_and_refuses_to_overwrite(tmp_path: Path, capsys) -> None:
+    prefix = tmp_path / "keys" / "release"
+    assert main(["sign", "--generate-key", str(prefix)]) == 0
+    assert (tmp_path / "keys" / "release.key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "keys" / "release.pub").is_file()
+    assert main(["sign", "--generate-key", str(prefix)]) == 3
+    assert "choose another --generate-key PREFIX" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["sign", "--generate-key", str(tmp_path / "file" / "release")]) == 3  # a file where a folder goes
+    assert "cannot write the key pair" in capsys.readouterr().err

@@ -56,7 +56,8 @@ class FlagField:
 
     Attributes:
         kind: how the flag's text is read: ``bool`` (a switch), ``bool-auto`` (a switch that also takes
-            ``auto``), ``int``, ``float``, ``str``, ``choice``, ``ints`` / ``strs`` (comma-separated), ``json``.
+            ``auto``), ``int``, ``float``, ``str``, ``choice``, ``ints`` / ``floats`` / ``strs`` (comma-separated),
+            ``json``. ``choices``: the words a field also takes (``Literal`` members).
     """
 
     flag: str
@@ -90,15 +91,11 @@ def _kind(tp: Any) -> tuple[str, tuple[str, ...]] | None:
     if typing.get_origin(base) is Literal:
         return "choice", literals
     if base in (int, float, str):
-        return base.__name__, ()
+        return base.__name__, literals  # int | Literal["auto"]: the words are accepted as they are
     if typing.get_origin(base) is tuple:
         args = typing.get_args(base)
         item = args[0] if args else str
-        if item is int:
-            return "ints", ()
-        if item is str:
-            return "strs", ()
-        return None
+        return {int: ("ints", ()), float: ("floats", ()), str: ("strs", ())}.get(item)
     if typing.get_origin(base) is dict or base is dict:
         return "json", ()
     return None
@@ -172,6 +169,8 @@ def parse_flag_value(ff: FlagField, text: Any) -> Any:
         raise ConfigError(
             f"flag {ff.flag}: expected {words}, got {text!r}", hint=f"use {ff.flag} or {ff.negative} alone"
         )
+    if ff.choices and text in ff.choices:
+        return text
     if ff.path:
         return str(Path(text).expanduser().resolve())
     if ff.kind == "int":
@@ -195,6 +194,11 @@ def parse_flag_value(ff: FlagField, text: Any) -> Any:
             return [int(p) for p in _split(text, ",x")]
         except ValueError:
             raise ConfigError(f"flag {ff.flag}: expected integers such as 224,224, got {text!r}") from None
+    if ff.kind == "floats":
+        try:
+            return [float(p) for p in _split(text)]
+        except ValueError:
+            raise ConfigError(f"flag {ff.flag}: expected numbers such as 0.5,1.5, got {text!r}") from None
     if ff.kind == "strs":
         return _split(text)
     if ff.kind == "json":

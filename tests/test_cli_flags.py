@@ -199,3 +199,19 @@ def test_generate_key_creates_its_folder_and_refuses_to_overwrite(tmp_path: Path
     (tmp_path / "file").write_text("")
     assert main(["sign", "--generate-key", str(tmp_path / "file" / "release")]) == 3  # a file where a folder goes
     assert "cannot write the key pair" in capsys.readouterr().err
+
+
+def test_field_types_a_new_key_may_use_get_a_flag() -> None:
+    """A key added later with a number-or-word or a list-of-numbers type gets a working flag too."""
+    from typing import Literal
+
+    from edgedeploy.config_flags import FlagField, _kind, parse_flag_value
+
+    kind, words = _kind(int | Literal["auto"])  # type: ignore[misc]
+    number_or_auto = FlagField("--n", "s.n", int | Literal["auto"], "", kind=kind, choices=words)
+    assert parse_flag_value(number_or_auto, "auto") == "auto" and parse_flag_value(number_or_auto, "3") == 3
+    kind, words = _kind(tuple[float, ...])  # type: ignore[misc]
+    floats = FlagField("--f", "s.f", tuple[float, ...], "", kind=kind, choices=words)
+    assert parse_flag_value(floats, "0.5,1.5") == [0.5, 1.5]
+    with pytest.raises(ConfigError, match="expected numbers"):
+        parse_flag_value(floats, "a,b")

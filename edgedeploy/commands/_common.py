@@ -60,7 +60,9 @@ def _add_field_flag(group: Any, ff: FlagField) -> None:
         # the --no- form is added by BooleanOptionalAction
         group.add_argument(ff.flag, dest=dest, action=SwitchAction, words=ff.choices, default=None, help=help_text)
         return
-    metavar = {"ints": "N,N", "strs": "A,B", "json": "JSON"}.get(ff.kind, ff.dotted.split(".")[-1].upper())
+    metavar = {"ints": "N,N", "floats": "X,X", "strs": "A,B", "json": "JSON"}.get(
+        ff.kind, ff.dotted.split(".")[-1].upper()
+    )
     if ff.kind == "choice":
         metavar = "{" + ",".join(ff.choices) + "}"
     group.add_argument(ff.flag, dest=dest, metavar=metavar, default=None, help=help_text)

@@ -100,6 +100,13 @@ def fill_from_onnx(raw: dict[str, Any], base_dir: Path, where: str) -> None:
             f"{where}: model.checkpoint does not apply to model.onnx (the ONNX file holds the weights)",
             hint="drop --checkpoint / model.checkpoint",
         )
+    ignored = [f"export.{k}" for k in ("capture", "exporter", "opset") if k in (raw.get("export") or {})]
+    ignored += ["model.kwargs"] if model.get("kwargs") else []
+    if ignored:  # nothing exports or constructs a model given as ONNX: these would be ignored without a word
+        raise ConfigError(
+            f"{where}: {', '.join(ignored)} do(es) not apply to model.onnx (the model is already exported)",
+            hint="drop them, or build from the PyTorch model (model.factory) to export it here",
+        )
     path = onnx_path(raw, base_dir)
     inputs, outputs, dims = spec_from_graph(read_graph(path, where), where)
     raw.setdefault("inputs", inputs)

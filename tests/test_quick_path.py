@@ -122,6 +122,7 @@ def test_onnx_model_outputs_renamed_and_dims_from_flags(tmp_path: Path) -> None:
         (["--checkpoint", "w.safetensors"], 2, "model.checkpoint does not apply to model.onnx"),
         (["--output", "a", "--output", "b"], 2, "has 1 output(s) (scores), the config names 2"),
         (["--factory", "m:build"], 2, "set one of model.onnx, model.factory and model.hf"),
+        (["--exporter", "dynamo", "--opset", "17"], 2, "export.exporter, export.opset do(es) not apply to model.onnx"),
     ],
 )
 def test_onnx_flag_conflicts_are_refused_at_once(tmp_path: Path, capsys, extra, code, needle) -> None:

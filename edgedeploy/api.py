@@ -8,6 +8,7 @@ from typing import Any
 
 from edgedeploy.config import DeployConfig, config_from_dict
 from edgedeploy.config import load_config as _load_config
+from edgedeploy.config_flags import check_override_keys
 from edgedeploy.pipeline.runner import BuildResult, run_build
 
 
@@ -17,9 +18,21 @@ def load_config(path: str | Path, **overrides: Any) -> DeployConfig:
     Example: ``load_config("deploy.toml", build__target="cpu")``.
 
     Raises:
-        ConfigError: the file or an override is invalid.
+        ConfigError: the file or an override is invalid; an unknown keyword names the closest one.
     """
-    return _load_config(path, {k.replace("__", "."): v for k, v in overrides.items()})
+    return _load_config(path, _dotted(overrides))
+
+
+def _dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Keyword overrides (``build__target``) as dotted config keys, each checked against the schema first.
+
+    Raises:
+        ConfigError: a keyword that names no config key (``target``), with the keyword it most likely meant
+            (``build__target``): the keyword is at fault, not the config file.
+    """
+    dotted = {k.replace("__", "."): v for k, v in overrides.items()}
+    check_override_keys(list(dotted), spell=lambda key: key.replace(".", "__"), what="keyword")
+    return dotted
 
 
 def build(
@@ -38,7 +51,7 @@ def build(
     if isinstance(config, (str, Path)):
         cfg = load_config(config, **overrides)
     elif isinstance(config, dict):
-        cfg = config_from_dict(config, overrides={k.replace("__", "."): v for k, v in overrides.items()})
+        cfg = config_from_dict(config, overrides=_dotted(overrides))
     else:
         cfg = config
         if overrides:
@@ -47,6 +60,6 @@ def build(
                 raw,
                 source=cfg.source,
                 base_dir=cfg.base_dir,
-                overrides={k.replace("__", "."): v for k, v in overrides.items()},
+                overrides=_dotted(overrides),
             )
     return run_build(cfg, log=log)

@@ -1,23 +1,65 @@
 """The ``deploy`` command line. Subcommands live in ``edgedeploy.commands`` (one module each).
 
 DeployErrors become one line on stderr and their documented exit code; any other
-exception keeps its traceback (exit 1).
+exception keeps its traceback (exit 1). A mistyped flag or subcommand gets the closest real one.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import pkgutil
+import re
 import sys
+import typing
 from collections.abc import Sequence
 
 from edgedeploy._version import __version__
 from edgedeploy.errors import EXIT_CODES, DeployError
 
 
+class DeployArgumentParser(argparse.ArgumentParser):
+    """argparse with did-you-mean: an unknown subcommand or flag is answered with the closest one."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if match:
+            choices = re.findall(r"'([^']+)'", match.group(2)) or [c.strip() for c in match.group(2).split(",")]
+            close = difflib.get_close_matches(match.group(1), choices, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of ``parser`` and of its subcommands (``deploy cache prune --max-size``)."""
+    found: list[str] = []
+    for action in parser._actions:
+        found += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += _options(sub)
+    return found
+
+
+def unknown_flag_message(parser: argparse.ArgumentParser, command: str | None, extras: list[str]) -> str:
+    """One line for arguments no option took: the first unknown flag and the closest flag of ``command``."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    scope = sub.choices[command] if sub is not None and command in sub.choices else parser
+    prog = scope.prog
+    flag = next((e for e in extras if e.startswith("-")), None)
+    if flag is None:
+        return f"{prog}: unexpected argument(s): {' '.join(extras)} -- fix: see {prog} --help"
+    name = flag.split("=", 1)[0]
+    options = list(dict.fromkeys(_options(scope)))
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    fix = f"did you mean {close[0]}?" if close else f"see {prog} --help"
+    return f"{prog}: unknown flag {name} -- fix: {fix}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = DeployArgumentParser(
         prog="deploy",
         description="PyTorch checkpoint → validated inference artifact (ONNX Runtime / TensorRT).",
         epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items())),
@@ -37,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``deploy`` and ``python -m edgedeploy``; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        print(unknown_flag_message(parser, getattr(args, "command", None), extras), file=sys.stderr)
+        return 2
     try:
         return int(args.handler(args) or 0)
     except DeployError as exc:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +61,12 @@ class InputSpec:
 class ModelSection:
     factory: str = field(default="", metadata=_flag("--factory", "model factory as module:callable"))
     hf: str | None = field(default=None, metadata=_flag("--hf", "Hugging Face model folder", path=True))
+    # an ONNX model the user already has (edgedeploy/onnxspec.py): no PyTorch; judged against its own FP32 run
+    onnx: str | None = field(
+        default=None,
+        metadata=_flag("--onnx", "ONNX model to build from (no PyTorch: judged against its ONNX Runtime FP32 run)",
+                       path=True),
+    )  # fmt: skip
     task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
@@ -255,79 +259,6 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-# ---- flags ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FlagField:
-    """One CLI flag and the config field it sets."""
-
-    flag: str
-    dotted: str
-    type: Any
-    help: str
-    path: bool = False
-
-
-def flag_fields() -> list[FlagField]:
-    """Every config field that has a CLI flag, in declaration order."""
-    out = []
-    hints = typing.get_type_hints(DeployConfig)
-    for section in dataclasses.fields(DeployConfig):
-        tp = hints[section.name]
-        if not dataclasses.is_dataclass(tp):
-            continue
-        sub_hints = typing.get_type_hints(tp)
-        for f in dataclasses.fields(tp):
-            if "flag" in f.metadata:
-                out.append(
-                    FlagField(
-                        f.metadata["flag"],
-                        f"{section.name}.{f.name}",
-                        sub_hints[f.name],
-                        f.metadata["help"],
-                        f.metadata.get("path", False),
-                    )
-                )
-    return out
-
-
-def parse_flag_value(ff: FlagField, text: str) -> Any:
-    """Turn a flag's text into the field's type (no eval).
-
-    Raises:
-        ConfigError: the text does not parse as the field's type.
-    """
-    tp = ff.type
-    args = (
-        [a for a in typing.get_args(tp) if a is not type(None)]
-        if typing.get_origin(tp) in (typing.Union, types.UnionType)
-        else [tp]
-    )
-    base = args[0]
-    if base is bool:
-        if any(typing.get_origin(a) is Literal and text in typing.get_args(a) for a in args[1:]):
-            return text  # bool | Literal["auto"]: the word itself
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"flag {ff.flag}: expected true/false, got {text!r}")
-    if ff.path:
-        return str(Path(text).expanduser().resolve())
-    if base is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"flag {ff.flag}: expected an integer, got {text!r}") from None
-    if base is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"flag {ff.flag}: expected a number, got {text!r}") from None
-    return text
-
-
 # ---- loading ------------------------------------------------------------------------
 
 
@@ -457,6 +388,10 @@ def config_from_dict(
         from edgedeploy.hfspec import fill_from_folder  # reads config.json only; no transformers import
 
         fill_from_folder(raw, Path(base_dir), str(source))
+    if (raw.get("model") or {}).get("onnx"):
+        from edgedeploy.onnxspec import fill_from_onnx  # reads the graph only; no onnxruntime import
+
+        fill_from_onnx(raw, Path(base_dir), str(source))
     origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
     cfg: DeployConfig = dataclass_from_dict(
         DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
@@ -468,11 +403,12 @@ def config_from_dict(
 
 def _check_consistency(cfg: DeployConfig) -> None:
     where = cfg.source
-    if not cfg.model.factory:
+    if not cfg.model.factory and not cfg.model.onnx:
         raise ConfigError(
-            f"{where}: missing required key 'model.factory'", hint="set it to 'module:callable', e.g. 'model:build'"
+            f"{where}: missing required key 'model.factory'",
+            hint="set it to 'module:callable', e.g. 'model:build' (or model.onnx to build from an ONNX model)",
         )
-    if ":" not in cfg.model.factory:
+    if cfg.model.factory and ":" not in cfg.model.factory:
         raise ConfigError(f"{where}: key 'model.factory' = {cfg.model.factory!r} must be 'module:callable'")
     if not cfg.inputs:
         raise ConfigError(f"{where}: at least one [[inputs]] table is required")

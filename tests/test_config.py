@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.config import DEFAULT_TOLERANCES, config_from_dict, flag_fields, load_config
+from edgedeploy.config import DEFAULT_TOLERANCES, config_from_dict, load_config
+from edgedeploy.config_flags import flag_fields
 from edgedeploy.errors import ConfigError
 
 BASE = {

@@ -63,3 +63,61 @@ def test_cli_refusal_imports_no_torch(tmp_path: Path) -> None:
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "NO-TORCH 3" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_dynamic_image_size_without_calib_resize_is_refused_before_any_stage(tmp_path: Path) -> None:
+    """An image folder for an input with dynamic height/width needs precision.calib_resize: refused from the
+    config and a directory listing, before the model is imported or any stage runs."""
+    from edgedeploy.errors import ConfigError
+
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_bytes(b"never opened")
+    cfg = config_from_dict(
+        {
+            "model": {"factory": "no_such_module_anywhere:build"},
+            "inputs": [{"name": "image", "shape": ["batch", 3, "h", "w"]}],
+            "dims": {d: {"min": 8, "opt": 16, "max": 32} for d in ("batch", "h", "w")},
+            "outputs": ["y"],
+            "precision": {"mode": "int8", "calib": "photos"},
+            "build": {"out": str(tmp_path / "out")},
+        },
+        source="deploy.toml",
+        base_dir=tmp_path,
+    )
+    lines: list[str] = []
+    with pytest.raises(ConfigError) as err:
+        run_build(cfg, log=lines.append)
+    assert "dynamic height/width" in err.value.message and "--calib-resize" in (err.value.hint or "")
+    assert not [ln for ln in lines if ln.startswith("[")]  # no stage line: reference, capture, export never ran
+    assert not (tmp_path / "out").exists()
+
+
+def test_array_files_that_do_not_fit_the_inputs_are_refused_before_the_model_loads(tmp_path: Path) -> None:
+    """.npy / .npz names and validation shapes come from the files' headers: refused before any stage."""
+    import numpy as np
+
+    np.savez(tmp_path / "wrong_shape.npz", x=np.zeros((2, 5), np.float32))  # spec: [batch, 3]
+    with pytest.raises(InputError, match=r"axis 1 is 5, spec fixes it at 3"):
+        run_build(_cfg(tmp_path, validate={"data": "wrong_shape.npz"}), log=lambda _l: None)
+    np.savez(tmp_path / "other_name.npz", a=np.zeros((2, 3), np.float32), b=np.zeros((2, 3), np.float32))
+    with pytest.raises(InputError, match=r"no array for input\(s\) x \(has a, b\)"):
+        run_build(_cfg(tmp_path, precision={"mode": "int8", "calib": "other_name.npz"}), log=lambda _l: None)
+    np.save(tmp_path / "one.npy", np.zeros((4, 3), np.float32))
+    two = config_from_dict(
+        {
+            "model": {"factory": "no_such_module_anywhere:build"},
+            "inputs": [{"name": n, "shape": ["batch", 3]} for n in ("x", "y")],
+            "dims": {"batch": {"min": 1, "opt": 2, "max": 4}},
+            "outputs": ["z"],
+            "precision": {"mode": "int8", "calib": "one.npy"},
+            "build": {"out": str(tmp_path / "out")},
+        },
+        source="deploy.toml",
+        base_dir=tmp_path,
+    )
+    with pytest.raises(InputError, match="holds one array and the model has 2 inputs"):
+        run_build(two, log=lambda _l: None)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="not a NumPy array file"):
+        run_build(_cfg(tmp_path, validate={"data": "junk.npz"}), log=lambda _l: None)
+    assert not (tmp_path / "out").exists()

@@ -111,8 +111,9 @@ def test_baked_shape_fails_naming_the_dim(tmp_path: Path, exporter: str) -> None
     with pytest.raises(StageError) as err:
         run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
     assert "batch" in err.value.message
-    if exporter == "torchscript":  # exported fine, then the ONNX Runtime probe caught it
-        assert "'batch'" in err.value.message and "batch=1 (min)" in err.value.message
+    if exporter == "torchscript":  # exported fine, the probe caught it; the user's line froze it: that is named
+        assert "'batch'" in err.value.message and "`n = int(x.size(0))`" in err.value.message
+        assert "write `x.size(0)` instead of `int(x.size(0))`" in (err.value.hint or "")
     assert not (tmp_path / "out" / ONNX_MODEL).exists()
 
 

@@ -26,6 +26,8 @@ LAYERS: dict[str, int] = {
     "stagenames": 0,
     "config": 0,
     "config_ranges": 0,
+    "config_flags": 0,
+    "onnxspec": 0,
     "hfspec": 0,
     "hostenv": 0,
     "reportview": 0,

@@ -108,7 +108,7 @@ def test_stage_applies_equalization_when_configured(tiny_project: Path, tmp_path
 
 
 def test_equalize_flag_parses_auto_and_booleans() -> None:
-    from edgedeploy.config import flag_fields, parse_flag_value
+    from edgedeploy.config_flags import flag_fields, parse_flag_value
 
     ff = next(f for f in flag_fields() if f.flag == "--equalize")
     assert [parse_flag_value(ff, t) for t in ("auto", "true", "off")] == ["auto", True, False]

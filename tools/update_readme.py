@@ -1,7 +1,7 @@
-"""Regenerate the docs' generated tables from the code: `python tools/update_readme.py`.
+"""Regenerate the generated tables (flags, targets) of README.md and docs/cli.md from the code:
+`python tools/update_readme.py`. Each file holds the tables whose markers it has.
 
-README.md holds the targets table, docs/config.md the flags table; tests/test_readme.py fails when either is out of
-date (`--check`).
+tests/test_readme.py fails when a file is out of date with these tables.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-CONFIG_DOC = ROOT / "docs" / "config.md"
-GENERATED = {README: ("targets",), CONFIG_DOC: ("flags",)}
+README = Path(__file__).resolve().parent.parent / "README.md"
+CLI_DOC = README.parent / "docs" / "cli.md"
+GENERATED = (README, CLI_DOC)
 
 
 def flags_table() -> str:
-    from edgedeploy.config import flag_fields
+    from edgedeploy.config_flags import flag_fields
 
     rows = ["| config field | flag | meaning |", "|---|---|---|"]
-    rows += [f"| `{f.dotted}` | `{f.flag}` | {f.help} |" for f in flag_fields()]
+    for f in flag_fields():
+        flag = f"`{f.flag}` / `{f.negative}`" if f.kind.startswith("bool") else f"`{f.flag}`"
+        rows.append(f"| `{f.dotted}` | {flag} | {f.help} |")
     return "\n".join(rows)
 
 
@@ -35,10 +36,8 @@ def targets_table() -> str:
     return "```\n" + buf.getvalue().rstrip() + "\n```"
 
 
-def render(text: str, names: tuple[str, ...] = ("flags", "targets")) -> str:
-    tables = {"flags": flags_table, "targets": targets_table}
-    for name in names:
-        body = tables[name]()
+def render(text: str) -> str:
+    for name, body in (("flags", flags_table()), ("targets", targets_table())):
         text = re.sub(
             rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)",
             lambda m, body=body: m.group(1) + body + "\n" + m.group(2),
@@ -50,12 +49,12 @@ def render(text: str, names: tuple[str, ...] = ("flags", "targets")) -> str:
 
 if __name__ == "__main__":
     stale = []
-    for path, names in GENERATED.items():
-        old = path.read_text()
-        new = render(old, names)
-        if new != old:
-            stale.append(path.name)
+    for path in GENERATED:
+        new = render(path.read_text())
+        if new != path.read_text():
+            stale.append(path)
             if "--check" not in sys.argv:
                 path.write_text(new)
     if "--check" in sys.argv and stale:
-        sys.exit(f"stale generated tables in {', '.join(stale)}: run `python tools/update_readme.py`")
+        print("stale: " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        sys.exit(1)

@@ -1,33 +1,107 @@
-"""Helpers shared by subcommands: config flags generated from the config schema."""
+"""Helpers shared by subcommands: config flags generated from the config schema, and the config they make.
+
+Every config section field has a flag (``edgedeploy.config_flags``); booleans are switches with a ``--no-``
+form. Without ``--config`` the flags alone describe the model: ``--factory MODULE:FN --input NAME:SHAPE``,
+``--onnx MODEL.onnx`` or ``--hf FOLDER``.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from edgedeploy.config import DeployConfig, config_from_dict, flag_fields, load_config, parse_flag_value
+from edgedeploy.config import DeployConfig, config_from_dict, load_config
+from edgedeploy.config_flags import FlagField, flag_fields, model_overrides, parse_flag_value, parse_set
 from edgedeploy.errors import ConfigError
+
+QUICK_SOURCES = ("model.factory", "model.onnx", "model.hf")
+
+
+class SwitchAction(argparse.BooleanOptionalAction):
+    """``--simplify`` / ``--no-simplify``; the positive form also takes an explicit value
+    (``--simplify false``, ``--equalize auto``) so configs written for value flags keep working."""
+
+    def __init__(self, option_strings: list[str], dest: str, words: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"
+        self.words = words
+        self.metavar = "|".join(words) if words else "true|false"
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if option_string is None or option_string not in self.option_strings:
+            return
+        negative = option_string.startswith("--no-")
+        if values is not None:
+            if negative:
+                parser.error(f"{option_string} takes no value (got {values!r})")
+            setattr(namespace, self.dest, values)  # read (and checked) with the other flags
+            return
+        setattr(namespace, self.dest, not negative)
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
+class FlagHelpFormatter(argparse.HelpFormatter):
+    """Shows a switch as ``--simplify, --no-simplify`` (``--equalize [auto], --no-equalize``) in ``--help``."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, SwitchAction):
+            first = action.option_strings[0] + (f" [{'|'.join(action.words)}]" if action.words else "")
+            return ", ".join([first, *action.option_strings[1:]])
+        return super()._format_action_invocation(action)
+
+
+def _add_field_flag(group: Any, ff: FlagField) -> None:
+    dest = f"cfg:{ff.dotted}"
+    help_text = f"{ff.help} [{ff.dotted}]"
+    if ff.kind in ("bool", "bool-auto"):
+        # the --no- form is added by BooleanOptionalAction
+        group.add_argument(ff.flag, dest=dest, action=SwitchAction, words=ff.choices, default=None, help=help_text)
+        return
+    metavar = {"ints": "N,N", "floats": "X,X", "strs": "A,B", "json": "JSON"}.get(
+        ff.kind, ff.dotted.split(".")[-1].upper()
+    )
+    if ff.kind == "choice":
+        metavar = "{" + ",".join(ff.choices) + "}"
+    group.add_argument(ff.flag, dest=dest, metavar=metavar, default=None, help=help_text)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """``--config`` plus one flag per config field that declares one (see config.py)."""
-    parser.add_argument("--config", "-c", help="path to deploy.toml (optional with --hf)")
+    """``--config``, the model-description flags, ``--set`` and one flag per config field."""
+    parser.add_argument("--config", "-c", help="path to deploy.toml (optional with --factory, --onnx or --hf)")
+    model = parser.add_argument_group("the model without a config file (each replaces the config's own)")
+    model.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME:SHAPE[:DTYPE]",
+        help="one model input, e.g. image:1x3x224x224 or image:batchx3x224x224 (repeat per input)",
+    )
+    model.add_argument(
+        "--dim",
+        action="append",
+        metavar="NAME=MIN:OPT:MAX",
+        help="sizes of a named dynamic dim, e.g. batch=1:4:8 (repeat per dim)",
+    )
+    model.add_argument("--output", action="append", metavar="NAME",
+                       help="one model output name, in order (repeat per output; default: output)")  # fmt: skip
+    model.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any other config key, value as TOML, e.g. --set tolerance.int8.min_cosine=0.97",
+    )
     group = parser.add_argument_group("config overrides (each sets one config field)")
     for ff in flag_fields():
-        group.add_argument(
-            ff.flag,
-            dest=f"cfg:{ff.dotted}",
-            metavar=ff.dotted.split(".")[-1].upper(),
-            default=None,
-            help=f"{ff.help} [{ff.dotted}]",
-        )
+        _add_field_flag(group, ff)
 
 
-def config_from_args(args: argparse.Namespace) -> DeployConfig:
-    """Load ``--config`` with every given override flag applied.
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Dotted key -> value for every config flag given on the command line.
 
     Raises:
-        ConfigError: bad file, bad flag value, or validation failure naming the key.
+        ConfigError: a flag value that does not parse, or a ``--set`` key that is not in the schema.
     """
     fields = {ff.dotted: ff for ff in flag_fields()}
     overrides: dict[str, Any] = {}
@@ -35,13 +109,45 @@ def config_from_args(args: argparse.Namespace) -> DeployConfig:
         if dest.startswith("cfg:") and value is not None:
             dotted = dest[4:]
             overrides[dotted] = parse_flag_value(fields[dotted], value)
-    if args.config is None:
-        if "model.hf" not in overrides:
-            raise ConfigError(
-                "no config: pass --config PATH to a deploy.toml", hint="or --hf FOLDER for a Hugging Face model"
-            )
-        from pathlib import Path
+    for text in getattr(args, "set", None) or []:
+        key, value = parse_set(text)
+        overrides[key] = value
+    overrides.update(
+        model_overrides(getattr(args, "input", None), getattr(args, "dim", None), getattr(args, "output", None))
+    )
+    return overrides
 
-        # a Hugging Face folder brings inputs, outputs and factory: flags alone make a config
-        return config_from_dict({}, source="<flags>", base_dir=Path.cwd(), overrides=overrides)
-    return load_config(args.config, overrides)
+
+def config_from_args(args: argparse.Namespace) -> DeployConfig:
+    """Load ``--config`` with every given override flag applied, or make the config from flags alone.
+
+    Raises:
+        ConfigError: bad file, bad flag value, or validation failure naming the key.
+    """
+    overrides = config_overrides(args)
+    if args.config is not None:
+        return load_config(args.config, overrides)
+    given = [k for k in QUICK_SOURCES if overrides.get(k)]
+    if not given:
+        raise ConfigError(
+            "no config: pass --config PATH to a deploy.toml",
+            hint="or describe the model with flags: --factory MODULE:FN --input NAME:SHAPE, --onnx MODEL.onnx, "
+            "or --hf FOLDER",
+        )
+    factory_only = given == ["model.factory"]  # several sources: config_from_dict names the conflict
+    if factory_only and not overrides.get("inputs"):
+        raise ConfigError(
+            "--factory without --config needs the model's inputs",
+            hint="add --input NAME:SHAPE per forward() argument, e.g. --input image:1x3x224x224",
+        )
+    if factory_only and "outputs" not in overrides:
+        overrides["outputs"] = ["output"]
+    for spec in overrides.get("inputs") or []:
+        for size in spec["shape"]:
+            if isinstance(size, str) and size not in (overrides.get("dims") or {}):
+                raise ConfigError(
+                    f"--input {spec['name']} names dynamic dim {size!r} and no --dim gives its sizes",
+                    hint=f"add --dim {size}=MIN:OPT:MAX, e.g. --dim {size}=1:4:8",
+                )
+    # the model comes from flags: relative paths (python_path, --calib) are the working directory's
+    return config_from_dict({}, source="<flags>", base_dir=Path.cwd(), overrides=overrides)

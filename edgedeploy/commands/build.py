@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from edgedeploy.commands._common import add_config_flags, config_from_args
+from edgedeploy.commands._common import FlagHelpFormatter, add_config_flags, config_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("build", help="build and validate an artifact for a target")
+    p = sub.add_parser(
+        "build",
+        help="build and validate an artifact for a target",
+        description="Build and validate an artifact for a target, from a deploy.toml (--config) or from flags alone "
+        "(--factory MODULE:FN --input NAME:SHAPE, or --onnx MODEL.onnx). Flags override config fields.",
+        formatter_class=FlagHelpFormatter,
+    )
     add_config_flags(p)
     p.add_argument("--json", action="store_true", help="print report.json to stdout instead of the table")
     p.add_argument("-v", "--verbose", action="store_true", help="show library warnings as they happen (else build.log)")

@@ -20,7 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", help="target profile (default: the config's build.target, else cpu)")
     p.add_argument("--targets-file", default=None, help="extra target profiles (TOML)")
     p.add_argument("--dla-core", type=int, default=None, help="check for DLA on this core (Jetson)")
-    p.add_argument("--precision", default=None, help="precision the engine will use (DLA checks; default fp32)")
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=("fp32", "fp16", "int8"),
+        help="precision the engine will use (DLA checks; default fp32)",
+    )
     p.add_argument(
         "--out",
         default=None,

@@ -98,8 +98,10 @@ def _hashing_config(folder: Path) -> Any:
 def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
     """Write a new EC P-256 key pair: ``<prefix>.key`` (PKCS#8 PEM, mode 0600) and ``<prefix>.pub``.
 
+    The prefix's folder is created (mode 0700) when it does not exist yet.
+
     Raises:
-        InputError: either file already exists.
+        InputError: either file already exists, or the folder cannot be created or written.
     """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -107,14 +109,21 @@ def generate_keypair(prefix: str | Path) -> tuple[Path, Path]:
     key_path, pub_path = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
     for p in (key_path, pub_path):
         if p.exists():
-            raise InputError(f"{p} exists; refusing to overwrite a key", hint="choose another --out prefix")
+            raise InputError(f"{p} exists; refusing to overwrite a key", hint="choose another --generate-key PREFIX")
     key = ec.generate_private_key(ec.SECP256R1())
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    pub_path.write_bytes(pub)
+    try:
+        key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        pub_path.write_bytes(pub)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write the key pair {key_path} / {pub_path}: {exc.strerror or exc}",
+            hint="choose a --generate-key PREFIX in a folder you can write",
+        ) from None
     return key_path, pub_path
 
 

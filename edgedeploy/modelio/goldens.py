@@ -53,7 +53,7 @@ def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[st
         raise StageError(
             "reference",
             f"model returned {len(flat)} outputs, config names {len(cfg.outputs)} ({', '.join(cfg.outputs)})",
-            hint="make 'outputs' list one name per model output",
+            hint="make 'outputs' list one name per model output (--output NAME per output)",
         )
     return {name: t.detach().cpu().numpy() for name, t in zip(cfg.outputs, flat)}
 

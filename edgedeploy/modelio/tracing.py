@@ -9,7 +9,9 @@ machinery, and labelled ``user`` or ``library`` by where that frame's file lives
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -82,6 +84,30 @@ def attribute(stack: list[traceback.FrameSummary], filename: str, lineno: int, m
         return TracerFinding(where, text, user=False)
     where = (f"{filename}:{lineno}" if origin else None) or user_frame(stack) or f"{filename}:{lineno}"
     return TracerFinding(where, text, user=True)
+
+
+# int(x.shape[0]) / int(x.size(1)) / float(t.shape[-1]): a tensor size made a Python number
+_NUMBER_OF_SIZE = re.compile(r"\b(?:int|float)\(\s*([\w.]+(?:\.shape\s*\[[^\]]+\]|\.size\([^)]*\)))\s*\)")
+
+
+def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
+    """(the source line at ``finding.where``, the fix that keeps the value symbolic) for a user TracerWarning.
+
+    ``int(y.shape[0])`` is a Python number, fixed at the example's size when the model is traced or exported;
+    ``y.shape[0]`` itself is recorded as a size of ``y`` and follows the input. The fix names that exact rewrite
+    when the line has this form, else the general rule.
+    """
+    file, _, line = finding.where.partition(" ")[0].rpartition(":")
+    source = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
+    short = f"{os.path.basename(file)}:{line}"
+    match = _NUMBER_OF_SIZE.search(source)
+    if match:
+        size = match.group(1)
+        return source, f"write `{size}` instead of `{match.group(0)}` at {short} (a tensor size follows the input)"
+    return source, (
+        f"at {short} keep sizes as tensor shapes (x.shape[i], x.size(i)) instead of Python numbers "
+        "(int(...), .item(), .tolist()), which export fixes at the example's value"
+    )
 
 
 class TracerWarnings:

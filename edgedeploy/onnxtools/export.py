@@ -130,6 +130,8 @@ def export_proto(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # exporter deprecation notices are not the user's concern
+            # a value the user's code froze is their concern: the caller attributes it (modelio.tracing)
+            warnings.simplefilter("always", torch.jit.TracerWarning)
             if exporter == "dynamo":
                 with quiet_torch():
                     program = torch.onnx.export(

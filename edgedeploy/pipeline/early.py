@@ -6,7 +6,8 @@ without importing torch or loading the model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.errors import InputError
 
@@ -21,7 +22,11 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
     Raises:
         TargetCapabilityError: a precision, DLA core or opset the target does not support.
         InputError: INT8 without calibration data; a data file that is missing or needs a
-            Hugging Face tokenizer the model source does not have.
+            Hugging Face tokenizer the model source does not have; an image folder without images, or for
+            a model with several inputs; .npy / .npz data without an array per input, or validation
+            arrays whose shapes do not fit the spec (read from the files' headers).
+        ConfigError: an image folder for an input that is not one image, or whose height/width are dynamic
+            without ``precision.calib_resize``.
     """
     from edgedeploy.onnxtools.export import choose_opset
 
@@ -41,8 +46,83 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
             continue
         if not path.exists():
             raise InputError(f"{key}: file not found: {path}", hint=f"fix {key} in the config or its flag")
+        if key == "precision.calib" and path.is_dir():
+            from edgedeploy.precision.data import image_folder_plan
+
+            image_folder_plan(cfg, path)  # input geometry and image count: a listing, no image is read
         if path.suffix.lower() == ".txt" and not cfg.model.hf:
             raise InputError(
                 f"{key}: {path} is text; text data needs a Hugging Face model folder (model.hf) to tokenize it",
                 hint="use a .npz with one array per input name",
             )
+        if path.is_file() and path.suffix.lower() in (".npz", ".npy"):
+            _check_array_names(cfg, key, path)
+
+
+class _Header:
+    """An array's shape as its file header states it (``np.shape`` reads ``.shape``); no data is read."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+
+def array_headers(path: Path) -> dict[str, _Header]:
+    """Name -> shape of each array in a .npz (``arr_0`` for a .npy), from the headers alone.
+
+    Raises:
+        InputError: the file is not a NumPy array file.
+    """
+    import zipfile
+
+    import numpy as np
+
+    def header(stream: Any) -> _Header:
+        fmt = np.lib.format
+        version = fmt.read_magic(stream)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, _ = read(stream)
+        return _Header(tuple(shape))
+
+    try:
+        if path.suffix.lower() == ".npy":
+            with path.open("rb") as single:
+                return {"arr_0": header(single)}
+        with zipfile.ZipFile(path) as archive:
+            out = {}
+            for member in archive.namelist():
+                if member.endswith(".npy"):
+                    with archive.open(member) as stream:
+                        out[member[: -len(".npy")]] = header(stream)
+            return out
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(
+            f"{path} is not a NumPy array file ({exc})", hint="save it with numpy.save / numpy.savez"
+        ) from None
+
+
+def _check_array_names(cfg: DeployConfig, key: str, path: Path) -> None:
+    """Array names (and for ``validate.data`` shapes) against the input spec, from the file's headers.
+
+    Raises:
+        InputError: a .npy for a model with several inputs, a .npz without an array per input, or
+            ``validate.data`` arrays whose shapes do not fit the spec.
+    """
+    from edgedeploy.modelio.inputs import check_feeds
+
+    arrays = array_headers(path)
+    names = [s.name for s in cfg.inputs]
+    if path.suffix.lower() == ".npy" or (len(arrays) == 1 and len(names) == 1):
+        if len(names) != 1:
+            raise InputError(
+                f"{key}: {path} holds one array and the model has {len(names)} inputs ({', '.join(names)})",
+                hint="use a .npz with one array per input name",
+            )
+        arrays = {names[0]: next(iter(arrays.values()))}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise InputError(
+            f"{key}: {path} has no array for input(s) {', '.join(missing)} (has {', '.join(arrays) or 'none'})",
+            hint="save one array per input name: numpy.savez(f, **{name: array})",
+        )
+    if key == "validate.data":
+        check_feeds(cfg, {n: arrays[n] for n in names}, str(path))

@@ -88,7 +88,7 @@ def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> li
     from edgedeploy.stages.gate import GateFromReport
     from edgedeploy.validate.gate import policy_for_build
 
-    stages = pipeline_stages(target)
+    stages = pipeline_stages(target, cfg)
     if cfg is not None and policy_for_build(cfg) is not None:
         stages.append(GateFromReport())
     return stages
@@ -103,6 +103,8 @@ def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
                 f"checkpoint not found: {ckpt}", hint="fix model.checkpoint in the config or pass --checkpoint PATH"
             )
         ext[CHECKPOINT] = ckpt
+    if cfg.model.onnx:  # a model given as ONNX: the file is the model, graph and weights
+        ext[CHECKPOINT] = Path(cfg.path(cfg.model.onnx) or "")
     if cfg.model.hf:  # a Hugging Face folder: its weights key the cache like a checkpoint (config.json: model code)
         from edgedeploy.hfspec import weights_file
 
@@ -182,7 +184,8 @@ def _run_build(
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
-    loaded = usercode.load_factory(cfg)  # the user's code, once: every file it imported is an input of the model
+    # the user's code, once: every file it imported is an input of the model (none for a model given as ONNX)
+    loaded = usercode.load_factory(cfg) if cfg.model.factory else None
     calib_code = _calibration_code(cfg)
     stages = stages if stages is not None else default_stages(target, cfg)
     staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
@@ -192,9 +195,10 @@ def _run_build(
             "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
             "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
         )
-    ctx.factory = loaded.factory
-    ctx.groups[MODEL_CODE] = loaded.files
-    if cfg.model.hf:  # the architecture lives in the folder's config.json: part of the model's code
+    if loaded is not None:
+        ctx.factory = loaded.factory
+        ctx.groups[MODEL_CODE] = loaded.files
+    if cfg.model.hf and loaded is not None:  # the architecture lives in the folder's config.json: model code
         ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
     if calib_code is not None:
         ctx.groups[CALIB_CODE] = calib_code

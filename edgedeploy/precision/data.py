@@ -275,13 +275,17 @@ def _image_geometry(cfg: DeployConfig, spec: InputSpec, where: str) -> tuple[int
         )
     if cfg.precision.calib_resize:
         if len(cfg.precision.calib_resize) != 2:
-            raise ConfigError(f"{cfg.source}: key 'precision.calib_resize' must be [height, width]")
+            raise ConfigError(
+                f"{cfg.source}: key 'precision.calib_resize' must be [height, width]",
+                hint="e.g. --calib-resize 224,224",
+            )
         return cfg.precision.calib_resize[0], cfg.precision.calib_resize[1], int(channels)
     h, w = spec.shape[hw[0]], spec.shape[hw[1]]
     if not (isinstance(h, int) and isinstance(w, int)):
         raise ConfigError(
-            f"{cfg.source}: input {spec.name!r} has dynamic height/width, so image size is unknown",
-            hint="set precision.calib_resize = [height, width]",
+            f"{cfg.source}: input {spec.name!r} has dynamic height/width ({h} x {w}), so the size to resize "
+            f"calibration images ({where}) to is unknown",
+            hint="pass --calib-resize HEIGHT,WIDTH (e.g. 224,224) or set precision.calib_resize = [height, width]",
         )
     return h, w, int(channels)
 
@@ -319,7 +323,17 @@ def preprocess_image(
     return arr.transpose(2, 0, 1) if layout == "NCHW" else arr
 
 
-def _from_images(cfg: DeployConfig, folder: Path) -> dict[str, np.ndarray]:
+def image_folder_plan(cfg: DeployConfig, folder: Path) -> tuple[int, int, int, list[Path]]:
+    """(height, width, channels, image files) an image folder calibrates with; no image is read.
+
+    Cheap enough to run before any stage (a directory listing), so every problem the config and the
+    folder reveal is reported in the first second of a build.
+
+    Raises:
+        InputError: the model has several inputs, or the folder holds no images.
+        ConfigError: the input is not a 4-D 1- or 3-channel image, or its height/width are dynamic
+            and ``precision.calib_resize`` is not set.
+    """
     spec = _single_input(cfg, str(folder))
     h, w, c = _image_geometry(cfg, spec, str(folder))
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
@@ -328,6 +342,11 @@ def _from_images(cfg: DeployConfig, folder: Path) -> dict[str, np.ndarray]:
             f"calibration folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})",
             hint="put image files in it, or pass a .npy/.npz file",
         )
+    return h, w, c, files
+
+
+def _from_images(cfg: DeployConfig, folder: Path) -> dict[str, np.ndarray]:
+    h, w, c, files = image_folder_plan(cfg, folder)
     norm = cfg.model.normalization or {}
     files = files[: max(1, cfg.precision.calib_samples)]
     arr = np.stack(
@@ -343,6 +362,7 @@ def _from_images(cfg: DeployConfig, folder: Path) -> dict[str, np.ndarray]:
             for f in files
         ]
     )
+    spec = cfg.inputs[0]  # the one input (image_folder_plan checked)
     return {spec.name: _cast(spec, arr, str(folder))}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from edgedeploy.config import DeployConfig
     from edgedeploy.stages.base import Stage
     from edgedeploy.targets import TargetProfile
 
@@ -28,8 +29,9 @@ def _builder(runtime: str) -> type[Stage]:
     return stage
 
 
-def pipeline_stages(target: TargetProfile) -> list[Stage]:
-    """The ordered stages of ``deploy build`` for ``target``."""
+def pipeline_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> list[Stage]:
+    """The ordered stages of ``deploy build`` for ``target``; a model given as ONNX (``model.onnx``) is
+    taken as it is (no capture, no export) and judged against its own ONNX Runtime FP32 run."""
     from edgedeploy.stages.capture import TorchScriptFromModel
     from edgedeploy.stages.check import PreflightFromOnnx
     from edgedeploy.stages.export import OnnxFromTorch
@@ -37,6 +39,18 @@ def pipeline_stages(target: TargetProfile) -> list[Stage]:
     from edgedeploy.stages.reference import GoldensFromTorch
     from edgedeploy.stages.validate import ParityFromGoldens
 
+    if cfg is not None and cfg.model.onnx:
+        from edgedeploy.stages.export_onnx_file import OnnxFromFile
+        from edgedeploy.stages.reference_onnx import GoldensFromOnnx
+
+        return [
+            GoldensFromOnnx(),
+            OnnxFromFile(),
+            PreflightFromOnnx(),
+            PrecisionFromOnnx(),
+            _builder(target.runtime)(),
+            ParityFromGoldens(),
+        ]
     return [
         GoldensFromTorch(),
         TorchScriptFromModel(),

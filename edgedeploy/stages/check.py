@@ -30,7 +30,7 @@ class PreflightFromOnnx(Stage):
     def run(self, ctx: BuildContext) -> StageResult | dict[str, Any]:
         path = ctx.path(ONNX_MODEL)
         findings = check_model(path, ctx.target, dla_core=ctx.cfg.build.dla_core, precision=ctx.precision)
-        if any(f.severity != "info" and f.op and not f.source for f in findings):
+        if ctx.cfg.model.factory and any(f.severity != "info" and f.op and not f.source for f in findings):
             # TorchScript-exporter scopes name modules; map them to their files for the report
             modules = module_files(ctx.model())
             findings = check_model(

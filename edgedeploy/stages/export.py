@@ -25,6 +25,7 @@ from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
+from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix
 from edgedeploy.onnxtools.export import (
     EXTERNAL_DATA_THRESHOLD,
     ExportFailed,
@@ -100,6 +101,7 @@ class OnnxFromTorch(Stage):
         args = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), np.random.default_rng(cfg.validate.seed + 2)))
         probe = _Probe(cfg, model)
         errors: list[str] = []
+        frozen: list[TracerFinding] = []  # TracerWarnings at the user's own lines, while an exporter traced
         # exporters see placeholder output names: a user name such as 'embedding' may be an internal value's
         temp = dataclasses.replace(cfg, outputs=tuple(placeholder_names(len(cfg.outputs))))
         axes = output_axes(probe.points, probe.references)
@@ -108,7 +110,9 @@ class OnnxFromTorch(Stage):
             opset = choose_opset(cfg, ctx.target, exporter)
             warnings: list[str] = []  # this exporter's; dropped with it when a later check fails
             try:
-                proto = export_proto(exporter, model, args, temp, opset, temp_axes)
+                with TracerWarnings() as traced:
+                    proto = export_proto(exporter, model, args, temp, opset, temp_axes)
+                frozen += [f for f in traced.user if f not in frozen]
                 metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
@@ -118,6 +122,21 @@ class OnnxFromTorch(Stage):
             if errors:
                 warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
             return StageResult(metrics, warnings=warnings)
+        dims = _dims_named(errors)
+        if frozen and dims:  # a dynamic dim was baked and the user's own line froze a size: that is the one line
+            source, fix = frozen_value_fix(frozen[0])
+            error = StageError(
+                self.name,
+                f"{frozen[0].where} freezes a tensor size into the graph as a Python number"
+                + (f" (`{source}`)" if source else "")
+                + ", so the exported model works only at the example's size of dim(s) "
+                + ", ".join(f"'{d}'" for d in dict.fromkeys(dims))
+                + (f" (+{len(frozen) - 1} more such line(s))" if len(frozen) > 1 else ""),
+                hint=fix,
+            )
+            # each exporter's own message stays in report.json (the symptoms, for whoever digs deeper)
+            error.partial = StageResult({"errors": errors, "frozen": [str(f) for f in frozen]})
+            raise error
         raise StageError(
             self.name,
             ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
@@ -219,6 +238,17 @@ class OnnxFromTorch(Stage):
                 "export.exporter = 'dynamo' reports the line that specialises them",
             )
         return {label: f["ok"] for label, f in figures.items()}
+
+
+def _dims_named(errors: list[str]) -> list[str]:
+    """The dynamic dims the exporters' failures name (``axis 0 ('batch') is fixed``, ``dim(s) 'batch'``)."""
+    import re
+
+    text = " ".join(errors)
+    named = re.findall(r"\('(\w+)'\) is fixed", text)
+    for group in re.findall(r"dynamic dim\(s\) ((?:'\w+'(?:, )?)+)", text):
+        named += re.findall(r"'(\w+)'", group)
+    return list(dict.fromkeys(named))
 
 
 class _Probe:

@@ -76,6 +76,11 @@ def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
     return max(rows, key=lambda c: (NON_FINITE in c.get("failure", []), c.get("max_abs", float("inf"))))
 
 
+def _reference(ctx: BuildContext) -> str:
+    """What the goldens' outputs came from: eager PyTorch, or ONNX Runtime FP32 of a model given as ONNX."""
+    return REFERENCE if not ctx.cfg.model.onnx else "onnxruntime-fp32 (the given ONNX model)"
+
+
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
     version = "2"
@@ -122,7 +127,7 @@ class ParityFromGoldens(Stage):
         failed = [c for c in candidates if c["status"] == "failed"]
         parity = {
             "status": "failed" if failed else "passed",
-            "reference": REFERENCE,
+            "reference": _reference(ctx),
             "deploy_artifact": deploy_model_name(ctx.precision),
             "tolerance": cfg.tolerance_for(ctx.precision).__dict__,
             "tolerances": {c["precision"]: c["tolerance"] for c in candidates if "tolerance" in c},
@@ -131,7 +136,9 @@ class ParityFromGoldens(Stage):
         }
         metrics = {"parity": parity, "latency": timings}
         if failed:
-            error = self._error(failed)
+            error = self._error(
+                failed, against="PyTorch" if not ctx.cfg.model.onnx else "the given ONNX model's FP32 run"
+            )
             error.partial = StageResult(metrics)
             raise error
         return StageResult(metrics)
@@ -207,6 +214,8 @@ class ParityFromGoldens(Stage):
     ) -> dict[str, Any]:
         if not backend.onnx:
             return {"status": "not localized", "reason": f"localization needs an ONNX candidate, not {backend.kind}"}
+        if not ctx.cfg.model.factory:
+            return {"status": "not localized", "reason": "localization needs the PyTorch model (built from ONNX)"}
         from edgedeploy.validate.localize import localize
 
         feeds = next(pair["in"] for p, s, pair in samples if p == row["shape"] and s == row["sample"])
@@ -219,7 +228,7 @@ class ParityFromGoldens(Stage):
         result["sample"] = {"shape": row["shape"], "sample": row["sample"], "output": row["output"]}
         return result
 
-    def _error(self, failed: list[dict[str, Any]]) -> ParityError:
+    def _error(self, failed: list[dict[str, Any]], against: str = "PyTorch") -> ParityError:
         from edgedeploy.validate.localize import describe
 
         lines = []
@@ -245,7 +254,7 @@ class ParityFromGoldens(Stage):
                 lines.append(f"{cand['name']}: {describe(cand['localization'])}")
         names = ", ".join(c["name"] for c in failed)
         return ParityError(
-            f"{len(failed)} backend(s) disagree with PyTorch ({names}): " + "; ".join(lines),
+            f"{len(failed)} backend(s) disagree with {against} ({names}): " + "; ".join(lines),
             failures=rows or failed,
             hint="see report.html / report.json; loosen [tolerance.<precision>] only if intended",
         )

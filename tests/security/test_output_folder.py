@@ -150,7 +150,7 @@ def _env() -> dict[str, str]:
 
 
 def _has_flag(flag: str) -> bool:
-    from edgedeploy.config import flag_fields
+    from edgedeploy.config_flags import flag_fields
 
     return any(f.flag == flag for f in flag_fields())
 

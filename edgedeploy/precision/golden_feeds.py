@@ -1,0 +1,203 @@
+"""The inputs goldens.npz holds and their reference outputs, whatever computes them (PyTorch, or ONNX Runtime
+FP32 for a model given as ONNX): seeded inputs at min / opt / max, ``validate.data`` (else one calibration
+batch), and for FP16 / INT8 builds calibrated on a folder or callable the held-out calibration batches, within
+the goldens budget (``validate.goldens_budget_mb``).
+
+Every later comparison (ONNX Runtime here, TensorRT on the device) reads goldens.npz, so validation needs
+neither torch nor the source model once the goldens exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgedeploy.config import DeployConfig
+from edgedeploy.errors import InputError, StageError
+from edgedeploy.modelio.goldens import store_goldens
+from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
+from edgedeploy.precision.data import HELDOUT_POINT
+
+Feeds = dict[str, np.ndarray]
+
+
+# a spec-random float input larger than this is stored as its seed (inputs this small cost nothing to keep)
+SEEDED_MIN_BYTES = 64 * 1024
+DEFAULT_BUDGET_BYTES = 8_000_000  # goldens budget floor when validate.goldens_budget_mb is unset
+BUDGET_MODEL_MULTIPLE = 2  # ... or this many times the model's weights, when larger
+
+
+def golden_arrays(
+    cfg: DeployConfig, outputs: Callable[[Feeds], Feeds], budget: int
+) -> tuple[Feeds, dict[str, Any], list[str]]:
+    """(goldens.npz arrays, metrics, warnings) with ``outputs(feeds)`` as the reference, fitted to ``budget`` bytes.
+
+    goldens.npz travels in device bundles, so spec-random float inputs of more than ``SEEDED_MIN_BYTES`` are
+    stored as their seed and regenerated where they are read (numpy's legacy RandomState stream,
+    ``edgedeploy/device/goldens_format.py``), and the largest outputs, spec-random first, are stored sparingly
+    (every n-th element, the full shape still checked) until the file fits. Real samples are kept whole.
+
+    Raises:
+        InputError: ``validate.data`` unreadable or not fitting the input spec.
+    """
+    from edgedeploy.device.goldens_format import fit_budget
+
+    rng = np.random.default_rng(cfg.validate.seed)
+    arrays: Feeds = {}
+    user = user_batches(cfg)
+    seeded = 0
+    for p_index, point in enumerate(SHAPE_POINTS):
+        for s in range(cfg.validate.samples):
+            feeds = feeds_at(cfg, point, rng)
+            gens = _seed_large_floats(cfg, feeds, seed=[cfg.validate.seed, p_index, s])
+            store_goldens(arrays, point, s, feeds, outputs(feeds), gens=gens)
+            seeded += len(gens)
+    for s, feeds in enumerate(user):
+        store_goldens(arrays, "data", s, feeds, outputs(feeds))
+    held = [] if calibration_file(cfg) is not None else heldout_calibration(cfg)  # else already "data"
+    for s, feeds in enumerate(held):
+        store_goldens(arrays, HELDOUT_POINT, s, feeds, outputs(feeds))
+    fitted = fit_budget(arrays, budget, protect=["data", HELDOUT_POINT])
+    metrics = {
+        "points": list(SHAPE_POINTS),
+        "samples": cfg.validate.samples,
+        "user_batches": len(user),
+        "heldout_calibration_batches": len(held),
+        "goldens_size": {
+            "budget_bytes": budget,
+            "bytes": fitted["bytes"],
+            "inputs_stored_as_seeds": seeded,
+            "outputs_stored_sparingly": {k: f"every {n}th element" for k, n in fitted["sparse"].items()},
+            "within_budget": fitted["within_budget"],
+        },
+    }
+    warnings = []
+    if not fitted["within_budget"]:
+        warnings.append(
+            f"goldens.npz is {fitted['bytes'] / 1e6:.1f} MB, over its {budget / 1e6:.1f} MB budget (real samples "
+            "are kept whole): raise validate.goldens_budget_mb or give fewer validate.data samples"
+        )
+    return arrays, metrics, warnings
+
+
+def budget_bytes(cfg: DeployConfig, model_bytes: int) -> int:
+    """validate.goldens_budget_mb in bytes, else the larger of 8 MB and twice the model's weights."""
+    if cfg.validate.goldens_budget_mb is not None:
+        return int(cfg.validate.goldens_budget_mb * 1e6)
+    return max(DEFAULT_BUDGET_BYTES, BUDGET_MODEL_MULTIPLE * model_bytes)
+
+
+def _seed_large_floats(cfg: DeployConfig, feeds: Feeds, seed: list[int]) -> Feeds:
+    """Replace each large spec-random float input in ``feeds`` (in place) by one drawn from a seed; return the
+    ``gen`` entries that stand for them in goldens.npz."""
+    from edgedeploy.device.goldens_format import gen_entry, seeded_uniform
+    from edgedeploy.modelio.generators import kind_of
+
+    gens: Feeds = {}
+    for i, spec in enumerate(cfg.inputs):
+        arr = feeds[spec.name]
+        if kind_of(spec) != "float" or arr.nbytes <= SEEDED_MIN_BYTES:
+            continue
+        value = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
+        lo, hi = float(spec.range[0]), float(spec.range[1])
+        feeds[spec.name] = seeded_uniform(value, list(arr.shape), lo, hi, spec.dtype)
+        gens[spec.name] = gen_entry(value, list(arr.shape), lo, hi, spec.dtype)
+    return gens
+
+
+def check_finite(arrays: Feeds, stage: str, reference: str) -> None:
+    """Raises:
+    StageError: the reference (``reference``: "PyTorch model") produced NaN/Inf in some output.
+    """
+    nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]
+    if nonfinite:
+        raise StageError(
+            stage,
+            f"the {reference} itself produced NaN/Inf in {', '.join(nonfinite[:4])}",
+            hint="fix the model or its weights before exporting",
+        )
+
+
+def user_batches(cfg: DeployConfig) -> list[Feeds]:
+    """Batches from ``validate.data`` (.npz with one array per input name, or .txt sentences with model.hf),
+    else one calibration batch; checked against the spec.
+
+    Raises:
+        InputError: the file is unreadable or its arrays do not fit the input spec.
+    """
+    path = cfg.path(cfg.validate.data)
+    if path is None:
+        return calibration_samples(cfg)
+    if path.suffix.lower() == ".txt":  # sentences for a model.hf folder, tokenized by its tokenizer
+        from edgedeploy.modelio.hf import text_batches
+
+        batches = text_batches(cfg, path, limit=64)
+        for b in batches:
+            check_feeds(cfg, b, str(path))
+        return batches
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            feeds = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"validation data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
+    check_feeds(cfg, feeds, str(path))
+    return [feeds]
+
+
+def calibration_file(cfg: DeployConfig) -> Path | None:
+    """The calibration data file (.npz / .npy / .txt) when there is one and no validate.data."""
+    path = cfg.path(cfg.precision.calib)
+    if cfg.validate.data or path is None or not path.is_file():
+        return None
+    return path if path.suffix.lower() in (".npz", ".npy", ".txt") else None
+
+
+def calibration_key(cfg: DeployConfig) -> str:
+    """sha256 of the calibration file whose batches go into the goldens ("" when none does)."""
+    from edgedeploy.fileio.hashing import sha256_file
+
+    path = calibration_file(cfg)
+    return sha256_file(path) if path is not None else ""
+
+
+def calibration_samples(cfg: DeployConfig) -> list[Feeds]:
+    """Real samples in the goldens when no validate.data is given: the calibration batches held out of
+    calibration (the precision stage's split, never calibrated on), or the one batch when nothing is held out."""
+    if calibration_file(cfg) is None:
+        return []
+    from edgedeploy.precision.data import load_calibration, split_heldout
+
+    batches = list(load_calibration(cfg).batches)
+    return split_heldout(batches)[1] or batches[:1]
+
+
+def heldout_key(cfg: DeployConfig) -> Any:
+    """What the held-out calibration batches in the goldens depend on (None when there are none)."""
+    p = cfg.precision
+    if p.mode == "fp32" or not (p.calib or p.calib_callable):
+        return None
+    from edgedeploy.precision.data import calibration_fingerprint
+
+    return [p.mode, calibration_fingerprint(cfg), "views-1"]  # views-1: held-out image views
+
+
+def heldout_calibration(cfg: DeployConfig) -> list[Feeds]:
+    """For FP16/INT8 builds calibrated on a folder or callable: the held-out calibration batches (the precision
+    stage's split), so every later check, on the host and in the device bundle's own run, sees real inputs.
+
+    Empty for FP32 builds and when no calibration data is configured (the precision stage reports that).
+    """
+    p = cfg.precision
+    if p.mode == "fp32" or not (p.calib or p.calib_callable):
+        return []
+    from edgedeploy.errors import DeployError
+    from edgedeploy.precision.data import load_calibration, split_for_judging
+
+    try:
+        calib = load_calibration(cfg)
+    except DeployError:  # the precision stage fails on the same data with the full message
+        return []
+    return split_for_judging(calib.batches, calib.kind, p.calib_layout)[1]

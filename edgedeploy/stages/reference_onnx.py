@@ -1,0 +1,58 @@
+"""GoldensFromOnnx: for a model given as ONNX (``model.onnx``), the goldens' reference outputs come from
+ONNX Runtime running that model in FP32, since there is no PyTorch model to ask.
+
+The same inputs as GoldensFromTorch (``edgedeploy.precision.golden_feeds``); every later check (FP16 / INT8
+variants, the built artifact, TensorRT on the device) is judged against this run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgedeploy import stagenames as names
+from edgedeploy.artifacts import CALIB_CODE, CHECKPOINT, GOLDENS, VALIDATION_DATA
+from edgedeploy.onnxtools.ort import ort_session
+from edgedeploy.precision.golden_feeds import budget_bytes, calibration_key, check_finite, golden_arrays, heldout_key
+from edgedeploy.stages.base import BuildContext, Stage, StageResult
+
+# what the parity stage names as the reference of a build from an ONNX model
+ONNX_REFERENCE = "onnxruntime-fp32 (the given ONNX model)"
+
+
+class GoldensFromOnnx(Stage):
+    name = names.REFERENCE
+    version = "1"
+    produces = (GOLDENS,)
+
+    def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
+        return (CHECKPOINT,) + tuple(n for n in (VALIDATION_DATA, CALIB_CODE) if ctx.has_input(n))
+
+    def config_key(self, ctx: BuildContext) -> Any:
+        c = ctx.cfg
+        return {
+            "model": c.to_dict()["model"],
+            "inputs": c.to_dict()["inputs"],
+            "dims": c.to_dict()["dims"],
+            "outputs": list(c.outputs),
+            "validate": [c.validate.samples, c.validate.seed, c.validate.data, c.validate.goldens_budget_mb],
+            "calibration": calibration_key(c),
+            "heldout_calibration": heldout_key(c),
+        }
+
+    def run(self, ctx: BuildContext) -> StageResult:
+        cfg = ctx.cfg
+        budget = budget_bytes(cfg, ctx.path(CHECKPOINT).stat().st_size)  # the ONNX file: its weights and graph
+        session = ort_session(ctx.path(CHECKPOINT), stage=self.name)
+
+        def outputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            values = session.run(None, {s.name: feeds[s.name] for s in cfg.inputs})
+            return dict(zip(cfg.outputs, values))
+
+        arrays, metrics, warnings = golden_arrays(cfg, outputs, budget)
+        np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
+        check_finite(arrays, self.name, "ONNX model")
+        result = StageResult({**metrics, "reference": ONNX_REFERENCE})
+        result.warnings.extend(warnings)
+        return result

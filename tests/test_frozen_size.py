@@ -1,0 +1,76 @@
+"""A model whose own code freezes a tensor size (``b = int(y.shape[0])`` in forward) fails in one line naming that
+``file:line`` and the rewrite that fixes it, instead of both exporters' symptoms (ONNX Runtime's GEMM mismatch)."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.cli import main
+
+BAKED = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Baked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(4 * 8 * 8, 5)
+
+        def forward(self, image):
+            y = torch.relu(self.conv(image))
+            b = int(y.shape[0])
+            return self.fc(y.reshape(b, -1))
+
+
+    def build():
+        return Baked()
+    """
+)
+
+
+def _project(tmp_path: Path) -> tuple[Path, str, int]:
+    name = f"baked_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(BAKED)
+    line = BAKED.splitlines().index("        b = int(y.shape[0])") + 1
+    return tmp_path / f"{name}.py", name, line
+
+
+def _argv(tmp_path: Path, name: str, *extra: str) -> list[str]:
+    return ["build", "--factory", f"{name}:build", "--input", "image:batchx3x8x8", "--dim", "batch=1:2:4",
+            "--output", "logits", "--samples", "1", "--latency-iters", "1", "--out", str(tmp_path / "out"),
+            *extra]  # fmt: skip
+
+
+def _one_line(capsys) -> str:
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("deploy: ")]
+    assert len(err) == 1
+    return err[0]
+
+
+def test_frozen_batch_names_the_users_line_and_the_rewrite(tmp_path: Path, monkeypatch, capsys) -> None:
+    path, name, line = _project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(tmp_path, name, "--exporter", "torchscript", "--capture", "script")) == 6
+    err = _one_line(capsys)
+    assert f"{path}:{line} freezes a tensor size" in err and "(`b = int(y.shape[0])`)" in err
+    assert f"fix: write `y.shape[0]` instead of `int(y.shape[0])` at {path.name}:{line}" in err
+    assert "GEMM" not in err and len(err) < 400  # the exporters' symptoms stay in the report
+
+
+@pytest.mark.slow
+def test_default_route_names_the_line_and_its_fix_builds(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Default capture and both exporters; then the fix the message names, applied as written, builds."""
+    path, name, line = _project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(tmp_path, name)) == 6
+    err = _one_line(capsys)
+    assert f"{path}:{line}" in err and "write `y.shape[0]` instead of `int(y.shape[0])`" in err
+    path.write_text(path.read_text().replace("int(y.shape[0])", "y.shape[0]"))
+    assert main(_argv(tmp_path, name)) == 0

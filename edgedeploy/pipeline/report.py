@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
-from edgedeploy.reportview import CheckRow, ReportView
+from edgedeploy.reportview import CheckRow, ReportView, _Reader
 from edgedeploy.targets import TargetProfile
 
 SCHEMA = "edgedeploy-report/1"
@@ -127,9 +127,9 @@ def results_table(report: ReportView | Mapping[str, Any]) -> str:
             )
     if not parity.candidates:
         lines.append(f"parity: {parity.status} ({parity.reason or ''})")
-    legend = _legend(rows)
+    legend = input_legend(rows)
     if legend:
-        lines += ["", "inputs:", *legend]
+        lines += ["", "inputs:", *(f"  {label:<14} {text}" for label, text in legend)]
     if lat.backends:
         first = next(iter(lat.backends.values()))
         title = f"latency{_shape_text(first.shape)}"
@@ -147,22 +147,24 @@ def results_table(report: ReportView | Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _legend(rows: list[CheckRow]) -> list[str]:
-    """One line per input-set label used by ``rows`` (x<N> for batch consistency), in table order."""
+def input_legend(rows: Sequence[CheckRow | Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(label, meaning) for each input-set label ``rows`` use (x<N> for batch consistency), in table order, then
+    the sample column and ``vacuous`` when used. ``rows``: CheckRows or report.json check dicts."""
+    checks = [c if isinstance(c, CheckRow) else CheckRow._read(_Reader(c, "check", "report")) for c in rows]
     seen: list[str] = []
-    for c in rows:
+    for c in checks:
         if c.shape and c.shape not in seen:
             seen.append(c.shape)
     out = []
     for label in seen:
         if label in INPUT_LABELS:
-            out.append(f"  {label:<14} {INPUT_LABELS[label]}")
+            out.append((label, INPUT_LABELS[label]))
         elif label.startswith("x") and label[1:].isdigit():
-            out.append(f"  {label:<14} {BATCH_LABEL.format(n=label[1:])}")
-    if any(c.sample is not None for c in rows):
-        out.append(f"  {'sample':<14} the batch's index within its input set; 'pooled': one figure over many")
-    if any(c.passed and c.vacuous for c in rows):
-        out.append(f"  {'vacuous':<14} passed, but PyTorch and the backend both give a constant output")
+            out.append((label, BATCH_LABEL.format(n=label[1:])))
+    if any(c.sample is not None for c in checks):
+        out.append(("sample", "the batch's index within its input set; 'pooled': one figure over many batches"))
+    if any(c.passed and c.vacuous for c in checks):
+        out.append(("vacuous", "passed, but PyTorch and the backend both give a constant output"))
     return out
 
 

@@ -130,3 +130,28 @@ def test_quiet_build_prints_the_verdict_and_log_file_gets_the_stage_lines(
     assert captured.out.strip().startswith("PASSED: target cpu")
     logged = log.read_text()
     assert "deploy build: target=cpu" in logged and re.search(r"\[\d/\d\] validate +ran", logged)
+
+
+def test_plain_console_shows_ticks_now_and_then_and_every_milestone() -> None:
+    stream = io.StringIO()
+    console = BuildConsole(stream, live=False, heartbeat_s=60)
+    with console.stage(1, 3, "reference"):
+        for k in range(1, 65):
+            console.status(f"PyTorch reference outputs: batch {k} of 64", tick=True)
+        console.status("exporting with the dynamo exporter, opset 18")
+    console.close()
+    assert stream.getvalue().splitlines() == [
+        "  PyTorch reference outputs: batch 1 of 64",  # the first tick; the next 63 within a minute are not logged
+        "  exporting with the dynamo exporter, opset 18",
+    ]
+
+
+def test_output_flags_work_before_and_after_the_command() -> None:
+    from edgedeploy.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["-q", "--log-file", "b.txt", "build"], ["build", "-q", "--log-file", "b.txt"]):
+        args = parser.parse_args(argv)
+        assert (args.quiet, args.verbose, args.log_file) == (True, False, "b.txt"), argv
+    assert parser.parse_args(["-v", "build"]).verbose and parser.parse_args(["build", "-v"]).verbose
+    assert not parser.parse_args(["build"]).verbose

@@ -147,6 +147,8 @@ def test_a_cached_rebuild_marks_its_figures_as_cached(int8_build: dict) -> None:
     assert f"latency (cached: measured {first['latency']['measured_at']} by an earlier build" in table
     page = (int8_build["out"] / "report.html").read_text()
     assert f"cached: measured {first['latency']['measured_at']} by an earlier build" in page
+    summary = (int8_build["out"] / "report.md").read_text()
+    assert f"_cached: measured {first['latency']['measured_at']} by an earlier build, not in this run._" in summary
 
 
 def test_without_matplotlib_the_page_keeps_its_tables_and_says_plots_are_skipped(int8_build: dict) -> None:

@@ -80,6 +80,7 @@ class BuildConsole:
         self._status = ""
         self._t0 = 0.0
         self._last_print = 0.0
+        self._last_tick = float("-inf")
 
     # ---- permanent lines ------------------------------------------------------------------------------
 
@@ -103,20 +104,28 @@ class BuildConsole:
 
     # ---- the running stage ----------------------------------------------------------------------------
 
-    def status(self, text: str) -> None:
-        """What the running stage is doing now: the live line on a terminal, a plain line elsewhere."""
+    def status(self, text: str, *, tick: bool = False) -> None:
+        """What the running stage is doing now: the live line on a terminal, a plain line elsewhere (a ``tick``,
+        e.g. ``batch 7 of 64``, at most once per :data:`HEARTBEAT_S` there)."""
         self._status = text
         if self._live is not None:
             self._live.update(self._render())
-        elif not self.quiet:
-            self.line(f"  {text}")
-        else:
+            return
+        now = time.monotonic()
+        if tick and now - self._last_tick < self.heartbeat_s:
+            return
+        if tick:
+            self._last_tick = now
+        if self.quiet:
             self.record(f"  {text}")
+        else:
+            self.line(f"  {text}")
 
     @contextlib.contextmanager
     def stage(self, index: int, total: int, name: str) -> Iterator[None]:
         """While the block runs, show ``[index/total] name`` live with its elapsed time (or heartbeats)."""
         self._stage, self._status, self._t0 = f"[{index}/{total}] {name}", "", time.monotonic()
+        self._last_tick = float("-inf")
         self._last_print = self._t0
         stop = threading.Event()
         beat = None

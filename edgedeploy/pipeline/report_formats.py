@@ -209,11 +209,21 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
                 )
+        from edgedeploy.pipeline.report import input_legend
+
+        legend = input_legend([row for cand in _candidates(report) for row in cand.get("checks", [])])
+        if legend:
+            lines += ["", "Inputs: " + "; ".join(f"`{label}` {text}" for label, text in legend) + "."]
+        if parity.get("cached"):
+            lines += ["", "_cached: judged by an earlier build, not in this run._"]
         for cand in _candidates(report):
             if cand.get("localization"):
                 lines += ["", f"**{cand['name']}**: {_localization_text(cand['localization'])}"]
     lines += ["", "## Latency (opt shape)", ""]
     lat = report.get("latency") or {}
+    if lat.get("cached"):
+        when = f" {lat['measured_at']}" if lat.get("measured_at") else ""
+        lines += [f"_cached: measured{when} by an earlier build, not in this run._", ""]
     if lat.get("backends"):
         lines += ["| backend | p50 ms | p90 ms | p99 ms | samples/s | batch |", "|---|---:|---:|---:|---:|---:|"]
         for name, row in lat["backends"].items():

@@ -75,12 +75,13 @@ class BuildContext:
         """True when external input ``name`` is configured for this build."""
         return name in self.external or name in self.groups
 
-    def status(self, text: str) -> None:
+    def status(self, text: str, *, tick: bool = False) -> None:
         """What a long step of the running stage is doing now (``INT8 search: try 3 of 13 ...``): the live line
-        on a terminal, a plain line in logs (through ``log`` when no live display is attached)."""
+        on a terminal, a plain line in logs (through ``log`` when no live display is attached). A ``tick``
+        (``batch 7 of 64``) only updates the live line; plain logs show one now and then."""
         if self.on_status is not None:
-            self.on_status(text)
-        elif self.log:
+            self.on_status(text, tick=tick)
+        elif self.log and not tick:
             self.log(f"  {text}")
 
     def warn(self, message: str) -> None:

@@ -47,19 +47,29 @@ class GoldensFromTorch(Stage):
 
     def run(self, ctx: BuildContext) -> dict[str, Any]:
         cfg = ctx.cfg
+        ctx.status("loading the PyTorch model" + (" (Hugging Face from_pretrained)" if cfg.model.hf else ""))
         model = ctx.model()
         rng = np.random.default_rng(cfg.validate.seed)
         arrays: dict[str, np.ndarray] = {}
         user = _user_data(ctx)
+        held = [] if _calibration_file(cfg) is not None else _heldout_calibration(ctx)  # else already "data"
+        total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held)
+        done = 0
+
+        def outputs(point: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            nonlocal done
+            done += 1
+            ctx.status(f"PyTorch reference outputs: batch {done} of {total} ({point})", tick=True)
+            return torch_outputs(model, cfg, feeds)
+
         for point in SHAPE_POINTS:
             for s in range(cfg.validate.samples):
                 feeds = feeds_at(cfg, point, rng)
-                store_goldens(arrays, point, s, feeds, torch_outputs(model, cfg, feeds))
+                store_goldens(arrays, point, s, feeds, outputs(point, feeds))
         for s, feeds in enumerate(user):
-            store_goldens(arrays, "data", s, feeds, torch_outputs(model, cfg, feeds))
-        held = [] if _calibration_file(cfg) is not None else _heldout_calibration(ctx)  # else already "data"
+            store_goldens(arrays, "data", s, feeds, outputs("data", feeds))
         for s, feeds in enumerate(held):
-            store_goldens(arrays, HELDOUT_POINT, s, feeds, torch_outputs(model, cfg, feeds))
+            store_goldens(arrays, HELDOUT_POINT, s, feeds, outputs(HELDOUT_POINT, feeds))
         # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
         np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         nonfinite = [k for k, v in arrays.items() if "/out/" in k and v.dtype.kind == "f" and not np.isfinite(v).all()]

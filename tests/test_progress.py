@@ -155,3 +155,17 @@ def test_output_flags_work_before_and_after_the_command() -> None:
         assert (args.quiet, args.verbose, args.log_file) == (True, False, "b.txt"), argv
     assert parser.parse_args(["-v", "build"]).verbose and parser.parse_args(["build", "-v"]).verbose
     assert not parser.parse_args(["build"]).verbose
+
+
+def test_a_native_crash_inside_a_stage_still_reaches_the_console() -> None:
+    """fd 2 goes to a temporary file while a stage runs; a segfault's report must not die with it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import ctypes\nfrom edgedeploy.pipeline.quiet import StageNoise\n"
+        "with StageNoise('precision'):\n    print('library chatter')\n    ctypes.string_at(0)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "Fatal Python error: Segmentation fault" in res.stderr and "library chatter" not in res.stderr

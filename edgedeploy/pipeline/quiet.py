@@ -11,6 +11,7 @@ removed; the runner counts them on the stage's line and writes them to ``build.l
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import logging
 import os
@@ -49,12 +50,21 @@ class _NativeOutput:
             except OSError:  # closed (a daemon): nothing to redirect
                 continue
             os.dup2(self._tmp.fileno(), fd)
+        self._faulthandler = faulthandler.is_enabled()
+        if 2 in self._saved:  # a crash in native code must still reach the user, not a file that dies with us
+            faulthandler.enable(file=self._saved[2])
         return self
 
     def __exit__(self, *exc: Any) -> None:
         _flush_c_stdio()  # printf output still in libc's buffer belongs to this stage
         for fd, saved in self._saved.items():
             os.dup2(saved, fd)
+        if 2 in self._saved:
+            if self._faulthandler:
+                faulthandler.enable(file=2)
+            else:
+                faulthandler.disable()
+        for saved in self._saved.values():
             os.close(saved)
         self._saved.clear()
 

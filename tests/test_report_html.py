@@ -204,3 +204,20 @@ def test_chromium_renders_the_int8_report_with_its_plots(int8_build: dict, tmp_p
         rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
         painted = int((np.abs(flat - rgb).max(axis=1) <= 6).sum())
         assert painted > 30, f"{what} ({colour}) not painted: {painted} pixels"
+
+
+def test_the_transformer_recipe_tries_plot_too() -> None:
+    """The transformer INT8 recipe's rows count float MatMuls and carry no verdict: met = score >= target."""
+    from edgedeploy.pipeline.report_formats import html_page
+
+    tries = [
+        {"try": 0, "float_matmuls": 0, "metric": "cosine", "score": 0.97, "samples": 8},
+        {"try": 1, "float_matmuls": 2, "metric": "cosine", "score": 0.995, "samples": 8},
+    ]
+    precision = {"fallback_tries": tries, "accuracy_target": {"value": 0.99, "why": "default"}, "accuracy": tries[1]}
+    report = {"schema": "edgedeploy-report/1", "status": "passed", "precision": "int8", "stages": [],
+              "metrics": {"precision": precision}}  # fmt: skip
+    page = _Page()
+    page.feed(html_page(report))
+    assert page.plots["int8-search"]["attrs"]["data-tries"] == "2"
+    assert page.tables["int8-tries"] == 3

@@ -307,7 +307,7 @@ def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
                 (cand["name"], {"_no_checks": True, "status": cand.get("status"), "reason": cand.get("reason")})
             )
         worst += [(cand["name"], row) for row in _worst_rows(cand)]
-    tries = list(precision.get("fallback_tries") or [])
+    tries = search_tries(precision)
     accuracy = precision.get("accuracy") or {}
     float_layers = precision.get("kept_float") or precision.get("fp32_layers") or []
     template = env.get_template("report.html.j2")
@@ -338,6 +338,33 @@ def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
 
 
 Plot = tuple[str, str, dict[str, str]]  # svg, caption, data attributes of its <figure>
+
+
+def search_tries(precision: dict[str, Any]) -> list[dict[str, Any]]:
+    """The precision stage's ``fallback_tries`` in one shape for the page: the CNN search's rows (``float_nodes``,
+    ``family``, ``met``, ``vetoed``, ``p50_ms``) and the transformer recipe's (``float_matmuls``, met when its
+    score reaches the target) alike."""
+    target = (precision.get("accuracy_target") or {}).get("value")
+    rows: list[dict[str, Any]] = []
+    for t in precision.get("fallback_tries") or []:
+        if not isinstance(t, dict) or not isinstance(t.get("score"), (int, float)):
+            continue
+        met = t.get("met")
+        if met is None:
+            met = target is not None and t["score"] >= target
+        rows.append(
+            {
+                "try": int(t.get("try", len(rows))),
+                "float_nodes": int(t.get("float_nodes", t.get("float_matmuls")) or 0),
+                "family": t.get("family", ""),
+                "metric": t.get("metric", "score"),
+                "score": float(t["score"]),
+                "met": bool(met),
+                "vetoed": t.get("vetoed", ""),
+                "p50_ms": t.get("p50_ms"),
+            }
+        )
+    return rows
 
 
 def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> tuple[dict[str, Plot], str]:
@@ -389,7 +416,7 @@ def _plots(report: dict[str, Any]) -> tuple[dict[str, Plot], str]:
         caption = "latency per backend at the opt shape: p50 bar, p90 and p99 ticks (log axis)"
         plots["latency"] = (svg, caption, {"xscale": scale})
     precision = (report.get("metrics") or {}).get("precision") or {}
-    tries = precision.get("fallback_tries") or []
+    tries = search_tries(precision)
     if tries:
         target = (precision.get("accuracy_target") or {}).get("value")
         shipped = (precision.get("accuracy") or {}).get("try")

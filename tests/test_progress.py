@@ -169,3 +169,15 @@ def test_a_native_crash_inside_a_stage_still_reaches_the_console() -> None:
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
     assert "Fatal Python error: Segmentation fault" in res.stderr and "library chatter" not in res.stderr
+
+
+def test_the_log_file_of_a_failed_build_ends_with_the_error(tiny_project: Path, tmp_path: Path, capsys) -> None:
+    from edgedeploy.errors import InputError
+
+    log = tmp_path / "build.txt"
+    argv = ["build", "--config", str(tiny_project), "--checkpoint", str(tmp_path / "gone.safetensors")]
+    assert main([*argv, "--log-file", str(log)]) == InputError.exit_code
+    assert "checkpoint not found" in capsys.readouterr().err
+    last = log.read_text().splitlines()[-1]
+    assert last.startswith("deploy: input error: checkpoint not found")
+    assert last.endswith(f"(exit {InputError.exit_code})")

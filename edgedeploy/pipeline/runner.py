@@ -168,6 +168,10 @@ def run_build(
                 if err is None:
                     raise
                 raise err from None
+    except DeployError as exc:
+        if console is not None:  # the log file ends with why, as the console does
+            console.record(f"deploy: {exc.one_line()} (exit {exc.exit_code})")
+        raise
     finally:
         if console is not None:
             console.close()

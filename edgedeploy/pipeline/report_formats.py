@@ -209,7 +209,7 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
                 )
-        from edgedeploy.pipeline.report import input_legend
+        from edgedeploy.reportview import input_legend
 
         legend = input_legend([row for cand in _candidates(report) for row in cand.get("checks", [])])
         if legend:
@@ -258,7 +258,7 @@ def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
     from jinja2 import Environment, FileSystemLoader, select_autoescape
     from markupsafe import Markup
 
-    from edgedeploy.pipeline.report import input_legend
+    from edgedeploy.reportview import input_legend
 
     env = Environment(
         loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True

@@ -378,7 +378,7 @@ def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> tuple[dict
     precision = (report.get("metrics") or {}).get("precision") or {}
     key = sha256_json(
         {
-            "v": 2,
+            "v": 3,  # bump when a plot is drawn differently
             "hist": [(c.get("name"), c.get("histograms")) for c in _candidates(report)],
             "latency": (report.get("latency") or {}).get("backends"),
             "tries": precision.get("fallback_tries"),

@@ -9,7 +9,7 @@ The device copy of the validation code (``complete_bundle.py``, Python 3.6) keep
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,3 +289,37 @@ class ReportView:
                 f"baseline {source}: " + "; ".join(bad) + " is not a latency measurement",
                 hint="pass the report.json of a build whose latency was measured, or drop --baseline",
             )
+
+
+# what each input-set label of the results table means (the table's legend prints the ones it used)
+INPUT_LABELS = {
+    "min": "seeded random inputs in inputs.range at the [dims] min shape",
+    "opt": "the same at the opt shape",
+    "max": "the same at the max shape",
+    "data": "the batches of validate.data",
+    "calib-heldout": "calibration samples held out from INT8 calibration (judged on, never calibrated on)",
+    "real": "top-1 agreement pooled over the real-data goldens (data, calib-heldout); its own verdict",
+    "all": "top-1 agreement pooled over every golden (no real data given); its own verdict",
+}
+BATCH_LABEL = "batch consistency: opt sample 0 repeated into a batch of {n}; every row must give the same output"
+
+
+def input_legend(rows: Sequence[CheckRow | Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(label, meaning) for each input-set label ``rows`` use (x<N> for batch consistency), in table order, then
+    the sample column and ``vacuous`` when used. ``rows``: CheckRows or report.json check dicts."""
+    checks = [c if isinstance(c, CheckRow) else CheckRow._read(_Reader(c, "check", "report")) for c in rows]
+    seen: list[str] = []
+    for c in checks:
+        if c.shape and c.shape not in seen:
+            seen.append(c.shape)
+    out = []
+    for label in seen:
+        if label in INPUT_LABELS:
+            out.append((label, INPUT_LABELS[label]))
+        elif label.startswith("x") and label[1:].isdigit():
+            out.append((label, BATCH_LABEL.format(n=label[1:])))
+    if any(c.sample is not None for c in checks):
+        out.append(("sample", "the batch's index within its input set; 'pooled': one figure over many batches"))
+    if any(c.passed and c.vacuous for c in checks):
+        out.append(("vacuous", "passed, but PyTorch and the backend both give a constant output"))
+    return out

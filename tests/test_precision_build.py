@@ -147,11 +147,18 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
             """
         )
     )
-    result = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
+    lines: list[str] = []
+    result = edgedeploy.build(proj / "deploy.toml", log=lines.append)
     assert result.ok
     prec = result.report["metrics"]["precision"]
     tries = prec["fallback_tries"]
     assert tries[0]["score"] < 0.99 <= tries[-1]["score"]
+    # progress: one status per try, "try k of N", the best so far and why the search goes on; a closing summary
+    search = [line for line in lines if "INT8 search: try" in line]
+    assert len(search) == len(tries) and "try 1 of at most 17, 0 float nodes" in search[0]
+    assert "best so far" in search[0] and "still searching" in search[0]
+    assert any(line.strip().startswith(f"INT8 search: {len(tries)} tries") for line in lines)
+    assert all(t["p50_ms"] > 0 for t in tries)  # each try timed: the speed axis of report.html's search plot
     import onnx
 
     kept = [k["node"] for k in prec["kept_float"]]
@@ -167,6 +174,8 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
     )
     plan = json.loads((result.out / "precision.json").read_text())
     assert plan["kept_float"] == prec["kept_float"]
+    assert all("p50_ms" not in t for t in plan["fallback_tries"])  # timings stay out of the hashed file
+    assert plan["calibration_range"]["image"]["declared"] == [-1.0, 1.0]
 
 
 def test_jetson_orin_int8_that_passes_on_the_host_passes_its_own_dry_run(tiny_project: Path, tmp_path: Path) -> None:

@@ -88,7 +88,15 @@ def test_a_baseline_whose_latency_is_no_measurement_is_refused(
 
 def test_the_results_table_reads_the_view() -> None:
     table = results_table(_report())
-    assert "onnxruntime-fp32 opt    logits" in table and "tensorrt         skipped: no TensorRT" in table
-    assert "latency onnxruntime-fp32: p50 0.500 ms, p90 - ms" in table
+    assert re.search(r"^onnxruntime-fp32 +opt +0  logits ", table, re.M)  # one row per check, with its sample
+    assert "tensorrt         skipped: no TensorRT" in table
+    assert re.search(r"^  opt +the same at the opt shape$", table, re.M)  # the legend explains the labels used
+    assert "  min " not in table and "  x" not in table  # and only those
+    assert re.search(r"^onnxruntime-fp32 +0\.500 +- +- +4000\.0$", table, re.M)
+    assert "cached" not in table
+    measured = {"p50_ms": 0.5, "throughput": 4000}
+    cached = {"status": "measured", "cached": True, "measured_at": "2026-01-02 03:04:05 UTC"}
+    table = results_table(_report(latency={**cached, "backends": {"onnxruntime-fp32": measured}}))
+    assert "latency (cached: measured 2026-01-02 03:04:05 UTC by an earlier build, not in this run;" in table
     with pytest.raises(InputError, match="parity.candidates"):
         results_table(_report(parity={"candidates": "x"}))

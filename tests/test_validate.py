@@ -272,3 +272,15 @@ def test_torchscript_is_loaded_only_with_its_recorded_hash(tiny_build: tuple[Any
     assert load_torchscript(path, sha256_file(path)) is not None
     with pytest.raises(ArtifactIntegrityError, match="refusing to load"):
         load_torchscript(path, "0" * 64)
+
+
+def test_throughput_counts_the_timed_runs_not_the_median() -> None:
+    """One slow run in five: p50 stays fast, throughput (batches / their summed time) pays for it."""
+    from edgedeploy.validate.latency import time_calls
+
+    own = iter([0.001, 0.001, 0.001, 0.001, 0.1])  # seconds the backend reports per timed run
+    feeds = {"x": np.zeros((4, 3), np.float32)}
+    row = time_calls(lambda _f: None, feeds, warmup=0, iters=5, own_time=lambda: next(own))
+    assert row["p50_ms"] == pytest.approx(1.0)
+    assert row["batches_per_s"] == pytest.approx(5 / 0.104)
+    assert row["throughput"] == pytest.approx(4 * 5 / 0.104)  # 192 samples/s, not the 4000 that 1/p50 gives

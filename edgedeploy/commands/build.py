@@ -17,22 +17,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_flags(p)
     p.add_argument("--json", action="store_true", help="print report.json to stdout instead of the table")
-    p.add_argument("-v", "--verbose", action="store_true", help="show library warnings as they happen (else build.log)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
     from edgedeploy.pipeline.report import results_table
     from edgedeploy.pipeline.runner import run_build
 
     cfg = config_from_args(args)
-    result = run_build(cfg, verbose=args.verbose)
+    log_file = Path(args.log_file) if getattr(args, "log_file", None) else None
+    quiet = bool(getattr(args, "quiet", False))
+    result = run_build(cfg, verbose=bool(getattr(args, "verbose", False)), quiet=quiet, log_file=log_file)
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:
-        print(results_table(result.report))
+        if not quiet:
+            print(results_table(result.report))
         cached = sum(r.status == "cached" for r in result.stages)
         verdict = result.report["status"].upper()
         if (result.report.get("parity") or {}).get("status") == "skipped":

@@ -10,7 +10,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
-from edgedeploy.reportview import CheckRow, ReportView
+from edgedeploy.reportview import CheckRow, ReportView, input_legend
 from edgedeploy.targets import TargetProfile
 
 SCHEMA = "edgedeploy-report/1"
@@ -33,6 +33,7 @@ def build_report(
         (s.get("reason") for s in stages if s.get("name") == names.VALIDATE and s.get("status") == "skipped"), ""
     )
     not_run = {"status": "skipped", "reason": skipped or "validate stage did not run"}
+    cached = any(s.get("name") == names.VALIDATE and s.get("status") == "cached" for s in stages)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "status": status,
@@ -48,6 +49,9 @@ def build_report(
         "summary": summarize(validate),
         "notes": [n for m in metrics.values() if isinstance(m, dict) for n in m.get("notes") or []],
     }
+    if cached:  # restored from the stage cache: figures of an earlier run, marked so no one reads them as new
+        for key in ("parity", "latency"):
+            report[key] = {**report[key], "cached": True}
     if error:
         report["error"] = error
     return report
@@ -74,7 +78,7 @@ def write_report_files(report: dict[str, Any], folder: Path, plot_cache: Path | 
 
 
 def results_table(report: ReportView | Mapping[str, Any]) -> str:
-    """Plain-text table of every parity check, for the end of ``deploy build``.
+    """Plain-text table of every parity check (one row per check and sample), its legend, and the latency lines.
 
     Raises:
         InputError: ``report`` does not read as an edgedeploy report (the key is named).
@@ -87,26 +91,63 @@ def results_table(report: ReportView | Mapping[str, Any]) -> str:
         same = (lat.reason or "") == (parity.reason or "")
         tail = "" if same else f"; latency: skipped ({lat.reason or ''})"
         return f"parity and latency: {parity.status} ({parity.reason or ''}){tail}"
-    header = f"{'backend':<16} {'shape':<6} {'output':<16} {'max_abs':>10} {'p99_abs':>10} {'cosine':>9}  result"
+    rows = [c for cand in parity.candidates for c in cand.checks]
+    width = max([len(c.shape or "") for c in rows] + [6])
+    header = (
+        f"{'backend':<16} {'inputs':<{width}} {'sample':>6}  {'output':<14} {'max_abs':>10} {'p99_abs':>10} "
+        f"{'cosine':>9} {'top-1':>6}  result"
+    )
+    cached = _cached_note(view)
+    if cached:
+        lines.append(f"parity and latency {cached}")
     lines.append(header)
     lines.append("-" * len(header))
     for cand in parity.candidates:
         if not cand.checks:  # skipped (no TensorRT) or could not run
             lines.append(f"{cand.name:<16} {cand.status}: {cand.reason or ''}")
         for c in cand.checks:
+            sample = "pooled" if c.sample is None else str(c.sample)
+            top1 = "-" if c.top1_agreement is None else f"{c.top1_agreement:.4f}"
             lines.append(
-                f"{cand.name:<16} {c.shape!s:<6} {c.output:<16} {_f(c.max_abs):>10} "
-                f"{_f(c.p99_abs):>10} {_f(c.cosine, 6):>9}  {_verdict(c)}"
+                f"{cand.name:<16} {c.shape or '-':<{width}} {sample:>6}  {c.output:<14} {_f(c.max_abs):>10} "
+                f"{_f(c.p99_abs):>10} {_f(c.cosine, 6):>9} {top1:>6}  {_verdict(c)}"
             )
     if not parity.candidates:
         lines.append(f"parity: {parity.status} ({parity.reason or ''})")
-    for name, row in lat.backends.items():
-        p50, p90, p99 = (_ms(row.value(k)) for k in ("p50_ms", "p90_ms", "p99_ms"))
-        throughput = "-" if row.throughput is None else f"{row.throughput:.1f}"
-        lines.append(f"latency {name}: p50 {p50} ms, p90 {p90} ms, p99 {p99} ms, {throughput} samples/s at {row.shape}")
+    legend = input_legend(rows)
+    if legend:
+        lines += ["", "inputs:", *(f"  {label:<14} {text}" for label, text in legend)]
+    if lat.backends:
+        first = next(iter(lat.backends.values()))
+        title = f"latency{_shape_text(first.shape)}"
+        width = max([len(title)] + [len(n) for n in lat.backends])
+        lines += ["", f"{title:<{width}} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'samples/s':>11}"]
+        for name, row in lat.backends.items():
+            p50, p90, p99 = (_ms(row.value(k)) for k in ("p50_ms", "p90_ms", "p99_ms"))
+            throughput = "-" if row.throughput is None else f"{row.throughput:.1f}"
+            lines.append(f"{name:<{width}} {p50:>9} {p90:>9} {p99:>9} {throughput:>11}")
+        lines.append("samples/s: timed batches x batch size / their summed time (slow runs count, unlike p50)")
+        if cached:
+            lines.append(f"latency {cached}")
     if lat.status == "skipped":
         lines.append(f"latency: skipped ({lat.reason or ''})")
     return "\n".join(lines)
+
+
+def _cached_note(view: ReportView) -> str:
+    """``(cached: measured <when> by an earlier build ...)`` when the validate stage was restored from the cache."""
+    raw = view.raw.get("latency") if isinstance(view.raw, Mapping) else None
+    if not isinstance(raw, Mapping) or not raw.get("cached"):
+        return ""
+    when = f" {raw['measured_at']}" if raw.get("measured_at") else ""
+    return f"(cached: measured{when} by an earlier build, not in this run; build without the cache to measure again)"
+
+
+def _shape_text(shape: Any) -> str:
+    """`` at image 4x3x16x16`` for a latency row's ``{input: dims}``."""
+    if not isinstance(shape, Mapping) or not shape:
+        return ""
+    return " at " + ", ".join(f"{k} {'x'.join(str(d) for d in v)}" for k, v in shape.items() if isinstance(v, list))
 
 
 def _ms(v: float | None) -> str:

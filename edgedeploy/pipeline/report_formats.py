@@ -8,7 +8,6 @@ page says so and keeps its tables.
 
 from __future__ import annotations
 
-import html
 import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -211,11 +210,21 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
                 )
+        from edgedeploy.reportview import input_legend
+
+        legend = input_legend([row for cand in _candidates(report) for row in cand.get("checks", [])])
+        if legend:
+            lines += ["", "Inputs: " + "; ".join(f"`{label}` {text}" for label, text in legend) + "."]
+        if parity.get("cached"):
+            lines += ["", "_cached: judged by an earlier build, not in this run._"]
         for cand in _candidates(report):
             if cand.get("localization"):
                 lines += ["", f"**{cand['name']}**: {_localization_text(cand['localization'])}"]
     lines += ["", "## Latency (opt shape)", ""]
     lat = report.get("latency") or {}
+    if lat.get("cached"):
+        when = f" {lat['measured_at']}" if lat.get("measured_at") else ""
+        lines += [f"_cached: measured{when} by an earlier build, not in this run._", ""]
     if lat.get("backends"):
         lines += ["| backend | p50 ms | p90 ms | p99 ms | samples/s | batch |", "|---|---:|---:|---:|---:|---:|"]
         for name, row in lat["backends"].items():
@@ -238,166 +247,195 @@ def markdown(report: dict[str, Any]) -> str:
 
 # ---- HTML ----------------------------------------------------------------------------------------------
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
-h1 .passed{color:#1a7f37}h1 .failed{color:#cf222e}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
-th{background:#f3f3f3}td.num{text-align:right;font-family:monospace}tr.fail td{background:#ffebe9}
-.box{border-left:4px solid #cf222e;background:#fff5f5;padding:.5em 1em;margin:1em 0}
-figure.plot{display:inline-block;margin:0 1em 1em 0}figure.plot svg{width:520px;height:auto}
-figcaption{font-size:12px;color:#555}
-"""
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+PARITY_HEAD = ("backend", "check", "inputs", "sample", "output", "max abs", "p99 abs", "max rel", "cosine", "top-1",
+               "NaN/Inf", "result")  # fmt: skip
 
 
 def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
-    """A self-contained HTML page: tables plus inline SVG plots (error histograms, latency bars)."""
-    e = html.escape
-    status = str(report.get("status", "?"))
-    parts = [
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>edgedeploy report</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>edgedeploy report: <span class='{e(status)}'>{e(status.upper())}</span></h1>",
-        f"<p>target <b>{e(str(report.get('target')))}</b> ({e(str(report.get('runtime')))}), precision "
-        f"<b>{e(str(report.get('precision')))}</b>, {report.get('seconds', 0):.1f} s</p>",
-    ]
-    if report.get("error"):
-        parts.append(f"<div class='box'><b>{e(str(report['error'].get('kind')))}</b>: ")
-        parts.append(f"{e(str(report['error'].get('message')))}</div>")
-    for cand in _candidates(report):
-        if cand.get("localization"):
-            parts.append(f"<div class='box'><b>{e(cand['name'])}</b>: {e(_localization_text(cand['localization']))}")
-            parts.append("</div>")
-    parts.append("<h2>Stages</h2><table><tr><th>stage</th><th>status</th><th>seconds</th><th>note</th></tr>")
-    for st in report.get("stages", []):
-        cls = " class='fail'" if st.get("status") == "failed" else ""
-        parts.append(
-            f"<tr{cls}><td>{e(st['name'])}</td><td>{e(st['status'])}</td>"
-            f"<td class='num'>{st.get('seconds', 0):.2f}</td><td>{e(str(st.get('reason', '')))}</td></tr>"
-        )
-    parts.append("</table><h2>Parity against PyTorch</h2>")
-    parts.append(_parity_table(report))
-    parts.append("<h2>Latency (opt shape)</h2>")
-    parts.append(_latency_table(report))
-    parts.append("<h2>Plots</h2>")
-    parts += _cached_plots(report, plot_cache)
-    gate = (report.get("metrics") or {}).get("gate")
-    if gate:
-        parts.append(f"<h2>Release gate: {e(gate['status'])}</h2><ul>")
-        parts += [
-            f"<li>{'ok' if c['passed'] else '<b>FAIL</b>'} {e(c['id'])}: {e(c['message'])}</li>" for c in gate["checks"]
+    """A self-contained HTML page (templates/report.html.j2, rendered with jinja2, autoescaped): tables, the
+    localization, and inline SVG plots: latency on a log axis, the INT8 search, calibration vs declared input
+    range, error histograms."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+    from markupsafe import Markup
+
+    from edgedeploy.reportview import input_legend
+
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True
+    )
+    plots, missing = _cached_plots(report, plot_cache)
+    all_rows = [(cand["name"], row) for cand in _candidates(report) for row in cand.get("checks", [])]
+    precision = (report.get("metrics") or {}).get("precision") or {}
+    stage_status = {st.get("name"): st.get("status") for st in report.get("stages", [])}
+
+    def parity_row(item: tuple[str, dict[str, Any]]) -> Markup:
+        name, row = item
+        if row.get("_no_checks"):
+            cls = " class='fail'" if row.get("status") == "failed" else ""
+            return Markup("<tr{}><td>{}</td><td colspan='{}'>{}</td><td>{}</td></tr>").format(
+                Markup(cls), name, len(PARITY_HEAD) - 2, row.get("reason", ""), row.get("status", "")
+            )
+        ok = row.get("passed", False)
+        sample = "pooled" if row.get("sample") is None else row.get("sample")
+        figures = [_num(row.get(k)) for k in ("max_abs", "p99_abs", "max_rel")]
+        figures += [
+            _num(row.get("cosine"), 6),
+            _num(row.get("top1_agreement")),
+            f"{row.get('nan', 0)}/{row.get('inf', 0)}",
         ]
-        parts.append("</ul>")
-    if report.get("warnings"):
-        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in report["warnings"]) + "</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+        result = ("vacuous" if row.get("vacuous") else "ok") if ok else "FAIL: " + str(row.get("reason", ""))
+        if ok and row.get("informational"):  # a spec-random golden of FP16/INT8: reported, not judged
+            result = "info: " + str(row["informational"])
+        cells = Markup("").join(
+            Markup("<td>{}</td>").format(c)
+            for c in (name, row.get("check"), row.get("shape"), sample, row.get("output"))
+        )
+        nums = Markup("").join(Markup("<td class='num'>{}</td>").format(f) for f in figures)
+        return Markup("<tr{}>{}{}<td>{}</td></tr>").format(Markup("" if ok else " class='fail'"), cells, nums, result)
 
+    def plot(key: str) -> Markup:
+        if key not in plots:
+            return Markup("")
+        svg, caption, attrs = plots[key]
+        extra = Markup("").join(Markup(" data-{}='{}'").format(k, v) for k, v in attrs.items())
+        return Markup("<figure class='plot' data-plot='{}'{}>{}<figcaption>{}</figcaption></figure>").format(
+            key, extra, Markup(svg), caption
+        )
 
-def _parity_table(report: dict[str, Any]) -> str:
-    e = html.escape
-    parity = report.get("parity") or {}
-    if not _candidates(report):
-        return f"<p>{e(str(parity.get('status', 'skipped')))}: {e(str(parity.get('reason', '')))}</p>"
-    head = ["backend", "check", "output", "worst at", "max abs", "p99 abs", "max rel", "cosine", "top-1", "NaN/Inf"]
-    rows = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "<th>result</th></tr>"]
+    worst = []
     for cand in _candidates(report):
         if not cand.get("checks"):
-            cls = " class=fail" if cand.get("status") == "failed" else ""
-            reason = e(str(cand.get("reason", "")))
-            rows.append(
-                f"<tr{cls}><td>{e(cand['name'])}</td><td colspan='{len(head) - 1}'>{reason}</td>"
-                f"<td>{e(cand.get('status', ''))}</td></tr>"
+            worst.append(
+                (cand["name"], {"_no_checks": True, "status": cand.get("status"), "reason": cand.get("reason")})
             )
-        for row in _worst_rows(cand):
-            ok = row.get("passed", False)
-            cells = [
-                e(cand["name"]),
-                e(str(row.get("check"))),
-                e(str(row.get("output"))),
-                e(where(row)),
-            ]
-            nums = [row.get(k) for k in ("max_abs", "p99_abs", "max_rel")] + [row.get("cosine")]
-            figures = [_num(n) for n in nums[:3]] + [_num(nums[3], 6), _num(row.get("top1_agreement"))]
-            figures.append(f"{row.get('nan', 0)}/{row.get('inf', 0)}")
-            result = "ok" if ok else "FAIL: " + e(str(row.get("reason", "")))
-            if ok and row.get("informational"):  # a spec-random golden of FP16/INT8: reported, not judged
-                result = "info: " + e(str(row["informational"]))
-            rows.append(
-                f"<tr{'' if ok else ' class=fail'}>"
-                + "".join(f"<td>{c}</td>" for c in cells)
-                + "".join(f"<td class='num'>{f}</td>" for f in figures)
-                + f"<td>{result}</td></tr>"
-            )
-    return "\n".join(rows) + "</table>"
+        worst += [(cand["name"], row) for row in _worst_rows(cand)]
+    tries = search_tries(precision)
+    accuracy = precision.get("accuracy") or {}
+    float_layers = precision.get("kept_float") or precision.get("fp32_layers") or []
+    template = env.get_template("report.html.j2")
+    return template.render(
+        report=report,
+        parity=report.get("parity") or {},
+        latency=report.get("latency") or {},
+        candidates=_candidates(report),
+        localizations=[
+            (c["name"], _localization_text(c["localization"])) for c in _candidates(report) if c.get("localization")
+        ],
+        parity_head=PARITY_HEAD,
+        worst_rows=worst,
+        all_rows=all_rows,
+        legend=input_legend([row for _, row in all_rows]),
+        parity_row=parity_row,
+        plot=plot,
+        histogram_keys=[k for k in plots if k.startswith("histogram:")],
+        plots_missing=missing,
+        precision=precision,
+        precision_cached=stage_status.get("precision") == "cached",
+        tries=tries,
+        shipped_try=accuracy.get("try"),
+        float_layers=float_layers,
+        calib_ranges=precision.get("calibration_range") or {},
+        gate=(report.get("metrics") or {}).get("gate"),
+    )
 
 
-def _latency_table(report: dict[str, Any]) -> str:
-    e = html.escape
-    lat = report.get("latency") or {}
-    out = []
-    if lat.get("backends"):
-        out.append("<table><tr><th>backend</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>samples/s</th></tr>")
-        for name, row in lat["backends"].items():
-            out.append(
-                f"<tr><td>{e(name)}</td>"
-                + "".join(f"<td class='num'>{row[k]:.3f}</td>" for k in ("p50_ms", "p90_ms", "p99_ms"))
-                + f"<td class='num'>{row['throughput']:.1f}</td></tr>"
-            )
-        out.append("</table>")
-    for name, reason in (lat.get("skipped") or {}).items():
-        out.append(f"<p>{e(name)}: skipped: {e(str(reason))}</p>")
-    if lat.get("status") == "skipped":
-        out.append(f"<p>skipped: {e(str(lat.get('reason', '')))}</p>")
-    return "\n".join(out)
+Plot = tuple[str, str, dict[str, str]]  # svg, caption, data attributes of its <figure>
 
 
-def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
+def search_tries(precision: dict[str, Any]) -> list[dict[str, Any]]:
+    """The precision stage's ``fallback_tries`` in one shape for the page: the CNN search's rows (``float_nodes``,
+    ``family``, ``met``, ``vetoed``, ``p50_ms``) and the transformer recipe's (``float_matmuls``, met when its
+    score reaches the target) alike."""
+    target = (precision.get("accuracy_target") or {}).get("value")
+    rows: list[dict[str, Any]] = []
+    for t in precision.get("fallback_tries") or []:
+        if not isinstance(t, dict) or not isinstance(t.get("score"), (int, float)):
+            continue
+        met = t.get("met")
+        if met is None:
+            met = target is not None and t["score"] >= target
+        rows.append(
+            {
+                "try": int(t.get("try", len(rows))),
+                "float_nodes": int(t.get("float_nodes", t.get("float_matmuls")) or 0),
+                "family": t.get("family", ""),
+                "metric": t.get("metric", "score"),
+                "score": float(t["score"]),
+                "met": bool(met),
+                "vetoed": t.get("vetoed", ""),
+                "p50_ms": t.get("p50_ms"),
+            }
+        )
+    return rows
+
+
+def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> tuple[dict[str, Plot], str]:
     """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
     if plot_cache is None:
         return _plots(report)
+    import json
+
     from edgedeploy.fileio.hashing import sha256_json
 
+    precision = (report.get("metrics") or {}).get("precision") or {}
     key = sha256_json(
         {
-            "v": 1,
+            "v": 3,  # bump when a plot is drawn differently
             "hist": [(c.get("name"), c.get("histograms")) for c in _candidates(report)],
             "latency": (report.get("latency") or {}).get("backends"),
+            "tries": precision.get("fallback_tries"),
+            "accuracy": precision.get("accuracy"),
+            "target": precision.get("accuracy_target"),
+            "ranges": precision.get("calibration_range"),
         }  # fmt: skip
     )
-    memo = plot_cache / f"{key}.html"
+    memo = plot_cache / f"{key}.json"
     if memo.is_file():
-        return [memo.read_text(encoding="utf-8")]
-    parts = _plots(report)
-    atomic_write_text(memo, "\n".join(parts))
-    return ["\n".join(parts)]
+        try:
+            data = json.loads(memo.read_text(encoding="utf-8"))
+            return {k: (v[0], v[1], dict(v[2])) for k, v in data["plots"].items()}, str(data["missing"])
+        except (ValueError, KeyError, TypeError, IndexError):  # a damaged memo is drawn again
+            pass
+    plots, missing = _plots(report)
+    atomic_write_text(memo, json.dumps({"plots": plots, "missing": missing}))
+    return plots, missing
 
 
-def _plots(report: dict[str, Any]) -> list[str]:
+def _plots(report: dict[str, Any]) -> tuple[dict[str, Plot], str]:
+    """Plot key -> (svg, caption, attributes), and why plots are missing (empty when drawn)."""
     try:
         from matplotlib.figure import Figure  # noqa: F401  (optional: the 'report' extra)
     except ImportError:
-        return ["<p>plots need matplotlib: pip install 'edgedeploy[report]'</p>"]
-    parts = []
+        return {}, "plots skipped: they need matplotlib (pip install 'edgedeploy[report]'); the tables are complete"
+    plots: dict[str, Plot] = {}
     outputs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for cand in _candidates(report):
         for out_name, hist in (cand.get("histograms") or {}).items():
             outputs.setdefault(out_name, []).append((cand["name"], hist))
-    for out_name, hists in outputs.items():
-        svg = _histogram_svg(out_name, hists)
-        parts.append(_figure(f"histogram:{out_name}", svg, f"absolute error vs PyTorch, output '{out_name}'"))
     backends = (report.get("latency") or {}).get("backends") or {}
     if backends:
-        parts.append(_figure("latency", _latency_svg(backends), "latency at the opt shape per backend"))
-    if not parts:
-        parts.append("<p>no plots: parity and latency did not run</p>")
-    return parts
-
-
-def _figure(key: str, svg: str, caption: str) -> str:
-    return (
-        f"<figure class='plot' data-plot='{html.escape(key)}'>{svg}"
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
+        svg, scale = _latency_svg(backends)
+        caption = "latency per backend at the opt shape: p50 bar, p90 and p99 ticks (log axis)"
+        plots["latency"] = (svg, caption, {"xscale": scale})
+    precision = (report.get("metrics") or {}).get("precision") or {}
+    tries = search_tries(precision)
+    if tries:
+        target = (precision.get("accuracy_target") or {}).get("value")
+        shipped = (precision.get("accuracy") or {}).get("try")
+        caption = (
+            "INT8 search: held-out agreement per try against the target (filled: meets; hollow: misses or vetoed "
+            "by the goldens; star: shipped) and each try's ONNX Runtime p50 (squares, right axis)"
+        )
+        plots["int8-search"] = (_search_svg(tries, target, shipped), caption, {"tries": str(len(tries))})
+    ranges = precision.get("calibration_range") or {}
+    if ranges:
+        caption = "calibration data (min..max, 1st..99th percentile) against the declared inputs.range"
+        plots["calibration-range"] = (_ranges_svg(ranges), caption, {"inputs": str(len(ranges))})
+    for out_name, hists in outputs.items():
+        caption = f"absolute error vs PyTorch, output '{out_name}'"
+        plots[f"histogram:{out_name}"] = (_histogram_svg(out_name, hists), caption, {})
+    return plots, ""
 
 
 def _svg(fig: Any) -> str:
@@ -429,18 +467,93 @@ def _histogram_svg(output: str, hists: list[tuple[str, dict[str, Any]]]) -> str:
     return _svg(fig)
 
 
-def _latency_svg(backends: dict[str, dict[str, Any]]) -> str:
+def _latency_svg(backends: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    """Horizontal p50 bars with p90 / p99 ticks on a log axis (a 2 s p99 beside 0.03 ms bars keeps both
+    readable); returns the SVG and the axis scale."""
     from matplotlib.figure import Figure
 
     names = list(backends)
     fig = Figure(figsize=(6.4, 0.6 + 0.45 * len(names) + 1.2))
     ax = fig.subplots()
     y = list(range(len(names)))
-    ax.barh(y, [backends[n]["p50_ms"] for n in names], color="#4c72b0", label="p50")
+    values = [backends[n][k] for n in names for k in ("p50_ms", "p90_ms", "p99_ms") if backends[n].get(k)]
+    floor = min([v for v in values if v > 0] or [1.0]) / 3
+    ax.set_xscale("log")
+    ax.barh(y, [backends[n]["p50_ms"] - floor for n in names], left=floor, color="#4c72b0", label="p50")
     ax.scatter([backends[n]["p90_ms"] for n in names], y, marker="|", s=200, color="#dd8452", label="p90", zorder=3)
     ax.scatter([backends[n]["p99_ms"] for n in names], y, marker="|", s=200, color="#c44e52", label="p99", zorder=3)
+    for i, n in enumerate(names):
+        ax.annotate(f"{backends[n]['p50_ms']:.3g} ms", (backends[n]["p50_ms"], i), xytext=(4, -10),
+                    textcoords="offset points", fontsize=7)  # fmt: skip
+    ax.set_xlim(left=floor)
     ax.set_yticks(y, names)
-    ax.set_xlabel("milliseconds per batch")
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per batch (log scale)")
     ax.set_title("latency")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a tick
+    return _svg(fig), ax.get_xscale()
+
+
+def _search_svg(tries: list[dict[str, Any]], target: float | None, shipped: int | None) -> str:
+    """Agreement per try (left axis, with the target) and each try's p50 (right axis)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    x = [t["try"] + 1 for t in tries]
+    met = [t for t in tries if t.get("met")]
+    missed = [t for t in tries if not t.get("met")]
+    ax.scatter([t["try"] + 1 for t in met], [t["score"] for t in met], color="#1a7f37", label="meets", zorder=3)
+    ax.scatter([t["try"] + 1 for t in missed], [t["score"] for t in missed], facecolors="none", edgecolors="#cf222e",
+               label="misses / vetoed", zorder=3)  # fmt: skip
+    ax.plot(x, [t["score"] for t in tries], color="#999", linewidth=0.8, zorder=2)
+    for t in tries:
+        label = f"{t['float_nodes']}" + ({"sensitivity": "s", "prefix": "p"}.get(t.get("family", ""), ""))
+        ax.annotate(label, (t["try"] + 1, t["score"]), xytext=(0, 6), textcoords="offset points", fontsize=7,
+                    ha="center")  # fmt: skip
+    if shipped is not None:
+        chosen = [t for t in tries if t["try"] == shipped]
+        if chosen:
+            ax.scatter([shipped + 1], [chosen[0]["score"]], marker="*", s=220, color="#9a6700", label="shipped",
+                       zorder=4)  # fmt: skip
+    if target is not None:
+        ax.axhline(target, color="#cf222e", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("try (label: float nodes, s = sensitivity, p = prefix family)")
+    ax.set_ylabel(str(tries[0].get("metric", "score")))
+    ax.set_xticks(x)
+    timed = [t for t in tries if t.get("p50_ms")]
+    if timed:
+        speed = ax.twinx()
+        speed.plot([t["try"] + 1 for t in timed], [t["p50_ms"] for t in timed], marker="s", color="#4c72b0",
+                   linestyle=":", linewidth=1, markersize=4, label="p50 ms")  # fmt: skip
+        speed.set_ylabel("ONNX Runtime p50 ms (right)")
+        speed.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("INT8 float-fallback search")
+    return _svg(fig)
+
+
+def _ranges_svg(ranges: dict[str, dict[str, Any]]) -> str:
+    """Per input: the declared range (light), the calibration min..max (thin) and 1st..99th percentile (thick)."""
+    from matplotlib.figure import Figure
+
+    names = list(ranges)
+    fig = Figure(figsize=(6.4, 0.8 + 0.55 * len(names) + 0.9))
+    ax = fig.subplots()
+    for i, name in enumerate(names):
+        r = ranges[name]
+        lo, hi = r["declared"]
+        ax.barh(i, hi - lo, left=lo, height=0.7, color="#d0e4f5", label="declared inputs.range" if i == 0 else None)
+        dlo, dhi = r["data"]
+        colour = "#cf222e" if r.get("outside") else "#1f4e79"
+        ax.plot([dlo, dhi], [i, i], color=colour, linewidth=2, label="calibration min..max" if i == 0 else None)
+        if r.get("data_p1_p99"):
+            plo, phi = r["data_p1_p99"]
+            ax.plot([plo, phi], [i, i], color=colour, linewidth=7, alpha=0.6,
+                    label="calibration 1st..99th pct" if i == 0 else None)  # fmt: skip
+    ax.set_yticks(list(range(len(names))), names)
+    ax.set_ylim(-0.8, len(names) - 0.2)
+    ax.set_xlabel("input value")
+    ax.set_title("calibration data vs declared input range")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3)
     return _svg(fig)

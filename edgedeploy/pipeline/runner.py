@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -9,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
@@ -26,6 +27,9 @@ from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.targets import TargetProfile
+
+if TYPE_CHECKING:
+    from edgedeploy.pipeline.progress import BuildConsole
 
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
@@ -130,6 +134,8 @@ def run_build(
     stages: list[Stage] | None = None,
     log: Callable[[str], None] | None = None,
     verbose: bool = False,
+    quiet: bool = False,
+    log_file: Path | None = None,
 ) -> BuildResult:
     """Run a whole build into ``cfg.build.out``.
 
@@ -140,22 +146,37 @@ def run_build(
     Raises:
         DeployError: any stage's error, after the failure report was written.
 
-    Library output during a stage (warnings, logging, prints) goes to ``<out>/build.log`` with a
-    count on the stage's line; ``verbose`` shows it as it happens instead.
+    Library output during a stage (warnings, logging, prints, native libraries' fd 1/2) goes to
+    ``<out>/build.log`` with a count on the stage's line; ``verbose`` shows it as it happens instead.
+    Without ``log``, lines go to the console (:class:`~edgedeploy.pipeline.progress.BuildConsole`: a live
+    status line on a terminal, plain lines elsewhere); ``quiet`` keeps only warnings there, ``log_file``
+    receives every line and library message as well.
     """
-    console = sys.stderr  # bound now: stages run with sys.stderr redirected into build.log
-    log = log or (lambda line: print(line, file=console, flush=True))
+    from edgedeploy.pipeline.progress import BuildConsole
+
+    console = None
+    if log is None:  # bound now: stages run with fds 1/2 redirected into build.log
+        console = BuildConsole(sys.stderr, quiet=quiet, log_file=log_file)
+        log = console.line
     out = Path(cfg.path(cfg.build.out) or "build")
-    inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
-    with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
-        check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
-        try:
-            return _run_build(cfg, folder, stages, log, verbose)
-        except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
-            err = disk_full(exc, folder.out)
-            if err is None:
-                raise
-            raise err from None
+    try:
+        inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
+        with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+            check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
+            try:
+                return _run_build(cfg, folder, stages, log, verbose, console)
+            except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
+                err = disk_full(exc, folder.out)
+                if err is None:
+                    raise
+                raise err from None
+    except DeployError as exc:
+        if console is not None:  # the log file ends with why, as the console does
+            console.record(f"deploy: {exc.one_line()} (exit {exc.exit_code})")
+        raise
+    finally:
+        if console is not None:
+            console.close()
 
 
 def _run_build(
@@ -164,6 +185,7 @@ def _run_build(
     stages: list[Stage] | None,
     log: Callable[[str], None],
     verbose: bool,
+    console: BuildConsole | None = None,
 ) -> BuildResult:
     t_start = time.perf_counter()
     from edgedeploy.targets.resolve import check_capabilities, resolve_target
@@ -190,6 +212,7 @@ def _run_build(
     stages = stages if stages is not None else default_stages(target, cfg)
     staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
+    ctx.on_status = console.status if console is not None else None
     if CHECKPOINT not in ctx.external:
         ctx.warn(
             "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
@@ -213,11 +236,15 @@ def _run_build(
         for i, stage in enumerate(stages, 1):
             current = stage.name
             heard = StageNoise(stage.name, verbose)
+            showing = console.stage(i, len(stages), stage.name) if console is not None else contextlib.nullcontext()
             try:
-                with heard:
+                with showing, heard:
                     rec = _run_stage(stage, ctx, cache, cfg, list(zip(stages, records)))
             finally:
                 noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
+                if console is not None:
+                    for line in heard.lines:
+                        console.record(f"[{stage.name}] {line}")
             records.append(rec)
             produced.extend(f for f in rec.files if f not in produced)
             detail = "; ".join(x for x in (rec.reason, heard.summary()) if x)

@@ -94,6 +94,7 @@ def quantize_with_fallback(
     log: Callable[[str], None] | None = None,
     groups: Sequence[int] | None = None,
     timer: Timer | None = None,
+    on_try: Callable[[dict[str, Any], Path], None] | None = None,
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -119,7 +120,9 @@ def quantize_with_fallback(
     naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
-    ``log`` gets one progress line per step (sensitivity over many nodes takes a while).
+    ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
+    when given, is called after each try with its row (it may add figures to it, e.g. a timing) and its model,
+    instead of logging the try's line.
 
     Raises:
         StageError: a quantization or an ONNX Runtime session fails (from the quantizer and analysis).
@@ -145,7 +148,10 @@ def quantize_with_fallback(
         if veto:
             row["vetoed"] = veto
         tries.append(row)
-        say(_try_line(row))
+        if on_try is not None:
+            on_try(row, model)
+        else:
+            say(_try_line(row))
         return row["met"], model
 
     met, naive = attempt(0, pinned, done=first_try)

@@ -31,9 +31,10 @@ BUDGET_MODEL_MULTIPLE = 2  # ... or this many times the model's weights, when la
 
 
 def golden_arrays(
-    cfg: DeployConfig, outputs: Callable[[Feeds], Feeds], budget: int
+    cfg: DeployConfig, outputs: Callable[[Feeds, int, int, str], Feeds], budget: int
 ) -> tuple[Feeds, dict[str, Any], list[str]]:
-    """(goldens.npz arrays, metrics, warnings) with ``outputs(feeds)`` as the reference, fitted to ``budget`` bytes.
+    """(goldens.npz arrays, metrics, warnings) fitted to ``budget`` bytes, with ``outputs(feeds, k, n, point)`` as
+    the reference (batch ``k`` of ``n``, at shape point ``point``: what a progress line says).
 
     goldens.npz travels in device bundles, so spec-random float inputs of more than ``SEEDED_MIN_BYTES`` are
     stored as their seed and regenerated where they are read (numpy's legacy RandomState stream,
@@ -48,18 +49,26 @@ def golden_arrays(
     rng = np.random.default_rng(cfg.validate.seed)
     arrays: Feeds = {}
     user = user_batches(cfg)
+    held = [] if calibration_file(cfg) is not None else heldout_calibration(cfg)  # else already "data"
+    total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held)
+    done = 0
+
+    def reference(feeds: Feeds, point: str) -> Feeds:
+        nonlocal done
+        done += 1
+        return outputs(feeds, done, total, point)
+
     seeded = 0
     for p_index, point in enumerate(SHAPE_POINTS):
         for s in range(cfg.validate.samples):
             feeds = feeds_at(cfg, point, rng)
             gens = _seed_large_floats(cfg, feeds, seed=[cfg.validate.seed, p_index, s])
-            store_goldens(arrays, point, s, feeds, outputs(feeds), gens=gens)
+            store_goldens(arrays, point, s, feeds, reference(feeds, point), gens=gens)
             seeded += len(gens)
     for s, feeds in enumerate(user):
-        store_goldens(arrays, "data", s, feeds, outputs(feeds))
-    held = [] if calibration_file(cfg) is not None else heldout_calibration(cfg)  # else already "data"
+        store_goldens(arrays, "data", s, feeds, reference(feeds, "data"))
     for s, feeds in enumerate(held):
-        store_goldens(arrays, HELDOUT_POINT, s, feeds, outputs(feeds))
+        store_goldens(arrays, HELDOUT_POINT, s, feeds, reference(feeds, HELDOUT_POINT))
     fitted = fit_budget(arrays, budget, protect=["data", HELDOUT_POINT])
     metrics = {
         "points": list(SHAPE_POINTS),

@@ -30,6 +30,7 @@ class BuildContext:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> metrics
     warnings: list[str] = field(default_factory=list)
     log: Any = None  # callable(str) for progress lines
+    on_status: Any = None  # callable(str): the live status of the running stage (a terminal's live line)
     factory: Any = None  # the model factory, when the runner already loaded it
     _model: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
@@ -73,6 +74,15 @@ class BuildContext:
     def has_input(self, name: str) -> bool:
         """True when external input ``name`` is configured for this build."""
         return name in self.external or name in self.groups
+
+    def status(self, text: str, *, tick: bool = False) -> None:
+        """What a long step of the running stage is doing now (``INT8 search: try 3 of 13 ...``): the live line
+        on a terminal, a plain line in logs (through ``log`` when no live display is attached). A ``tick``
+        (``batch 7 of 64``) only updates the live line; plain logs show one now and then."""
+        if self.on_status is not None:
+            self.on_status(text, tick=tick)
+        elif self.log and not tick:
+            self.log(f"  {text}")
 
     def warn(self, message: str) -> None:
         """Add a build warning and show it. The runner's own warnings; stages return theirs in their

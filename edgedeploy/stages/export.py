@@ -108,6 +108,7 @@ class OnnxFromTorch(Stage):
         temp_axes = {t: axes[n] for t, n in zip(temp.outputs, cfg.outputs) if n in axes}
         for exporter in order:
             opset = choose_opset(cfg, ctx.target, exporter)
+            ctx.status(f"exporting with the {exporter} exporter, opset {opset}")
             warnings: list[str] = []  # this exporter's; dropped with it when a later check fails
             try:
                 with TracerWarnings() as traced:

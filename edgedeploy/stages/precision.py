@@ -45,7 +45,9 @@ class PrecisionFromOnnx(Stage):
     name = names.PRECISION
     # 6: judged on 32 views per held-out photo: lower of observed and expected top-1, less one SE
     # 7: the goldens' pooled top-1 within one standard error; cpu: the faster of both families' passing sets
-    version = "8"
+    # 8: calibration_range per input; each fallback try timed (p50_ms, in the report only)
+    # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
+    version = "9"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -94,13 +96,15 @@ class PrecisionFromOnnx(Stage):
         warnings = result.warnings
         with partial_result(result):  # warnings given before a failure reach the failure report
             calib = load_calibration(cfg, allow_random=ctx.precision == "fp16")
-            warnings += _data_warnings(ctx, calib)
+            ranges = calibration_ranges(ctx, calib)
+            warnings += _data_warnings(ctx, calib, ranges)
             with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
                 if ctx.precision == "int8":
                     plan = _int8(ctx, calib.batches, Path(tmp), warnings, kind=calib.kind)
                 else:
                     plan = _fp16(ctx, calib.batches, Path(tmp), warnings)
         plan = {"precision": ctx.precision, "target": ctx.target.name, "calibration": calib.provenance(), **plan}
+        plan["calibration_range"] = ranges
         # precision.json is hashed into the bundle: timings stay in the returned metrics (the report) only
         (ctx.staging / PRECISION_JSON).write_text(stable_json(plan))
         result.metrics = plan
@@ -162,7 +166,7 @@ def _target_text(ctx: BuildContext, target: float) -> str:
     return f"the default held-out target {target} (set precision.accuracy_target to change it)"
 
 
-def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
+def _data_warnings(ctx: BuildContext, calib: CalibrationSet, ranges: dict[str, dict[str, Any]]) -> list[str]:
     """What the user should know about the calibration data: random, too few samples, out of inputs.range."""
     warnings: list[str] = []
     p = ctx.cfg.precision
@@ -173,18 +177,34 @@ def _data_warnings(ctx: BuildContext, calib: CalibrationSet) -> list[str]:
             f"calibration used {calib.samples} samples, fewer than precision.calib_samples = {p.calib_samples} "
             f"({calib.location}); ranges may miss real inputs"
         )
+    for name, row in ranges.items():
+        if row["outside"]:
+            lo, hi = row["data"]
+            warnings.append(
+                f"calibration data for {name!r} spans [{lo:.3g}, {hi:.3g}], outside inputs.range "
+                f"{row['declared']} that validation draws from; fix inputs.range or the preprocessing"
+            )
+    return warnings
+
+
+def calibration_ranges(ctx: BuildContext, calib: CalibrationSet) -> dict[str, dict[str, Any]]:
+    """Per float input: the calibration data's [min, max], its 1st-99th percentile, the declared inputs.range,
+    and whether the data leaves the declared range by more than 5 % of its width (report.html plots them)."""
+    ranges: dict[str, dict[str, Any]] = {}
     for spec in ctx.cfg.inputs:
         if spec.dtype not in ("float32", "float16"):
             continue
         values = np.concatenate([b[spec.name].ravel() for b in calib.batches])
         lo, hi = float(values.min()), float(values.max())
+        p1, p99 = (float(v) for v in np.percentile(values, [1, 99]))
         slack = 0.05 * (spec.range[1] - spec.range[0])
-        if lo < spec.range[0] - slack or hi > spec.range[1] + slack:
-            warnings.append(
-                f"calibration data for {spec.name!r} spans [{lo:.3g}, {hi:.3g}], outside inputs.range "
-                f"{list(spec.range)} that validation draws from; fix inputs.range or the preprocessing"
-            )
-    return warnings
+        ranges[spec.name] = {
+            "data": [lo, hi],
+            "data_p1_p99": [p1, p99],
+            "declared": [float(v) for v in spec.range],
+            "outside": bool(lo < spec.range[0] - slack or hi > spec.range[1] + slack),
+        }
+    return ranges
 
 
 def _int8(
@@ -283,6 +303,15 @@ def _int8(
         log=log,
         groups=groups or None,
     )
+    from edgedeploy.precision.search_progress import SearchProgress
+
+    progress = SearchProgress(
+        max_tries=p.max_fallback_tries,
+        target=accuracy_target,
+        status=ctx.status,
+        latency_feeds=calib[0],
+        latency_iters=max(3, min(cfg.validate.latency_iters, 10)),
+    )
     result = quantize_with_fallback(
         q,
         out=ctx.staging / deploy_model_name("int8"),
@@ -300,7 +329,10 @@ def _int8(
         log=log,
         groups=groups or None,
         timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels else None,
+        on_try=progress,
     )
+    if ctx.log:
+        ctx.log(f"  {progress.summary(result.final)}")
     from edgedeploy.precision.heldout import resolution_hint
 
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)

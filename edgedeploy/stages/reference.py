@@ -42,10 +42,16 @@ class GoldensFromTorch(Stage):
 
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
+        ctx.status("loading the PyTorch model" + (" (Hugging Face from_pretrained)" if cfg.model.hf else ""))
         model = ctx.model()
         weights = sum(int(t.numel()) * t.element_size() for t in [*model.parameters(), *model.buffers()])
         budget = budget_bytes(cfg, weights)
-        arrays, metrics, warnings = golden_arrays(cfg, lambda feeds: torch_outputs(model, cfg, feeds), budget)
+
+        def outputs(feeds: dict[str, np.ndarray], done: int, total: int, point: str) -> dict[str, np.ndarray]:
+            ctx.status(f"PyTorch reference outputs: batch {done} of {total} ({point})", tick=True)
+            return torch_outputs(model, cfg, feeds)
+
+        arrays, metrics, warnings = golden_arrays(cfg, outputs, budget)
         # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays
         np.savez(ctx.staging / GOLDENS, **arrays)  # type: ignore[arg-type]
         check_finite(arrays, self.name, "PyTorch model")

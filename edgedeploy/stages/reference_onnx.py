@@ -46,7 +46,8 @@ class GoldensFromOnnx(Stage):
         budget = budget_bytes(cfg, ctx.path(CHECKPOINT).stat().st_size)  # the ONNX file: its weights and graph
         session = ort_session(ctx.path(CHECKPOINT), stage=self.name)
 
-        def outputs(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        def outputs(feeds: dict[str, np.ndarray], done: int, total: int, point: str) -> dict[str, np.ndarray]:
+            ctx.status(f"ONNX Runtime reference outputs: batch {done} of {total} ({point})", tick=True)
             values = session.run(None, {s.name: feeds[s.name] for s in cfg.inputs})
             return dict(zip(cfg.outputs, values))
 

@@ -1,0 +1,223 @@
+"""report.html of a real INT8 build (a tiny CNN whose outlier channel makes the float-fallback search run):
+latency on a log axis, the INT8 search plot, float layers and why, calibration vs declared range; cached
+figures marked as cached; rendered by headless Chromium (skipped where it is absent) and checked painted."""
+
+from __future__ import annotations
+
+import html
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_calib_data import photo_folder
+from test_precision_build import OUTLIER_MODEL
+
+import edgedeploy
+from edgedeploy.pipeline.report import results_table
+
+# one xdist worker runs this module, so its module-scoped build runs once (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report_html")
+
+
+@pytest.fixture(scope="module")
+def int8_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """An INT8 cpu build whose naive model misses the target (so the search tries), then the same build again
+    (every stage restored from the cache)."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("int8report")
+    proj = root / "proj"
+    proj.mkdir()
+    mod = f"outlier_{root.name.replace('-', '_')}"
+    (proj / f"{mod}.py").write_text(OUTLIER_MODEL)
+    ns: dict[str, Any] = {}
+    exec(compile(OUTLIER_MODEL, "outlier.py", "exec"), ns)  # the test's own model source
+    torch.manual_seed(0)
+    net = ns["build"]()
+    with torch.no_grad():
+        net.c2.weight[:, 0] *= 1e-3
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(proj / "w.safetensors"))
+    calib = photo_folder(root / "photos", count=24, size=40)
+    (proj / "deploy.toml").write_text(
+        textwrap.dedent(
+            f"""
+            outputs = ["logits"]
+            [model]
+            factory = "{mod}:build"
+            checkpoint = "w.safetensors"
+            normalization = {{ mean = [0.5, 0.5, 0.5], std = [0.5, 0.5, 0.5] }}
+            [[inputs]]
+            name = "image"
+            shape = ["batch", 3, 16, 16]
+            range = [-1.0, 1.0]
+            [dims.batch]
+            min = 1
+            opt = 4
+            max = 4
+            [precision]
+            mode = "int8"
+            calib = "{calib}"
+            calib_samples = 24
+            accuracy_target = 0.99
+            float_when_faster = false
+            [validate]
+            samples = 1
+            latency_iters = 5
+            latency_warmup = 1
+            classifier_outputs = ["logits"]
+            [export]
+            exporter = "torchscript"
+            [build]
+            out = "out"
+            """
+        )
+    )
+    first = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
+    first_html = (first.out / "report.html").read_text()
+    again = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
+    return {"first": first.report, "first_html": first_html, "again": again.report, "out": again.out}
+
+
+class _Page(HTMLParser):
+    """Figures (data-plot -> attributes and the tags inside), and the rows of each table by id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, dict[str, Any]] = {}
+        self.tables: dict[str, int] = {}
+        self._plot: str | None = None
+        self._table: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "figure" and a.get("data-plot"):
+            self._plot = str(a["data-plot"])
+            self.plots[self._plot] = {"attrs": a, "tags": set()}
+        elif self._plot is not None:
+            self.plots[self._plot]["tags"].add(tag)
+        if tag == "table" and a.get("id"):
+            self._table = str(a["id"])
+            self.tables[self._table] = 0
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table] += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "figure":
+            self._plot = None
+        elif tag == "table":
+            self._table = None
+
+
+def test_int8_report_has_the_search_float_layers_calibration_range_and_log_latency(int8_build: dict) -> None:
+    page = _Page()
+    page.feed(int8_build["first_html"])
+    assert set(page.plots) == {"latency", "int8-search", "calibration-range", "histogram:logits"}
+    for plot in page.plots.values():
+        assert {"svg", "path"} <= plot["tags"]  # drawn inline, no script, no download
+    assert page.plots["latency"]["attrs"]["data-xscale"] == "log"
+    precision = int8_build["first"]["metrics"]["precision"]
+    tries = precision["fallback_tries"]
+    assert len(tries) > 1 and not tries[0]["met"] and precision["accuracy"]["met"]  # the search ran, and passed
+    assert page.plots["int8-search"]["attrs"]["data-tries"] == str(len(tries))
+    assert page.tables["int8-tries"] == len(tries) + 1  # one row per try, and the header
+    assert page.tables["float-layers"] == len(precision["kept_float"]) + 1
+    assert page.tables["calibration-range"] == 2  # the one float input
+    assert page.tables["parity-all"] == 1 + sum(len(c["checks"]) for c in int8_build["first"]["parity"]["candidates"])
+    text = int8_build["first_html"]
+    assert "INT8 sensitive: quantizing this" in text  # why each layer stayed float
+    assert "batch consistency: opt sample 0 repeated into a batch of 4" in text  # the legend explains x4
+    assert "cached" not in text.split("<h2>Parity")[1].split("<h2>Error")[0]
+
+
+def test_a_cached_rebuild_marks_its_figures_as_cached(int8_build: dict) -> None:
+    first, again = int8_build["first"], int8_build["again"]
+    assert all(s["status"] == "cached" for s in again["stages"])
+    assert "cached" not in first["latency"] and again["latency"]["cached"] is True
+    assert again["parity"]["cached"] is True
+    assert again["latency"]["measured_at"] == first["latency"]["measured_at"]  # when they were measured, kept
+    table = results_table(again)
+    assert f"latency (cached: measured {first['latency']['measured_at']} by an earlier build" in table
+    page = (int8_build["out"] / "report.html").read_text()
+    assert f"cached: measured {first['latency']['measured_at']} by an earlier build" in page
+    summary = (int8_build["out"] / "report.md").read_text()
+    assert f"_cached: measured {first['latency']['measured_at']} by an earlier build, not in this run._" in summary
+
+
+def test_without_matplotlib_the_page_keeps_its_tables_and_says_plots_are_skipped(int8_build: dict) -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys
+        sys.modules["matplotlib"] = None
+        from edgedeploy.pipeline.report_formats import html_page
+        print(html_page(json.load(sys.stdin)))
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(int8_build["first"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "plots skipped: they need matplotlib (pip install 'edgedeploy[report]')" in html.unescape(res.stdout)
+    assert "<svg" not in res.stdout and 'id="int8-tries"' in res.stdout and 'id="float-layers"' in res.stdout
+
+
+# colours the plots paint (report_formats): latency p50 bars, the search's "meets" dots, the declared-range band
+PLOT_COLOURS = {"latency bars": "#4c72b0", "search: meets": "#1a7f37", "declared range": "#d0e4f5"}
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (Debian package chromium)")
+def test_chromium_renders_the_int8_report_with_its_plots(int8_build: dict, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    page = (int8_build["out"] / "report.html").resolve()
+    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*base, "--dump-dom", page.as_uri()], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+    parsed = _Page()
+    parsed.feed(dom)  # the DOM the browser built, not the file: every plot made it in as SVG
+    assert {"latency", "int8-search", "calibration-range"} <= set(parsed.plots)
+    assert all("svg" in p["tags"] for p in parsed.plots.values())
+    png = tmp_path / "report.png"
+    subprocess.run(
+        [*base, f"--screenshot={png}", "--window-size=1200,3200", page.as_uri()],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    pixels = (imread(str(png))[..., :3] * 255).round().astype(np.int16)
+    assert pixels.shape[:2] == (3200, 1200)
+    flat = pixels.reshape(-1, 3)
+    assert len(np.unique(flat, axis=0)) > 50  # text, tables and plots, not a blank page
+    for what, colour in PLOT_COLOURS.items():
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
+        painted = int((np.abs(flat - rgb).max(axis=1) <= 6).sum())
+        assert painted > 30, f"{what} ({colour}) not painted: {painted} pixels"
+
+
+def test_the_transformer_recipe_tries_plot_too() -> None:
+    """The transformer INT8 recipe's rows count float MatMuls and carry no verdict: met = score >= target."""
+    from edgedeploy.pipeline.report_formats import html_page
+
+    tries = [
+        {"try": 0, "float_matmuls": 0, "metric": "cosine", "score": 0.97, "samples": 8},
+        {"try": 1, "float_matmuls": 2, "metric": "cosine", "score": 0.995, "samples": 8},
+    ]
+    precision = {"fallback_tries": tries, "accuracy_target": {"value": 0.99, "why": "default"}, "accuracy": tries[1]}
+    report = {"schema": "edgedeploy-report/1", "status": "passed", "precision": "int8", "stages": [],
+              "metrics": {"precision": precision}}  # fmt: skip
+    page = _Page()
+    page.feed(html_page(report))
+    assert page.plots["int8-search"]["attrs"]["data-tries"] == "2"
+    assert page.tables["int8-tries"] == 3

@@ -72,6 +72,8 @@ class OptimSection:
     weight_decay: float = 0.0
     momentum: float = 0.9
     schedule: Literal["constant", "cosine", "onecycle"] = "constant"
+    warmup_steps: int = 0  # linear warm-up over this many optimizer steps (constant, cosine)
+    norm_bias_decay: bool = False  # false: no weight decay on normalisation weights and biases
 
 
 @dataclass(frozen=True)
@@ -130,12 +132,14 @@ class RunSection:
     freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names kept fixed ("encoder.*")
     ddp: DDPSection = field(default_factory=DDPSection)
     graph: bool = False  # OUT/<name>.dot: the autograd graph (torchviz), rendered when graphviz is present
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0: off); deployed when on
 
 
 @dataclass(frozen=True)
 class CheckpointSection:
     name: str = "model"
     every_epochs: int = 1
+    every_steps: int = 0  # also checkpoint every N optimizer steps (0: off); --resume continues mid-epoch
     resume: bool = False
 
 
@@ -217,6 +221,9 @@ def _check(cfg: TrainConfig) -> None:
         ("data.augment.crop_scale", list(cfg.data.augment.crop_scale), len(cfg.data.augment.crop_scale) in (0, 2)
          and all(0 < v <= 1 for v in cfg.data.augment.crop_scale), "must be [min, max] in (0, 1]"),
         ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, cfg.checkpoint.every_epochs >= 1, "must be >= 1"),
+        ("checkpoint.every_steps", cfg.checkpoint.every_steps, cfg.checkpoint.every_steps >= 0, "must be >= 0"),
+        ("optim.warmup_steps", cfg.optim.warmup_steps, cfg.optim.warmup_steps >= 0, "must be >= 0"),
+        ("run.ema", cfg.run.ema, 0 <= cfg.run.ema < 1, "must be in [0, 1) (0: off; e.g. 0.999)"),
         ("checkpoint.name", cfg.checkpoint.name, _plain_name(cfg.checkpoint.name), "must be a plain file stem"),
         ("deploy.batch", list(cfg.deploy.batch), 1 <= cfg.deploy.batch[0] <= cfg.deploy.batch[1] <= cfg.deploy.batch[2],
          "must be [min, opt, max] with 1 <= min <= opt <= max"),
@@ -225,6 +232,11 @@ def _check(cfg: TrainConfig) -> None:
     for key, value, ok, why in rules:
         if not ok:
             raise ConfigError(f"{where}: key '{key}' = {value!r} {why}")
+    if cfg.optim.warmup_steps and cfg.optim.schedule == "onecycle":
+        raise ConfigError(
+            f"{where}: key 'optim.warmup_steps' does not apply to optim.schedule = 'onecycle' (it warms up itself)",
+            hint="remove warmup_steps, or use schedule = 'cosine'",
+        )
     d = cfg.data
     if d.dataset in ("npz", "folder", "webdataset", "hf_text") and not d.path:
         raise ConfigError(f"{where}: key 'data.path' is required when data.dataset = '{d.dataset}'")

@@ -44,6 +44,27 @@ def freeze(model: nn.Module, patterns: Sequence[str], where: str = "train config
     return sorted(frozen)
 
 
+NORM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+)
+
+
+def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that weight decay should not shrink: normalisation layers' weights and biases, every
+    bias, and any other 0-d/1-d parameter (scales, gains, learned temperatures). Decaying them pulls
+    normalisation gains to 0 and shifts activations without regularising capacity."""
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if isinstance(module, NORM_LAYERS) or name.endswith("bias") or p.ndim <= 1:
+                found[id(p)] = p
+    return list(found.values())
+
+
 def compile_model(
     model: nn.Module, backend: str, trial: Callable[[Any], Any] | None, log: Callable[[str], None]
 ) -> tuple[Any, bool]:

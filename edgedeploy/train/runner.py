@@ -8,7 +8,7 @@ import functools
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgedeploy.errors import ConfigError, TargetCapabilityError
+from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
 from edgedeploy.train import distributed as D
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.blocks import init_weights
@@ -24,7 +24,8 @@ from edgedeploy.train.checkpoint import checkpoint_metadata, code_version, load_
 from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
-from edgedeploy.train.loop import LoopState, call_model, fit, to_device
+from edgedeploy.train.ema import WeightEMA
+from edgedeploy.train.loop import LoopState, StopTraining, call_model, fit, to_device
 from edgedeploy.train.losses import TemperatureCrossEntropy
 from edgedeploy.train.monitors import GradientFlowMonitor
 from edgedeploy.train.options import (
@@ -32,9 +33,12 @@ from edgedeploy.train.options import (
     compile_model,
     fold_temperature,
     freeze,
+    no_decay_parameters,
     scale_linear,
     write_graph,
 )
+from edgedeploy.train.rng import gather_rng, restore_rng
+from edgedeploy.train.schedules import build_scheduler
 from edgedeploy.train.utils import PeakMemory, anomaly_detection, step_profiler
 
 
@@ -72,9 +76,17 @@ def build_model(cfg: TrainConfig) -> nn.Module:
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.optim.Optimizer:
-    groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    if not groups[0]["params"]:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
         raise ConfigError(f"{cfg.source}: key 'run.freeze' froze every parameter: nothing left to train")
+    groups: list[dict[str, Any]] = [{"params": trainable}]
+    if cfg.optim.weight_decay and not cfg.optim.norm_bias_decay:
+        exempt = {id(p) for p in no_decay_parameters(model)}
+        groups = [
+            {"params": [p for p in trainable if id(p) not in exempt]},
+            {"params": [p for p in trainable if id(p) in exempt], "weight_decay": 0.0},
+        ]
+        groups = [g for g in groups if g["params"]]
     if isinstance(loss_fn, TemperatureCrossEntropy):
         groups += loss_fn.param_groups(cfg.loss.temperature_lr)
     o = cfg.optim
@@ -85,13 +97,7 @@ def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int) -> Any:
-    total = max(1, cfg.run.epochs * steps_per_epoch)
-    if cfg.optim.schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
-    if cfg.optim.schedule == "onecycle":
-        max_lr = [g["lr"] for g in optimizer.param_groups]
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=total)
-    return None
+    return build_scheduler(optimizer, cfg.optim.schedule, cfg.run.epochs * steps_per_epoch, cfg.optim.warmup_steps)
 
 
 def _loss(cfg: TrainConfig, splits: Splits, device: torch.device) -> nn.Module:
@@ -148,10 +154,19 @@ def _metadata(
     )
 
 
-def _train_state(state: LoopState, amp: MixedPrecision, loss_fn: nn.Module) -> dict[str, Any]:
-    """Everything but weights and optimizer tensors that a resume needs, as JSON data."""
+def _train_state(
+    state: LoopState, amp: MixedPrecision, loss_fn: nn.Module, scheduler: Any, rng: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Everything but weights and optimizer tensors that a resume needs, as JSON data: loop counters,
+    scaler, learned loss parameters, the schedule's state and every rank's RNG state."""
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss_fn.state_dict().items()}
-    return {"loop": state.to_dict(), "amp": amp.state_dict(), "loss": loss_state}
+    return {
+        "loop": state.to_dict(),
+        "amp": amp.state_dict(),
+        "loss": loss_state,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": rng,
+    }
 
 
 def run_training(
@@ -160,13 +175,16 @@ def run_training(
     *,
     resume: bool | None = None,
     stop_after: int | None = None,
+    stop_after_steps: int | None = None,
     log: Callable[[str], None] | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> TrainResult:
     """Train as configured and write ``OUT/<checkpoint.name>.safetensors`` with its metadata sidecar.
 
     Works single-process or under ``torchrun`` (DDP or FSDP; only rank 0 logs and writes).
-    ``stop_after`` ends this invocation after that many epochs (time-sliced jobs); ``resume``
-    continues it exactly.
+    ``stop_after`` ends this invocation after that many epochs, ``stop_after_steps`` after that many
+    optimizer steps (time-sliced jobs); ``resume`` continues it exactly, also mid-epoch. ``callbacks``
+    are extra loop callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``).
 
     Raises:
         ConfigError: bad factory, kwargs, loss, freeze or strategy settings.
@@ -182,7 +200,7 @@ def run_training(
     info = D.setup(device, cfg.run.seed, cfg.run.backend)
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
-        return _run(cfg, out, device, info, resume, stop_after, log)
+        return _run(cfg, out, device, info, resume, stop_after, stop_after_steps, log, callbacks)
     finally:
         D.cleanup()
 
@@ -200,7 +218,9 @@ def _run(
     info: D.DistInfo,
     resume: bool,
     stop_after: int | None,
+    stop_after_steps: int | None,
     log: Callable[[str], None],
+    user_callbacks: Sequence[Any],
 ) -> TrainResult:
     say = log if info.is_main else (lambda _line: None)
     fsdp = cfg.run.strategy == "fsdp" and info.enabled
@@ -257,22 +277,37 @@ def _run(
     )
     steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
     scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
+    if r.ema and fsdp:
+        raise ConfigError(
+            f"{cfg.source}: key 'run.ema' is not supported with run.strategy = 'fsdp' (sharded weights)",
+            hint="use strategy = 'ddp' with EMA",
+        )
+    ema = WeightEMA(model, r.ema) if r.ema else None
     folded: dict[str, Any] = {}
+    restore_rng_state: Callable[[], None] | None = None
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
         state = LoopState.from_dict(saved.get("loop", {}))
+        _restore_schedule(scheduler, saved, state, ckpt)
+        if ema is not None:
+            _restore_ema(ema, saved["tensors"], model, ckpt)
+        ranks = saved.get("rng") or []
+        if state.batch and len(ranks) != info.world_size:
+            raise CheckpointError(
+                f"{ckpt} was saved mid-epoch by {len(ranks)} ranks; this run has {info.world_size}",
+                hint="resume with the same number of ranks (or from an epoch-end checkpoint)",
+            )
+        if state.batch:
+            mine = ranks[info.rank]
+            restore_rng_state = functools.partial(restore_rng, mine, device)
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
             loss_fn.load_state_dict({k: torch.tensor(v) for k, v in saved["loss"].items()})
         if saved.get("folded_temperature"):  # a finished run's head was divided by T: undo it
             folded = saved["folded_temperature"]
             scale_linear(dict(model.named_modules())[folded["layer"]], float(folded["temperature"]))
-        say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}")
-    if scheduler is not None and state.optimizer_steps:
-        with warnings.catch_warnings():  # replaying without optimizer steps is intended here
-            warnings.simplefilter("ignore", UserWarning)
-            for _ in range(state.optimizer_steps):  # pure functions of the steps actually taken
-                scheduler.step()
+        where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
+        say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
     if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
         train_model = wrap(model)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
@@ -289,7 +324,7 @@ def _run(
 
         train_model, compiled = compile_model(train_model, r.compile_backend, trial, say)
     clipper = GradClipper(cfg.clip.mode, max_norm=cfg.clip.max_norm, clip_value=cfg.clip.clip_value)
-    callbacks: list[Any] = []
+    callbacks: list[Any] = list(user_callbacks)
     if cfg.monitor.gradients:
         callbacks.append(GradientFlowMonitor(cfg.monitor.vanishing, cfg.monitor.exploding, cfg.monitor.every, say))
         callbacks[-1].attach(model)
@@ -321,17 +356,45 @@ def _run(
         if len(outputs) == 1:
             outputs.append("probabilities")
 
-    def save(state: LoopState, metrics: dict[str, float]) -> None:
-        last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
-        due = not last and state.epoch % cfg.checkpoint.every_epochs == 0
-        weights = D.full_state_dict(model) if (due and fsdp) else None  # a collective: every rank
-        if info.is_main and due:
+    def deploy_weights() -> dict[str, torch.Tensor] | None:
+        """What X.safetensors holds: the EMA weights when on, else the model's (gathered under FSDP)."""
+        if ema is not None:
+            return {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
+        return D.full_state_dict(model) if fsdp else None  # a collective: every rank
+
+    def write(state: LoopState, metrics: dict[str, Any]) -> None:
+        """An intermediate checkpoint (collectives on every rank, files on rank 0)."""
+        weights = deploy_weights()
+        rng = gather_rng(info, device)
+        if info.is_main:
             meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
-            train_state = _train_state(state, amp, loss_fn)
+            if ema is not None:
+                meta["ema"] = {"decay": r.ema, "deployed": True}
             save_checkpoint(
-                ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+                ckpt,
+                model,
+                meta,
+                optimizer=None if fsdp else optimizer,
+                train_state=_train_state(state, amp, loss_fn, scheduler, rng),
+                weights=weights,
+                state_tensors=_ema_tensors(ema),
             )
         D.barrier(info)
+
+    def save(state: LoopState, metrics: dict[str, float]) -> None:
+        last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
+        if not last and state.epoch % cfg.checkpoint.every_epochs == 0:
+            write(state, metrics)
+
+    first_step = state.step
+    epoch_batches = len(train_loader)  # before any mid-epoch skip shortens it
+
+    def on_step(state: LoopState) -> None:
+        every = cfg.checkpoint.every_steps
+        if every and state.step % every == 0 and state.batch < epoch_batches:  # epoch ends save by epoch
+            write(state, {"epoch": state.epoch, "step": state.step})
+        if stop_after_steps is not None and state.step - first_step >= stop_after_steps:
+            raise StopTraining
 
     t0 = time.perf_counter()
     profiler = step_profiler(out / "profile") if cfg.monitor.profile and info.is_main else None
@@ -358,25 +421,29 @@ def _run(
                 log=say,
                 profiler=profiler,
                 accumulate=r.accumulate,
+                ema=ema,
+                on_step=on_step,
+                rng_state=restore_rng_state,
             )
     finally:
         if tb is not None:
             tb.close()
     del train_model  # DDP's reducer goes before the process group does
-    weights = D.full_state_dict(model)
+    weights = deploy_weights() or D.full_state_dict(model)
     digests = D.gather_digests(model, info, weights)
+    rng = gather_rng(info, device)
     metrics = dict(state.history[-1]) if state.history else {}
     metrics.update(world_size=info.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
     if isinstance(memory, PeakMemory):
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)
         say(memory.summary())
-    if info.is_main and state.history:
-        train_state = _train_state(state, amp, loss_fn)
+    if info.is_main and state.step:
+        train_state = _train_state(state, amp, loss_fn, scheduler, rng)
         save_kwargs = dict(kwargs)
         T = getattr(loss_fn, "temperature", None)
         finished = state.epoch == r.epochs
         if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
-            folded_model = copy.deepcopy(model)
+            folded_model = copy.deepcopy(ema.module if ema is not None else model)
             layer = fold_temperature(folded_model, T, to_device(probe, device), call_model)
             weights = D.full_state_dict(folded_model)
             train_state["folded_temperature"] = {"layer": layer, "temperature": T}
@@ -396,8 +463,16 @@ def _run(
             meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
         if frozen:
             meta["frozen"] = frozen
+        if ema is not None:
+            meta["ema"] = {"decay": r.ema, "deployed": True}
         save_checkpoint(
-            ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+            ckpt,
+            model,
+            meta,
+            optimizer=None if fsdp else optimizer,
+            train_state=train_state,
+            weights=weights,
+            state_tensors=_ema_tensors(ema),
         )
         _write_deploy_data(cfg, splits, out)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
@@ -405,6 +480,54 @@ def _run(
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _restore_schedule(scheduler: Any, saved: dict[str, Any], state: LoopState, ckpt: Path) -> None:
+    """Load the saved schedule state (the optimizer's rates were loaded with its state).
+
+    A checkpoint from before schedule states were saved is replayed from the config's rates.
+
+    Raises:
+        CheckpointError: the saved schedule is not this config's schedule.
+    """
+    if scheduler is None:
+        return
+    if saved.get("scheduler"):
+        try:
+            scheduler.load_state_dict(saved["scheduler"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(
+                f"{ckpt}: its saved LR schedule does not fit optim.schedule ({exc})",
+                hint="resume with the schedule the run started with",
+            ) from None
+        return
+    for group in scheduler.optimizer.param_groups:  # loaded state holds lowered rates: start from the config's
+        group["lr"] = group["initial_lr"]
+    scheduler.last_epoch = 0
+    with warnings.catch_warnings():  # replaying without optimizer steps is intended here
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(state.optimizer_steps):
+            scheduler.step()
+
+
+def _ema_tensors(ema: WeightEMA | None) -> dict[str, torch.Tensor]:
+    return {} if ema is None else {f"ema.{k}": v for k, v in ema.state_dict().items()}
+
+
+def _restore_ema(ema: WeightEMA, tensors: dict[str, torch.Tensor], model: nn.Module, ckpt: Path) -> None:
+    """Load the saved EMA weights; a checkpoint without them starts the average from the resumed weights.
+
+    Raises:
+        CheckpointError: the saved EMA does not fit the model.
+    """
+    state = {k[len("ema.") :]: v for k, v in tensors.items() if k.startswith("ema.")}
+    if not state:
+        ema.update(model)
+        return
+    try:
+        ema.load_state_dict(state)
+    except (RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{ckpt}: its EMA weights do not fit the model ({str(exc).splitlines()[0]})") from None
 
 
 def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> None:

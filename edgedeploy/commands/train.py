@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="stop after N optimizer steps in this call (mid-epoch is fine); --resume later",
     )
+    p.add_argument(
+        "--find-lr",
+        action="store_true",
+        help="only run the LR range test: OUT/lr_finder.json (+ .png) and the suggested lr; no training",
+    )
     p.set_defaults(handler=run)
 
 
@@ -53,7 +58,14 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume or None,
         stop_after=args.stop_after,
         stop_after_steps=args.stop_after_steps,
+        find_lr=args.find_lr,
     )
+    if args.find_lr:
+        if _is_main():
+            print(f"LR FINDER: suggested lr {result.metrics['suggested_lr']:.3e} -> {args.out}/lr_finder.json")
+        if result.world_size > 1:
+            leave_distributed_worker(0)
+        return 0
     if result.state.history and _is_main():
         m = result.metrics
         acc = f", test accuracy {m['test_accuracy']:.4f}" if "test_accuracy" in m else ""

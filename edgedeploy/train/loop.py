@@ -205,6 +205,7 @@ def fit(
     seed: int = 0,
     info: DistInfo | None = None,
     eval_loader: Iterable[Any] | None = None,
+    val_loader: Iterable[Any] | None = None,
     state: LoopState | None = None,
     clipper: GradClipper | None = None,
     scheduler: Any = None,
@@ -229,7 +230,9 @@ def fit(
     A ``state`` saved mid-epoch (``state.batch > 0``) continues that epoch after its last trained
     batch: the epoch's order is drawn in full and cut, and ``rng_state()`` (restoring the generators
     as they were at that step) replaces the epoch's reseeding. An ``on_step`` hook raising
-    :class:`StopTraining` ends the call after that step.
+    :class:`StopTraining` ends the call after that step; ``on_epoch_end`` raising it ends the run
+    after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
+    selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
     """
     info = info or DistInfo()
     state = state or LoopState()
@@ -275,12 +278,18 @@ def fit(
         temperature = getattr(loss_fn, "temperature", None)
         if isinstance(temperature, float):
             metrics["temperature"] = temperature
+        judged = ema.module if ema is not None else unwrap(model)  # what the checkpoint deploys
+        if val_loader is not None:
+            ev = evaluate(judged, val_loader, device, amp)
+            metrics.update(val_accuracy=ev["accuracy"], val_loss=ev["loss"])
         if eval_loader is not None:
-            ev = evaluate(ema.module if ema is not None else unwrap(model), eval_loader, device, amp)
+            ev = evaluate(judged, eval_loader, device, amp)
             metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
         state.epoch = epoch + 1
         state.history.append(metrics)
         line = f"epoch {epoch + 1}/{epochs} step {state.step} loss {metrics['train_loss']:.4f}"
+        if "val_accuracy" in metrics:
+            line += f" val_acc {metrics['val_accuracy']:.4f}"
         if "test_accuracy" in metrics:
             line += f" test_acc {metrics['test_accuracy']:.4f}"
         line += f" {metrics['samples_per_s']:.0f} samples/s {seconds:.2f}s"
@@ -294,7 +303,10 @@ def fit(
             if hook is not None:
                 hook(epoch + 1, metrics)
         if on_epoch_end is not None:
-            on_epoch_end(state, metrics)
+            try:
+                on_epoch_end(state, metrics)
+            except StopTraining:  # early stopping: this epoch is complete and saved
+                return state
     return state
 
 

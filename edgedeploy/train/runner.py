@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import sys
 import time
@@ -16,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from edgedeploy.config import checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
+from edgedeploy.fileio.store import atomic_write_bytes
 from edgedeploy.train import distributed as D
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.blocks import init_weights
@@ -33,12 +36,21 @@ from edgedeploy.train.options import (
     compile_model,
     fold_temperature,
     freeze,
+    freeze_norm_statistics,
     no_decay_parameters,
     scale_linear,
+    use_channels_last,
     write_graph,
 )
 from edgedeploy.train.rng import gather_rng, restore_rng
 from edgedeploy.train.schedules import build_scheduler
+from edgedeploy.train.selection import (
+    best_path,
+    epochs_without_improvement,
+    ranked_epochs,
+    resolve_mode,
+    top_k_path,
+)
 from edgedeploy.train.utils import PeakMemory, anomaly_detection, step_profiler
 
 
@@ -178,13 +190,16 @@ def run_training(
     stop_after_steps: int | None = None,
     log: Callable[[str], None] | None = None,
     callbacks: Sequence[Any] = (),
+    find_lr: bool = False,
 ) -> TrainResult:
     """Train as configured and write ``OUT/<checkpoint.name>.safetensors`` with its metadata sidecar.
 
     Works single-process or under ``torchrun`` (DDP or FSDP; only rank 0 logs and writes).
     ``stop_after`` ends this invocation after that many epochs, ``stop_after_steps`` after that many
     optimizer steps (time-sliced jobs); ``resume`` continues it exactly, also mid-epoch. ``callbacks``
-    are extra loop callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``).
+    are extra loop callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``). ``find_lr`` only
+    runs the LR range test (``OUT/lr_finder.json`` and ``.png``) and returns its suggestion in
+    ``metrics["suggested_lr"]``; ``optim.find_lr = true`` trains with that suggestion.
 
     Raises:
         ConfigError: bad factory, kwargs, loss, freeze or strategy settings.
@@ -200,7 +215,7 @@ def run_training(
     info = D.setup(device, cfg.run.seed, cfg.run.backend)
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
-        return _run(cfg, out, device, info, resume, stop_after, stop_after_steps, log, callbacks)
+        return _run(cfg, out, device, info, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
     finally:
         D.cleanup()
 
@@ -221,6 +236,7 @@ def _run(
     stop_after_steps: int | None,
     log: Callable[[str], None],
     user_callbacks: Sequence[Any],
+    find_lr: bool = False,
 ) -> TrainResult:
     say = log if info.is_main else (lambda _line: None)
     fsdp = cfg.run.strategy == "fsdp" and info.enabled
@@ -231,6 +247,9 @@ def _run(
             hint="resume with strategy = 'ddp', or train in one call",
         )
     splits = load_splits(cfg)
+    val_set = None
+    if cfg.data.val_fraction:
+        splits, val_set = _validation_split(cfg, splits)
     kwargs = dict(cfg.model.kwargs)
     vocab = splits.provenance.get("vocab_size")
     if vocab and isinstance(kwargs.get("vocab_size"), int) and kwargs["vocab_size"] < vocab:
@@ -241,9 +260,25 @@ def _run(
         )
     model = build_model(cfg).to(device)
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
+    if frozen and cfg.run.freeze_bn_stats:
+        freeze_norm_statistics(model)
+    if cfg.run.sync_batchnorm and info.enabled:
+        if device.type != "cuda":
+            raise TargetCapabilityError(
+                f"{cfg.source}: key 'run.sync_batchnorm' needs CUDA devices (torch's SyncBatchNorm runs on GPUs only)",
+                hint="set sync_batchnorm = false on CPU (BatchNorm statistics are then copied from rank 0 each epoch)",
+            )
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.run.channels_last:
+        use_channels_last(model)
     loss_fn = _loss(cfg, splits, device)
     d = cfg.data
     eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    val_loader = (
+        None
+        if val_set is None
+        else torch.utils.data.DataLoader(val_set, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    )
     probe = _probe_batch(eval_loader)
     _check_model_fits(cfg, model, to_device(probe, device), splits.num_classes)
     if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
@@ -275,6 +310,10 @@ def _run(
         pin_memory=d.pin_memory and device.type == "cuda",
         stream_samples=splits.train_samples,
     )
+    if find_lr or (cfg.optim.find_lr and not resume):
+        found = _find_lr(cfg, model, optimizer, loss_fn, train_loader, device, info, out, say)
+        if find_lr:
+            return TrainResult(ckpt, {"suggested_lr": found}, state, info.world_size)
     steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
     scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
     if r.ema and fsdp:
@@ -381,10 +420,44 @@ def _run(
             )
         D.barrier(info)
 
+    c = cfg.checkpoint
+    mode = resolve_mode(c.monitor, c.mode)
+
+    def select(state: LoopState, metrics: dict[str, float]) -> None:
+        """Best / top-k deployable checkpoints (weights + sidecar, no resume state) by ``c.monitor``."""
+        if not (c.save_best or c.top_k) or c.monitor not in metrics:
+            return
+        weights = deploy_weights()  # a collective under FSDP: every rank
+        if not info.is_main:
+            return
+        ranked = ranked_epochs(state.history, c.monitor, mode)
+        meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
+        meta["selection"] = {"monitor": c.monitor, "mode": mode, "epoch": state.epoch, "value": metrics[c.monitor]}
+        if ema is not None:
+            meta["ema"] = {"decay": r.ema, "deployed": True}
+        if c.save_best and ranked and ranked[0] == state.epoch:
+            save_checkpoint(best_path(ckpt), model, meta, weights=weights)
+            say(f"best {c.monitor} {metrics[c.monitor]:.4f} at epoch {state.epoch}: {best_path(ckpt).name}")
+        if c.top_k:
+            if state.epoch in ranked[: c.top_k]:
+                save_checkpoint(top_k_path(ckpt, state.epoch), model, meta, weights=weights)
+            for old in ranked[c.top_k :]:
+                for path in (top_k_path(ckpt, old), checkpoint_metadata_path(top_k_path(ckpt, old))):
+                    path.unlink(missing_ok=True)
+
     def save(state: LoopState, metrics: dict[str, float]) -> None:
+        select(state, metrics)
+        if cfg.monitor.csv and info.is_main:
+            write_metrics_csv(out / f"{cfg.checkpoint.name}.metrics.csv", state.history)
         last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
-        if not last and state.epoch % cfg.checkpoint.every_epochs == 0:
+        stop = bool(r.early_stop_patience) and (
+            epochs_without_improvement(state.history, c.monitor, mode, r.early_stop_min_delta) >= r.early_stop_patience
+        )
+        if not last and not stop and state.epoch % cfg.checkpoint.every_epochs == 0:
             write(state, metrics)
+        if stop and not last:
+            say(f"early stop: {c.monitor} did not improve for {r.early_stop_patience} epochs")
+            raise StopTraining
 
     first_step = state.step
     epoch_batches = len(train_loader)  # before any mid-epoch skip shortens it
@@ -413,6 +486,7 @@ def _run(
                 seed=r.seed,
                 info=info,
                 eval_loader=eval_loader,
+                val_loader=val_loader,
                 state=state,
                 clipper=clipper,
                 scheduler=scheduler,
@@ -480,6 +554,102 @@ def _run(
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _find_lr(
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    loader: Any,
+    device: torch.device,
+    info: D.DistInfo,
+    out: Path,
+    say: Callable[[str], None],
+) -> float:
+    """Run the LR range test (model and optimizer restored afterwards), write ``OUT/lr_finder.json`` (and
+    ``.png`` with matplotlib), set every group's lr to the suggestion (groups keep their ratios) and
+    return it. Under DDP rank 0's suggestion is used by every rank.
+
+    Raises:
+        ConfigError: the test saw no finite loss.
+    """
+    import json
+
+    from edgedeploy.train.lr_finder import lr_range_test
+
+    batches = ((to_device(x, device), y.to(device)) for x, y in _cycle(loader))
+    result = lr_range_test(model, batches, optimizer, loss_fn, num_iter=cfg.optim.find_lr_iters)
+    suggested = result.suggested_lr
+    if info.enabled:
+        import torch.distributed as dist
+
+        box = [suggested]
+        dist.broadcast_object_list(box, src=0)
+        suggested = float(box[0])
+    top = max(float(g["lr"]) for g in optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["lr"] = float(group["lr"]) / top * suggested
+        group["initial_lr"] = group["lr"]
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"suggested_lr": suggested, "lrs": result.lrs, "losses": result.losses}
+        (out / "lr_finder.json").write_text(json.dumps(doc, indent=1))
+        plot = ""
+        try:
+            plot = f", plot {result.plot(out / 'lr_finder.png')}"
+        except ImportError:
+            plot = " (pip install 'edgedeploy[report]' for the plot)"
+        say(f"lr finder: suggested lr {suggested:.3e} ({len(result.lrs)} steps){plot}")
+    return suggested
+
+
+def _cycle(loader: Any) -> Any:
+    """The loader's batches, epoch after epoch (the range test stops drawing when it is done)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+def write_metrics_csv(path: Path, history: Sequence[dict[str, Any]]) -> Path:
+    """One row per epoch (every metric the history holds), rewritten whole: a resumed run's file equals
+    an uninterrupted one's."""
+    import csv
+    import io
+
+    columns: list[str] = []
+    for row in history:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(history)
+    atomic_write_bytes(path, buf.getvalue().encode())
+    return path
+
+
+def _validation_split(cfg: TrainConfig, splits: Splits) -> tuple[Splits, Any]:
+    """Hold ``data.val_fraction`` of the train split out for model selection (seeded by ``data.split_seed``).
+
+    Raises:
+        ConfigError: the train split is a stream (no random access to split).
+    """
+    train = splits.train
+    if not hasattr(train, "__len__") or not hasattr(train, "__getitem__"):
+        raise ConfigError(
+            f"{cfg.source}: key 'data.val_fraction' needs a map-style train set, not a stream ({cfg.data.dataset})",
+            hint="hold out validation shards yourself, or set val_fraction = 0",
+        )
+    n = len(train)
+    n_val = max(1, round(n * cfg.data.val_fraction))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.data.split_seed + 7919)).tolist()
+    val = torch.utils.data.Subset(train, order[:n_val])
+    rest = torch.utils.data.Subset(train, sorted(order[n_val:]))
+    return dataclasses.replace(splits, train=rest), val
 
 
 def _restore_schedule(scheduler: Any, saved: dict[str, Any], state: LoopState, ckpt: Path) -> None:

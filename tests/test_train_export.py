@@ -84,3 +84,64 @@ def test_lightning_callback_checkpoint_builds_int8_without_an_input_spec(tmp_pat
     assert meta["metrics"]["val_accuracy"] > 0.5, meta["metrics"]  # 10 classes: chance is 0.1
     built = _build_int8(tmp_path, ckpt)
     assert built.ok and built.report["status"] == "passed" and built.report["precision"] == "int8", built.report
+
+
+class _Texts(torch.utils.data.Dataset):
+    """Sentences labelled by whether they say "good" (1) or "bad" (0), tokenized to 16 positions."""
+
+    def __init__(self, tokenizer, sentences):
+        enc = tokenizer(sentences, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+        self.items = [
+            {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
+             "labels": torch.tensor(int("good" in s))}
+            for i, s in enumerate(sentences)
+        ]  # fmt: skip
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+@pytest.mark.slow
+def test_hf_trainer_callback_checkpoint_builds_int8_without_an_input_spec(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from hf_tiny import VOCAB, save_tokenizer
+
+    from edgedeploy.train.hf import deploy_callback
+
+    save_tokenizer(tmp_path / "tok")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "dog", "sat", "on", "mat", "is", "and"]
+    sentences = [" ".join([*rng.choice(words, 4), ["good", "bad"][i % 2], *rng.choice(words, 3)]) for i in range(96)]
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    ckpt = tmp_path / "run" / "model.safetensors"
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), num_train_epochs=6, per_device_train_batch_size=16, learning_rate=5e-3,
+        report_to=[], save_strategy="no", use_cpu=True, logging_steps=5, eval_strategy="epoch", seed=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_Texts(tokenizer, sentences[:64]),
+        eval_dataset=_Texts(tokenizer, sentences[64:]),
+        callbacks=[deploy_callback(ckpt)],  # the two extra lines: this and the import
+    )  # fmt: skip
+    trainer.train()
+    meta = json.loads(ckpt.with_suffix(".meta.json").read_text())
+    assert meta["factory"] == "edgedeploy.train.models:hf_sequence_classifier"
+    assert [(i["name"], i["dtype"], i["shape"]) for i in meta["inputs"]] == [
+        ("input_ids", "int64", ["batch", 16]), ("attention_mask", "int64", ["batch", 16])
+    ]  # fmt: skip
+    assert meta["inputs"][0]["range"] == [0, len(VOCAB) - 1]
+    assert meta["metrics"]["eval_loss"] < 0.6, meta["metrics"]  # it learned "good" vs "bad"
+    held = np.load(ckpt.with_suffix("").with_name("model.validate.npz"))
+    assert held["input_ids"].shape == (32, 16)
+    built = _build_int8(tmp_path, ckpt)
+    assert built.ok and built.report["status"] == "passed" and built.report["precision"] == "int8", built.report

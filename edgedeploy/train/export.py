@@ -130,10 +130,15 @@ def find_class_names(model: nn.Module, source: Any) -> list[str]:
     classes = getattr(dataset, "classes", None)
     if isinstance(classes, (list, tuple)) and classes:
         return [str(c) for c in classes]
-    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    id2label = getattr(_config(model), "id2label", None)
     if isinstance(id2label, dict) and id2label:
         return [str(id2label[k]) for k in sorted(id2label, key=int)]
     return []
+
+
+def _config(model: nn.Module) -> Any:
+    """A Hugging Face config on the model or on the model it wraps (``.model``)."""
+    return getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
 
 
 def _spec(name: str, example: torch.Tensor, arrays: Iterable[np.ndarray], model: nn.Module) -> dict[str, Any]:
@@ -143,7 +148,7 @@ def _spec(name: str, example: torch.Tensor, arrays: Iterable[np.ndarray], model:
     dtype = str(example.dtype).replace("torch.", "")
     rng: list[float]
     if not example.is_floating_point():
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        vocab = getattr(_config(model), "vocab_size", None)
         rng = [0, int(vocab) - 1] if name == "input_ids" and isinstance(vocab, int) else [int(lo), int(hi)]
     else:
         rng = list(outward_range(lo, hi))

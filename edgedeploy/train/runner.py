@@ -748,25 +748,26 @@ def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
 
 
 def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:
-    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``)."""
-    import numpy as np
+    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``),
+    collected as :func:`edgedeploy.train.export.collect_inputs` does for every trainer."""
+    from edgedeploy.train.export import collect_inputs
 
-    if plain and getattr(dataset, "transform", None) is not None:
+    if plain:
+        dataset = _without_transform(dataset)
+    try:
+        return collect_inputs(dataset, names, limit, by_name=False)
+    except ConfigError:
+        return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
+
+
+def _without_transform(dataset: Any) -> Any:
+    """A shallow copy of ``dataset`` (or of the set a ``Subset`` draws from) with its augmentation off."""
+    if isinstance(dataset, torch.utils.data.Subset):
+        return torch.utils.data.Subset(_without_transform(dataset.dataset), dataset.indices)
+    if getattr(dataset, "transform", None) is not None:
         dataset = copy.copy(dataset)
         dataset.transform = None
-    loader = torch.utils.data.DataLoader(dataset, batch_size=min(limit, 64))
-    parts: list[list[np.ndarray]] = [[] for _ in names]
-    seen = 0
-    for x, _ in loader:
-        xs = list(x) if isinstance(x, (tuple, list)) else [x]
-        if len(xs) != len(names) or not all(isinstance(t, torch.Tensor) for t in xs):
-            return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
-        for part, t in zip(parts, xs):
-            part.append(t.numpy())
-        seen += len(xs[0])
-        if seen >= limit:
-            break
-    return {n: np.concatenate(p)[:limit] for n, p in zip(names, parts)} if seen else {}
+    return dataset
 
 
 def _count(dataset: Any, fallback: int | None) -> str:

@@ -112,10 +112,16 @@ def test_resume_refuses_missing_or_mismatched_state(tmp_path):
     model = digits_cnn(channels=4, num_classes=2)
     with torch.no_grad():
         model.head.bias.add_(1.0)
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    save_file(model.state_dict(), str(result.checkpoint))  # weights replaced behind the state's back
+    st_path, json_path = resume_paths(result.checkpoint)
+    older = {k: v for k, v in load_file(str(st_path)).items() if not k.startswith("model.")}
+    save_file(older, str(st_path))  # optimizer tensors only, the document in model.resume.json: the older layout
+    save_file(model.state_dict(), str(result.checkpoint))  # ... and weights replaced behind its back
     with pytest.raises(CheckpointError, match="other weights"):
+        load_resume_state(result.checkpoint, model)
+    st_path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    with pytest.raises(CheckpointError, match="corrupt"):
         load_resume_state(result.checkpoint, model)
 
 

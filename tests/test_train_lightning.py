@@ -75,3 +75,32 @@ def test_trainer_fit_runs_the_grad_monitor_and_writes_a_deployable_checkpoint(tm
     x = torch.rand(4, 64)
     net.eval()
     assert torch.allclose(deployed(x), net(x), atol=1e-6)
+
+
+def test_grad_monitor_in_lightning_gives_no_false_vanishing_warning_at_step_0():
+    """digits_cnn's residual blocks start with a zero-initialised last conv: their first convs get exactly 0
+    gradient before the first update. Checked every step, the monitor must stay quiet until it can judge."""
+    import lightning.pytorch as pl
+
+    from edgedeploy.train.lightning import lightning_module
+    from edgedeploy.train.models import digits_cnn
+    from edgedeploy.train.monitors import GradientFlowMonitor, lightning_callback
+
+    torch.manual_seed(0)
+    x = torch.rand(32, 1, 8, 8)
+    y = (x[:, 0, :4].mean((1, 2)) > x[:, 0, 4:].mean((1, 2))).long()
+    lines: list[str] = []
+    monitor = GradientFlowMonitor(every=1, log=lines.append)
+    trainer = pl.Trainer(
+        max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[lightning_callback(monitor)],
+    )  # fmt: skip
+    trainer.fit(lightning_module(digits_cnn(channels=4, num_classes=2), lr=0.01), DataLoader(TensorDataset(x, y), 8))
+    assert [r.step for r in monitor.reports] == [1, 2]  # checked from the first update on
+    assert not [line for line in lines if "vanishing" in line], lines
+    # the same zero gradients at step 0 would have been flagged: the quiet start is the step rule, not luck
+    fresh = digits_cnn(channels=4, num_classes=2)
+    monitor.attach(fresh)
+    nn_loss = torch.nn.functional.cross_entropy(fresh(x[:8]), y[:8])
+    nn_loss.backward()
+    assert "vanishing" in monitor.check(0).kinds()

@@ -109,3 +109,22 @@ def test_anomaly_detection_toggle_names_the_nan_and_restores_setting():
         with pytest.raises(RuntimeError, match="SqrtBackward0"):
             nan_backward()
     assert not torch.is_anomaly_enabled()
+
+
+def test_model_diff_takes_two_models_as_the_notes_call_it():
+    from edgedeploy.train.models import digits_cnn
+    from edgedeploy.train.utils import model_diff
+
+    torch.manual_seed(0)
+    model = digits_cnn(channels=4, num_classes=3)
+    same = model_diff(model, model)
+    assert set(same) == {n for n, _ in model.named_parameters()} and not any(same.values())
+    other = digits_cnn(channels=4, num_classes=3)
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        other.head.weight.add_(0.5)
+    changed = model_diff(model, other)
+    assert changed["head.weight"] == pytest.approx(0.5) and changed["head.bias"] == 0.0
+    assert param_diff(model, other).changed() == ["head.weight"]
+    with pytest.raises(ValueError, match="structure"):
+        model_diff(model, digits_cnn(channels=8, num_classes=3))

@@ -21,6 +21,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stop-after", type=int, default=None, metavar="N", help="stop after N epochs in this call; --resume later"
     )
+    p.add_argument(
+        "--stop-after-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N optimizer steps in this call (mid-epoch is fine); --resume later",
+    )
+    p.add_argument(
+        "--find-lr",
+        action="store_true",
+        help="only run the LR range test: OUT/lr_finder.json (+ .png) and the suggested lr; no training",
+    )
     p.set_defaults(handler=run)
 
 
@@ -38,7 +50,22 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, epochs=args.epochs))
     if args.stop_after is not None and args.stop_after < 1:
         raise ConfigError(f"flag --stop-after must be >= 1, got {args.stop_after}")
-    result = run_training(cfg, args.out, resume=args.resume or None, stop_after=args.stop_after)
+    if args.stop_after_steps is not None and args.stop_after_steps < 1:
+        raise ConfigError(f"flag --stop-after-steps must be >= 1, got {args.stop_after_steps}")
+    result = run_training(
+        cfg,
+        args.out,
+        resume=args.resume or None,
+        stop_after=args.stop_after,
+        stop_after_steps=args.stop_after_steps,
+        find_lr=args.find_lr,
+    )
+    if args.find_lr:
+        if _is_main():
+            print(f"LR FINDER: suggested lr {result.metrics['suggested_lr']:.3e} -> {args.out}/lr_finder.json")
+        if result.world_size > 1:
+            leave_distributed_worker(0)
+        return 0
     if result.state.history and _is_main():
         m = result.metrics
         acc = f", test accuracy {m['test_accuracy']:.4f}" if "test_accuracy" in m else ""

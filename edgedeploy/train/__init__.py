@@ -10,3 +10,16 @@ Domain layer (2): may import plain data and the tools (``fileio``, ``modelio``);
 ``models`` (the zoo ``deploy build`` trusts), ``lightning``, ``runner``. Lightning, transformers,
 webdataset, tensorboard and torchviz are optional and imported lazily.
 """
+
+from typing import Any
+
+__all__ = ["export_for_deploy"]
+
+
+def __getattr__(name: str) -> Any:
+    """``edgedeploy.train.export_for_deploy`` without importing torch until it is used."""
+    if name == "export_for_deploy":
+        from edgedeploy.train.export import export_for_deploy
+
+        return export_for_deploy
+    raise AttributeError(f"module 'edgedeploy.train' has no attribute {name!r}")

@@ -4,14 +4,16 @@ For ``X.safetensors`` (weights only) the stage writes:
 
 - ``X.meta.json``: the deploy contract (format ``edgedeploy-checkpoint/1``: factory, inputs, dims,
   outputs, normalization, class names, metrics, code version), read by ``edgedeploy.config``;
-- ``X.resume.safetensors`` + ``X.resume.json``: optimizer tensors, and everything else (param
-  groups, scaler, counters) as JSON. Nothing is ever unpickled.
+- ``X.resume.safetensors``: training weights, optimizer and other state tensors, and everything else
+  (param groups, scheduler, scaler, RNG, counters) as JSON in its header; ``X.resume.json`` is a
+  readable copy of that JSON. Nothing is ever unpickled.
 
 The metadata is written last, so a checkpoint with metadata is complete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -31,6 +33,7 @@ from edgedeploy.modelio.checkpoint import read_state_dict
 
 FORMAT = SIDECAR_FORMAT
 RESUME_FORMAT = "edgedeploy-train-state/1"
+_DOC_KEY = "edgedeploy_train_state"  # the resume document in X.resume.safetensors' header
 
 
 def resume_paths(checkpoint: Path) -> tuple[Path, Path]:
@@ -105,8 +108,8 @@ def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], 
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], doc: dict[str, Any]) -> dict[str, Any]:
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
-        kind, pid, key = name.split(".", 2)
-        if kind == "optimizer":
+        if name.startswith("optimizer."):
+            _, pid, key = name.split(".", 2)
             state.setdefault(int(pid), {})[key] = value
     for pid, entry in doc.get("scalars", {}).items():
         state.setdefault(int(pid), {}).update(entry)
@@ -121,11 +124,18 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     train_state: dict[str, Any] | None = None,
     weights: dict[str, torch.Tensor] | None = None,
+    state_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write weights, resumable state (when ``optimizer`` is given) and the metadata sidecar, each atomically.
+    """Write the resumable state (when ``optimizer`` is given), the weights and the metadata sidecar, each
+    atomically.
 
-    ``train_state`` is JSON data (epoch, step, scaler state, ...). ``weights`` replaces
-    ``model.state_dict()`` (a gathered FSDP state, or folded weights). Call on one rank only.
+    The resumable state is one self-contained file, ``X.resume.safetensors``: the training weights
+    (``model.*``: ``model.state_dict()``, whatever ``weights`` deploys), optimizer tensors
+    (``optimizer.*``), ``state_tensors`` (e.g. ``ema.*``) and, in its header, the JSON document
+    (param groups, ``train_state``: epoch, step, scheduler, scaler, RNG, ...). A kill between two of
+    the files never pairs a state with other weights; ``X.resume.json`` is a readable copy.
+    ``weights`` replaces ``model.state_dict()`` in ``X.safetensors`` (a gathered FSDP state, EMA or
+    folded weights). Call on one rank only.
 
     Raises:
         CheckpointError: the state holds something that is neither a tensor nor JSON data.
@@ -133,18 +143,21 @@ def save_checkpoint(
     path = Path(path)
     source = model.state_dict() if weights is None else weights
     weights = {k: v.detach().cpu().contiguous() for k, v in source.items()}
-    atomic_write_bytes(path, st_save(weights))
-    weights_sha = sha256_file(path)
+    blob = st_save(weights)
+    weights_sha = hashlib.sha256(blob).hexdigest()
     if optimizer is not None:
         tensors, doc = _flatten_optimizer(optimizer.state_dict())
+        tensors.update({f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()})
+        tensors.update({k: v.detach().cpu().contiguous() for k, v in (state_tensors or {}).items()})
         doc.update(format=RESUME_FORMAT, weights_sha256=weights_sha, train_state=train_state or {})
         try:
             text = json.dumps(doc, indent=1, allow_nan=True)
         except TypeError as exc:
             raise CheckpointError(f"training state for {path} is not tensors + JSON data ({exc})") from None
         st_path, json_path = resume_paths(path)
-        atomic_write_bytes(st_path, st_save(tensors) if tensors else st_save({"_empty": torch.zeros(0)}))
+        atomic_write_bytes(st_path, st_save(tensors, metadata={_DOC_KEY: json.dumps(doc, allow_nan=True)}))
         atomic_write_bytes(json_path, text.encode())
+    atomic_write_bytes(path, blob)
     atomic_write_json(checkpoint_metadata_path(path), {**meta, "weights_sha256": weights_sha})
     return path
 
@@ -168,38 +181,55 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 def load_resume_state(
     path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
-    """Load weights into ``model`` and optimizer state into ``optimizer``; return the saved ``train_state``.
+    """Load the training weights into ``model`` and optimizer state into ``optimizer``; return the saved
+    ``train_state``, with the file's other tensors (``ema.*`` ...) under ``"tensors"``.
+
+    Reads only ``X.resume.safetensors`` (weights, optimizer and state in one file). A state written before
+    the weights moved into it pairs with ``X.safetensors`` by its sha256.
 
     Raises:
         CheckpointError: files missing or corrupt, the state was saved with other weights, or it does
             not fit the model / optimizer.
     """
     path = Path(path)
-    state = read_state_dict(path)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint {path} does not fit the model ({str(exc).splitlines()[0]})") from None
     st_path, json_path = resume_paths(path)
-    if not json_path.is_file() or not st_path.is_file():
+    if not st_path.is_file():
+        what = "checkpoint" if not path.is_file() else "resumable state"
         raise CheckpointError(
-            f"no resumable state next to {path} (expected {json_path.name})",
+            f"{what} not found: {st_path if path.is_file() else path}",
             hint="train without --resume, or point at a checkpoint written by deploy train",
         )
     try:
-        doc = json.loads(json_path.read_text())
-        tensors = st_load(st_path.read_bytes())
+        raw = st_path.read_bytes()
+        tensors = st_load(raw)
+        header = _header(raw)
+        doc = json.loads(header[_DOC_KEY]) if _DOC_KEY in header else json.loads(json_path.read_text())
     except Exception as exc:  # safetensors raises several types for corrupt files
         raise CheckpointError(f"resumable state of {path} is corrupt ({type(exc).__name__}: {exc})") from None
     if doc.get("format") != RESUME_FORMAT:
-        raise CheckpointError(f"{json_path}: format {doc.get('format')!r} is not {RESUME_FORMAT!r}")
-    if doc.get("weights_sha256") != sha256_file(path):
-        raise CheckpointError(
-            f"{json_path} was saved with other weights than {path.name}", hint="the pair is from different runs"
-        )
+        raise CheckpointError(f"{st_path.name}: format {doc.get('format')!r} is not {RESUME_FORMAT!r}")
+    weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    if not weights:  # older layout: the weights are X.safetensors, tied to the state by their hash
+        weights = read_state_dict(path)
+        if doc.get("weights_sha256") != sha256_file(path):
+            raise CheckpointError(
+                f"{json_path} was saved with other weights than {path.name}", hint="the pair is from different runs"
+            )
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit the model ({str(exc).splitlines()[0]})") from None
     if optimizer is not None:
         try:
             optimizer.load_state_dict(_unflatten_optimizer(tensors, doc))
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"optimizer state in {st_path.name} does not fit ({exc})") from None
-    return dict(doc.get("train_state", {}))
+    state = dict(doc.get("train_state", {}))
+    state["tensors"] = {k: v for k, v in tensors.items() if not k.startswith(("model.", "optimizer.", "_empty"))}
+    return state
+
+
+def _header(raw: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's JSON header."""
+    size = int.from_bytes(raw[:8], "little")
+    return dict(json.loads(raw[8 : 8 + size]).get("__metadata__") or {})

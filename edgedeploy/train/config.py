@@ -39,6 +39,7 @@ class DataSection:
     path: str | None = None  # npz file, image folder, shard pattern, or text/CSV/JSON-lines file
     test_path: str | None = None  # held-out set in the same form (else a stratified split of path)
     test_fraction: float = 0.2
+    val_fraction: float = 0.0  # of the train split, held out for model selection (val_* metrics); 0: none
     batch_size: int = 64  # per rank: under DDP the effective batch is batch_size * world_size
     eval_batch_size: int = 512
     normalize: bool = True
@@ -72,6 +73,10 @@ class OptimSection:
     weight_decay: float = 0.0
     momentum: float = 0.9
     schedule: Literal["constant", "cosine", "onecycle"] = "constant"
+    warmup_steps: int = 0  # linear warm-up over this many optimizer steps (constant, cosine)
+    norm_bias_decay: bool = False  # false: no weight decay on normalisation weights and biases
+    find_lr: bool = False  # run the LR range test first and train with its suggestion (not on --resume)
+    find_lr_iters: int = 100  # batches the range test sweeps over
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class MonitorSection:
     memory: bool = True
     tensorboard: bool = False  # OUT/tensorboard: losses, lr, grad norms (+ histograms every `every` steps)
     histograms: bool = True
+    csv: bool = False  # OUT/<name>.metrics.csv: one row per epoch, beside TensorBoard
 
 
 @dataclass(frozen=True)
@@ -130,12 +136,23 @@ class RunSection:
     freeze: tuple[str, ...] = ()  # fnmatch patterns of parameter names kept fixed ("encoder.*")
     ddp: DDPSection = field(default_factory=DDPSection)
     graph: bool = False  # OUT/<name>.dot: the autograd graph (torchviz), rendered when graphviz is present
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0: off); deployed when on
+    early_stop_patience: int = 0  # stop after this many epochs without improving checkpoint.monitor (0: off)
+    early_stop_min_delta: float = 0.0  # smallest change that counts as an improvement
+    channels_last: bool = False  # 4-d inputs and the model in torch.channels_last memory format
+    freeze_bn_stats: bool = True  # BatchNorm layers whose parameters run.freeze froze keep their statistics
+    sync_batchnorm: bool = False  # under DDP: nn.SyncBatchNorm (batch statistics over all ranks; CUDA)
 
 
 @dataclass(frozen=True)
 class CheckpointSection:
     name: str = "model"
     every_epochs: int = 1
+    every_steps: int = 0  # also checkpoint every N optimizer steps (0: off); --resume continues mid-epoch
+    monitor: str = "val_loss"  # the metric best / top-k checkpoints and early stopping watch
+    mode: Literal["auto", "min", "max"] = "auto"  # auto: min for a loss, max otherwise
+    save_best: bool = False  # OUT/<name>.best.safetensors: the best epoch by `monitor`
+    top_k: int = 0  # keep OUT/<name>.epoch<E>.safetensors for the k best epochs (0: none)
     resume: bool = False
 
 
@@ -217,6 +234,15 @@ def _check(cfg: TrainConfig) -> None:
         ("data.augment.crop_scale", list(cfg.data.augment.crop_scale), len(cfg.data.augment.crop_scale) in (0, 2)
          and all(0 < v <= 1 for v in cfg.data.augment.crop_scale), "must be [min, max] in (0, 1]"),
         ("checkpoint.every_epochs", cfg.checkpoint.every_epochs, cfg.checkpoint.every_epochs >= 1, "must be >= 1"),
+        ("checkpoint.every_steps", cfg.checkpoint.every_steps, cfg.checkpoint.every_steps >= 0, "must be >= 0"),
+        ("checkpoint.top_k", cfg.checkpoint.top_k, cfg.checkpoint.top_k >= 0, "must be >= 0"),
+        ("data.val_fraction", cfg.data.val_fraction, 0 <= cfg.data.val_fraction < 1, "must be in [0, 1)"),
+        ("run.early_stop_patience", cfg.run.early_stop_patience, cfg.run.early_stop_patience >= 0, "must be >= 0"),
+        ("run.early_stop_min_delta", cfg.run.early_stop_min_delta, cfg.run.early_stop_min_delta >= 0,
+         "must be >= 0"),
+        ("optim.find_lr_iters", cfg.optim.find_lr_iters, cfg.optim.find_lr_iters >= 3, "must be >= 3"),
+        ("optim.warmup_steps", cfg.optim.warmup_steps, cfg.optim.warmup_steps >= 0, "must be >= 0"),
+        ("run.ema", cfg.run.ema, 0 <= cfg.run.ema < 1, "must be in [0, 1) (0: off; e.g. 0.999)"),
         ("checkpoint.name", cfg.checkpoint.name, _plain_name(cfg.checkpoint.name), "must be a plain file stem"),
         ("deploy.batch", list(cfg.deploy.batch), 1 <= cfg.deploy.batch[0] <= cfg.deploy.batch[1] <= cfg.deploy.batch[2],
          "must be [min, opt, max] with 1 <= min <= opt <= max"),
@@ -225,6 +251,23 @@ def _check(cfg: TrainConfig) -> None:
     for key, value, ok, why in rules:
         if not ok:
             raise ConfigError(f"{where}: key '{key}' = {value!r} {why}")
+    if cfg.optim.warmup_steps and cfg.optim.schedule == "onecycle":
+        raise ConfigError(
+            f"{where}: key 'optim.warmup_steps' does not apply to optim.schedule = 'onecycle' (it warms up itself)",
+            hint="remove warmup_steps, or use schedule = 'cosine'",
+        )
+    selecting = cfg.checkpoint.save_best or cfg.checkpoint.top_k or cfg.run.early_stop_patience
+    watched = cfg.checkpoint.monitor
+    allowed = ("val_loss", "val_accuracy", "train_loss")  # never test_*: the test split stays unseen
+    if selecting and watched not in allowed:
+        raise ConfigError(
+            f"{where}: key 'checkpoint.monitor' = {watched!r} is not a metric", hint=f"use one of {allowed}"
+        )
+    if selecting and watched.startswith("val_") and not cfg.data.val_fraction:
+        raise ConfigError(
+            f"{where}: key 'checkpoint.monitor' = {watched!r} needs a validation split",
+            hint="set data.val_fraction (e.g. 0.1); the test split is never used for selection",
+        )
     d = cfg.data
     if d.dataset in ("npz", "folder", "webdataset", "hf_text") and not d.path:
         raise ConfigError(f"{where}: key 'data.path' is required when data.dataset = '{d.dataset}'")

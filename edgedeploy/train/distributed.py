@@ -7,16 +7,26 @@ Runs on CPU with the gloo backend (``nccl`` is used on CUDA). Launch with e.g.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import random
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from edgedeploy.errors import ConfigError
 
@@ -186,6 +196,24 @@ def local_param_numel(model: nn.Module) -> int:
     return total
 
 
+class SkippingSampler(Sampler[int]):
+    """A sampler that leaves out the first ``skip`` indices of its inner sampler's epoch.
+
+    The inner sampler draws its whole epoch order as before (same generator calls), so a run resumed
+    mid-epoch sees exactly the batches an uninterrupted one would have seen next.
+    """
+
+    def __init__(self, sampler: Sampler[int]) -> None:
+        self.sampler = sampler
+        self.skip = 0
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+
 class EpochLoader:
     """A loader over a streaming dataset cut to ``batches`` per epoch, so every rank runs the same
     number of steps (DDP needs that; a stream has no length of its own)."""
@@ -193,16 +221,15 @@ class EpochLoader:
     def __init__(self, loader: DataLoader, batches: int) -> None:
         self.loader = loader
         self.batches = batches
+        self.skip = 0  # batches of this epoch already trained on (a mid-epoch resume reads past them)
         self.sampler = None
         self.generator = None
 
     def __len__(self) -> int:
-        return self.batches
+        return max(0, self.batches - self.skip)
 
     def __iter__(self) -> Any:
-        import itertools
-
-        return itertools.islice(iter(self.loader), self.batches)
+        return itertools.islice(iter(self.loader), self.skip, self.batches)
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch = getattr(self.loader.dataset, "set_epoch", None)
@@ -236,22 +263,40 @@ def make_loader(
         batches = max(1, total // (batch_size * info.world_size))
         return EpochLoader(DataLoader(dataset, batch_size=batch_size, **extra), batches)
     if info.enabled:
-        sampler: DistributedSampler = DistributedSampler(
+        sampler: Sampler[int] = DistributedSampler(
             dataset, num_replicas=info.world_size, rank=info.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **extra)
+        return DataLoader(
+            dataset, batch_size=batch_size, sampler=SkippingSampler(sampler), drop_last=drop_last, **extra
+        )
     generator = torch.Generator().manual_seed(seed)
+    sized = cast(Sized, dataset)
+    sampler = RandomSampler(sized, generator=generator) if shuffle else SequentialSampler(sized)
     return DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=drop_last, **extra
+        dataset,
+        batch_size=batch_size,
+        sampler=SkippingSampler(sampler),
+        generator=generator,
+        drop_last=drop_last,
+        **extra,
     )
 
 
-def set_epoch(loader: Any, epoch: int, seed: int) -> None:
-    """Reseed the loader's shuffling for ``epoch`` (sharded, streaming or not)."""
+def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:
+    """Reseed the loader's shuffling for ``epoch`` (sharded, streaming or not) and start it after
+    ``skip_batches`` batches (a mid-epoch resume; the epoch's order is drawn in full, then cut)."""
     if isinstance(loader, EpochLoader):
         loader.set_epoch(epoch)
-    elif isinstance(loader.sampler, DistributedSampler):
-        loader.sampler.set_epoch(epoch)
+        loader.skip = skip_batches
+        return
+    sampler = loader.sampler
+    if isinstance(sampler, SkippingSampler):
+        sampler.skip = skip_batches * int(loader.batch_size or 1)
+        sampler = sampler.sampler
+    elif skip_batches:
+        raise ValueError("this loader cannot start mid-epoch: build it with make_loader")
+    if isinstance(sampler, DistributedSampler):
+        sampler.set_epoch(epoch)
     elif loader.generator is not None:
         loader.generator.manual_seed(seed + 1000003 * epoch)
 

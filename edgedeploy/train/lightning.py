@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgedeploy.train.checkpoint import checkpoint_metadata, save_checkpoint
 from edgedeploy.train.loop import call_model
 
 
@@ -90,17 +89,23 @@ def deploy_checkpoint_callback(
     *,
     factory: str,
     factory_kwargs: dict[str, Any],
-    inputs: list[dict[str, Any]],
-    outputs: list[str] = ("logits",),  # type: ignore[assignment]
+    inputs: list[dict[str, Any]] | None = None,
+    outputs: list[str] | None = None,
     dims: dict[str, dict[str, int]] | None = None,
     normalization: dict[str, Any] | None = None,
     class_names: list[str] | None = None,
+    data: Any = None,
+    validation: Any = None,
+    batch: tuple[int, int, int] = (1, 8, 64),
 ) -> Any:
-    """A Lightning ``Callback`` writing ``path`` (.safetensors) + its sidecar at the end of ``fit``.
+    """A Lightning ``Callback`` writing ``path`` (.safetensors), its sidecar and calibration / validation data
+    at the end of ``fit`` through :func:`edgedeploy.train.export_for_deploy`.
 
-    The weights are the adapter's ``.model`` (or the LightningModule itself) with plain state-dict
-    keys, so ``factory(**factory_kwargs)`` loads them; ``metrics`` are the trainer's last logged
-    values. Only global rank 0 writes.
+    The weights are the adapter's ``.model`` (or the LightningModule itself) with plain state-dict keys, so
+    ``factory(**factory_kwargs)`` loads them. Inputs are derived from the first training batch unless
+    ``inputs`` (sidecar specs) are given; calibration samples come from ``data`` (default: the trainer's
+    train dataloader), validation samples from ``validation`` (default: its val dataloaders).
+    ``metrics`` are the trainer's last logged values. Only global rank 0 writes.
 
     Raises:
         ImportError: Lightning is not installed.
@@ -112,22 +117,53 @@ def deploy_checkpoint_callback(
         def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
             if not trainer.is_global_zero:
                 return
+            from edgedeploy.train.export import export_for_deploy
+
             model = getattr(pl_module, "model", pl_module)
             metrics = {
                 k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1
             }
             metrics.update(epoch=int(trainer.current_epoch), global_step=int(trainer.global_step))
-            meta = checkpoint_metadata(
+            train = data if data is not None else trainer.train_dataloader
+            held = validation if validation is not None else _first_loader(trainer.val_dataloaders)
+            example = next(iter(train if train is not None else held))
+            example = _to(example, next(model.parameters()).device)
+            bounds = batch
+            if dims:
+                b = dims["batch"]
+                bounds = (b["min"], b["opt"], b["max"])
+            export_for_deploy(
+                model,
+                example,
+                path,
                 factory=factory,
                 factory_kwargs=factory_kwargs,
-                inputs=inputs,
-                dims=dims or {"batch": {"min": 1, "opt": 8, "max": 64}},
-                outputs=list(outputs),
+                data=train,
+                validation=held,
+                input_names=[spec["name"] for spec in inputs] if inputs else None,
+                outputs=outputs,
                 normalization=normalization,
                 class_names=class_names,
+                batch=bounds,
                 metrics=metrics,
-                extra={"trainer": "lightning"},
+                trainer="lightning",
+                extra={"inputs": inputs} if inputs else None,
             )
-            save_checkpoint(path, model, meta)
 
     return DeployCheckpoint()
+
+
+def _first_loader(loaders: Any) -> Any:
+    if isinstance(loaders, (list, tuple)):
+        return loaders[0] if loaders else None
+    return loaders
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch

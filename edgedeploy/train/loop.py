@@ -31,6 +31,8 @@ class LoopState:
     step: int = 0  # optimizer steps attempted (one per ``accumulate`` batches)
     history: list[dict[str, float]] = field(default_factory=list)
     optimizer_steps: int = 0  # steps actually taken (attempted minus skipped): what a schedule counts
+    batch: int = 0  # batches of epoch ``epoch + 1`` already trained on (0: at an epoch boundary)
+    partial: dict[str, float] = field(default_factory=dict)  # that epoch's running loss sum, samples, skips
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,14 +40,25 @@ class LoopState:
             "step": self.step,
             "history": self.history,
             "optimizer_steps": self.optimizer_steps,
+            "batch": self.batch,
+            "partial": self.partial,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopState:
         step = int(data.get("step", 0))
         return cls(
-            int(data.get("epoch", 0)), step, list(data.get("history", [])), int(data.get("optimizer_steps", step))
+            int(data.get("epoch", 0)),
+            step,
+            list(data.get("history", [])),
+            int(data.get("optimizer_steps", step)),
+            int(data.get("batch", 0)),
+            {k: float(v) for k, v in dict(data.get("partial", {})).items()},
         )
+
+
+class StopTraining(Exception):
+    """Raised by a step hook to end training after the current optimizer step (state stays consistent)."""
 
 
 def call_model(model: nn.Module, x: Any) -> torch.Tensor:
@@ -104,8 +117,17 @@ def train_epoch(
     callbacks: Sequence[Any] = (),
     profiler: Any = None,
     accumulate: int = 1,
+    ema: Any = None,
+    on_step: Callable[[LoopState], None] | None = None,
+    start: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """One pass over ``loader``. Returns this rank's summed loss, sample count and skipped steps.
+    """One pass over ``loader`` (or its rest, after a mid-epoch resume). Returns this rank's summed loss,
+    sample count and skipped steps for the whole epoch (``state.partial`` carries them across a resume).
+
+    ``ema.update(model)`` runs after every optimizer step taken; ``on_step(state)`` after every optimizer
+    step (``state.batch`` counts the epoch's batches done: a step checkpoint saved there resumes at the
+    next batch); ``start()`` runs once the loader's iterator exists (restoring a mid-epoch RNG state
+    there keeps the iterator's own seed draw out of it).
 
     With ``accumulate = N`` the gradients of N batches are summed before one optimizer step; each
     batch's loss is divided by N, so N batches of B give the gradient of one batch of N*B (exactly,
@@ -113,10 +135,15 @@ def train_epoch(
     DDP the gradient all-reduce runs only on the last batch of a group (``no_sync``).
     """
     model.train()
-    loss_sum, samples, skipped = 0.0, 0, 0
+    part = state.partial or {}
+    loss_sum, samples, skipped = part.get("loss_sum", 0.0), int(part.get("samples", 0)), int(part.get("skipped", 0))
     total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
     group = 0  # batches accumulated so far in this group
-    for i, (x, y) in enumerate(loader):
+    consumed = 0  # batches of this call counted into state.batch
+    batches = iter(loader)
+    if start is not None:
+        start()
+    for i, (x, y) in enumerate(batches):
         x, y = to_device(x, device), y.to(device, non_blocking=True)
         if group == 0:
             optimizer.zero_grad(set_to_none=True)
@@ -145,7 +172,9 @@ def train_epoch(
         if stepped:
             state.optimizer_steps += 1
             if scheduler is not None:
-                scheduler.step()  # the schedule counts steps taken, so a resume replays exactly these
+                scheduler.step()  # the schedule counts steps taken (its state is saved, not replayed)
+            if ema is not None:
+                ema.update(unwrap(model))
         else:
             skipped += 1
         for cb in callbacks:
@@ -153,8 +182,13 @@ def train_epoch(
             if hook is not None:
                 hook(state.step, {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)})
         state.step += 1
+        state.batch = state.batch + (i + 1 - consumed)
+        consumed = i + 1
+        state.partial = {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
         if profiler is not None:
             profiler.step()
+        if on_step is not None:
+            on_step(state)
     return {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
 
 
@@ -171,6 +205,7 @@ def fit(
     seed: int = 0,
     info: DistInfo | None = None,
     eval_loader: Iterable[Any] | None = None,
+    val_loader: Iterable[Any] | None = None,
     state: LoopState | None = None,
     clipper: GradClipper | None = None,
     scheduler: Any = None,
@@ -179,6 +214,9 @@ def fit(
     log: Callable[[str], None] | None = None,
     profiler: Any = None,
     accumulate: int = 1,
+    ema: Any = None,
+    on_step: Callable[[LoopState], None] | None = None,
+    rng_state: Callable[[], None] | None = None,
 ) -> LoopState:
     """Train from ``state.epoch`` up to ``epochs`` (at most ``stop_after`` of them in this call).
 
@@ -188,29 +226,46 @@ def fit(
     Each epoch reseeds torch's RNG with ``seed + rank + epoch`` and the loader's shuffling with the
     epoch, so a resumed run continues exactly where a checkpoint left it. Buffers (e.g. BatchNorm
     statistics) are synchronised from rank 0 after each epoch, so all ranks hold identical models.
+
+    A ``state`` saved mid-epoch (``state.batch > 0``) continues that epoch after its last trained
+    batch: the epoch's order is drawn in full and cut, and ``rng_state()`` (restoring the generators
+    as they were at that step) replaces the epoch's reseeding. An ``on_step`` hook raising
+    :class:`StopTraining` ends the call after that step; ``on_epoch_end`` raising it ends the run
+    after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
+    selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
     """
     info = info or DistInfo()
     state = state or LoopState()
     log = log if (log is not None and info.is_main) else (lambda _line: None)
     end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
     for epoch in range(state.epoch, end):
-        torch.manual_seed(seed + info.rank + 1_000_003 * (epoch + 1))
-        set_epoch(train_loader, epoch, seed)
+        mid_epoch = state.batch > 0
+        if not mid_epoch:
+            torch.manual_seed(seed + info.rank + 1_000_003 * (epoch + 1))
+            state.partial = {}
+        set_epoch(train_loader, epoch, seed, skip_batches=state.batch)
         t0 = time.perf_counter()
-        part = train_epoch(
-            model,
-            train_loader,
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            amp=amp,
-            device=device,
-            state=state,
-            clipper=clipper,
-            scheduler=scheduler,
-            callbacks=callbacks,
-            profiler=profiler,
-            accumulate=accumulate,
-        )
+        try:
+            part = train_epoch(
+                model,
+                train_loader,
+                optimizer=optimizer,
+                loss_fn=loss_fn,
+                amp=amp,
+                device=device,
+                state=state,
+                clipper=clipper,
+                scheduler=scheduler,
+                callbacks=callbacks,
+                profiler=profiler,
+                accumulate=accumulate,
+                ema=ema,
+                on_step=on_step,
+                start=rng_state if mid_epoch else None,
+            )
+        except StopTraining:
+            return state
+        state.batch, state.partial = 0, {}
         loss_sum, samples, skipped = all_reduce_sum([part["loss_sum"], part["samples"], part["skipped"]], info, device)
         broadcast_buffers(model, info)
         seconds = time.perf_counter() - t0
@@ -223,12 +278,18 @@ def fit(
         temperature = getattr(loss_fn, "temperature", None)
         if isinstance(temperature, float):
             metrics["temperature"] = temperature
+        judged = ema.module if ema is not None else unwrap(model)  # what the checkpoint deploys
+        if val_loader is not None:
+            ev = evaluate(judged, val_loader, device, amp)
+            metrics.update(val_accuracy=ev["accuracy"], val_loss=ev["loss"])
         if eval_loader is not None:
-            ev = evaluate(unwrap(model), eval_loader, device, amp)
+            ev = evaluate(judged, eval_loader, device, amp)
             metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
         state.epoch = epoch + 1
         state.history.append(metrics)
         line = f"epoch {epoch + 1}/{epochs} step {state.step} loss {metrics['train_loss']:.4f}"
+        if "val_accuracy" in metrics:
+            line += f" val_acc {metrics['val_accuracy']:.4f}"
         if "test_accuracy" in metrics:
             line += f" test_acc {metrics['test_accuracy']:.4f}"
         line += f" {metrics['samples_per_s']:.0f} samples/s {seconds:.2f}s"
@@ -242,7 +303,10 @@ def fit(
             if hook is not None:
                 hook(epoch + 1, metrics)
         if on_epoch_end is not None:
-            on_epoch_end(state, metrics)
+            try:
+                on_epoch_end(state, metrics)
+            except StopTraining:  # early stopping: this epoch is complete and saved
+                return state
     return state
 
 

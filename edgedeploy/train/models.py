@@ -141,3 +141,29 @@ def bert_bilstm_classifier(
     sizes = dict(hidden=32, layers=2, heads=2, intermediate=64, lstm_hidden=32) if tiny else {}
     sizes.update(overrides)
     return BertBiLSTMClassifier(vocab_size, num_classes, temperature=temperature, **sizes)
+
+
+class HFSequenceClassifier(nn.Module):
+    """A Hugging Face ``AutoModelForSequenceClassification`` returning its logits tensor (positional inputs
+    ``input_ids``, ``attention_mask``[, ``token_type_ids``]), so ONNX capture sees plain tensors. State-dict
+    keys are the wrapped model's under ``model.``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
+
+
+def hf_sequence_classifier(model_type: str, config: dict | None = None) -> HFSequenceClassifier:
+    """Factory ``edgedeploy.train.models:hf_sequence_classifier``: a randomly initialised sequence classifier
+    of ``model_type`` from ``config`` (what ``PretrainedConfig.to_diff_dict()`` gives), eager attention for
+    a plain ONNX graph. The Hugging Face Trainer bridge records these kwargs; transformers is imported here."""
+    import transformers as T
+
+    settings = {k: v for k, v in (config or {}).items() if k not in ("model_type", "transformers_version")}
+    cfg = T.AutoConfig.for_model(model_type, **settings)
+    cfg._attn_implementation = "eager"
+    return HFSequenceClassifier(T.AutoModelForSequenceClassification.from_config(cfg, attn_implementation="eager"))

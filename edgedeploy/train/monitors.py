@@ -132,10 +132,11 @@ class GradientFlowMonitor:
     def on_after_backward(self, step: int, model: nn.Module, grad_scale: float = 1.0) -> GradReport | None:
         """Loop hook: check after every ``every``-th step (recorded norms are discarded in between).
 
-        The first check comes after ``every`` steps, not at step 0: zero-initialised residual branches
+        The first check comes after ``every`` steps and never at step 0 (also with ``every = 1``, and for
+        every micro-batch of a first accumulation group): zero-initialised residual branches
         legitimately pass no gradient to their first layers before the first update.
         """
-        if (step + 1) % self.every:
+        if step == 0 or (step + 1) % self.every:
             self._sq.clear()
             return None
         return self.check(step, grad_scale)

@@ -44,6 +44,61 @@ def freeze(model: nn.Module, patterns: Sequence[str], where: str = "train config
     return sorted(frozen)
 
 
+NORM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+)
+
+
+def no_decay_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that weight decay should not shrink: normalisation layers' weights and biases, every
+    bias, and any other 0-d/1-d parameter (scales, gains, learned temperatures). Decaying them pulls
+    normalisation gains to 0 and shifts activations without regularising capacity."""
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if isinstance(module, NORM_LAYERS) or name.endswith("bias") or p.ndim <= 1:
+                found[id(p)] = p
+    return list(found.values())
+
+
+def freeze_norm_statistics(model: nn.Module) -> list[str]:
+    """Keep the running statistics of normalisation layers whose parameters are all frozen: they run in
+    eval mode even while the model trains (a forward pre-hook sets it each call, so ``model.train()``
+    cannot undo it). A frozen backbone's BatchNorm otherwise drifts to the new data's statistics while
+    its affine parameters stay fixed. Returns the names of the layers held.
+    """
+    held = []
+    for name, module in model.named_modules():
+        params = list(module.parameters(recurse=False))
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and params and not any(p.requires_grad for p in params):
+            module.register_forward_pre_hook(_hold_statistics)
+            held.append(name)
+    return held
+
+
+def _hold_statistics(module: nn.Module, _args: Any) -> None:
+    module.train(False)
+
+
+def use_channels_last(model: nn.Module) -> None:
+    """Put the model's 4-d weights and its 4-d inputs in ``torch.channels_last`` memory format (faster
+    convolutions on tensor cores and many CPUs). Values and state-dict keys do not change; checkpoints
+    are saved contiguous."""
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    model.register_forward_pre_hook(_channels_last_inputs)
+
+
+def _channels_last_inputs(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a
+        for a in args
+    )
+
+
 def compile_model(
     model: nn.Module, backend: str, trial: Callable[[Any], Any] | None, log: Callable[[str], None]
 ) -> tuple[Any, bool]:

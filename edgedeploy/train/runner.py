@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgedeploy.errors import ConfigError, TargetCapabilityError
+from edgedeploy.config import checkpoint_metadata_path
+from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
+from edgedeploy.fileio.store import atomic_write_bytes
 from edgedeploy.train import distributed as D
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.blocks import init_weights
@@ -24,7 +27,8 @@ from edgedeploy.train.checkpoint import checkpoint_metadata, code_version, load_
 from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
-from edgedeploy.train.loop import LoopState, call_model, fit, to_device
+from edgedeploy.train.ema import WeightEMA
+from edgedeploy.train.loop import LoopState, StopTraining, call_model, fit, to_device
 from edgedeploy.train.losses import TemperatureCrossEntropy
 from edgedeploy.train.monitors import GradientFlowMonitor
 from edgedeploy.train.options import (
@@ -32,8 +36,20 @@ from edgedeploy.train.options import (
     compile_model,
     fold_temperature,
     freeze,
+    freeze_norm_statistics,
+    no_decay_parameters,
     scale_linear,
+    use_channels_last,
     write_graph,
+)
+from edgedeploy.train.rng import gather_rng, restore_rng
+from edgedeploy.train.schedules import build_scheduler
+from edgedeploy.train.selection import (
+    best_path,
+    epochs_without_improvement,
+    ranked_epochs,
+    resolve_mode,
+    top_k_path,
 )
 from edgedeploy.train.utils import PeakMemory, anomaly_detection, step_profiler
 
@@ -72,9 +88,17 @@ def build_model(cfg: TrainConfig) -> nn.Module:
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.optim.Optimizer:
-    groups: list[dict[str, Any]] = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    if not groups[0]["params"]:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not trainable:
         raise ConfigError(f"{cfg.source}: key 'run.freeze' froze every parameter: nothing left to train")
+    groups: list[dict[str, Any]] = [{"params": trainable}]
+    if cfg.optim.weight_decay and not cfg.optim.norm_bias_decay:
+        exempt = {id(p) for p in no_decay_parameters(model)}
+        groups = [
+            {"params": [p for p in trainable if id(p) not in exempt]},
+            {"params": [p for p in trainable if id(p) in exempt], "weight_decay": 0.0},
+        ]
+        groups = [g for g in groups if g["params"]]
     if isinstance(loss_fn, TemperatureCrossEntropy):
         groups += loss_fn.param_groups(cfg.loss.temperature_lr)
     o = cfg.optim
@@ -85,13 +109,7 @@ def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.
 
 
 def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int) -> Any:
-    total = max(1, cfg.run.epochs * steps_per_epoch)
-    if cfg.optim.schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
-    if cfg.optim.schedule == "onecycle":
-        max_lr = [g["lr"] for g in optimizer.param_groups]
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=total)
-    return None
+    return build_scheduler(optimizer, cfg.optim.schedule, cfg.run.epochs * steps_per_epoch, cfg.optim.warmup_steps)
 
 
 def _loss(cfg: TrainConfig, splits: Splits, device: torch.device) -> nn.Module:
@@ -148,10 +166,19 @@ def _metadata(
     )
 
 
-def _train_state(state: LoopState, amp: MixedPrecision, loss_fn: nn.Module) -> dict[str, Any]:
-    """Everything but weights and optimizer tensors that a resume needs, as JSON data."""
+def _train_state(
+    state: LoopState, amp: MixedPrecision, loss_fn: nn.Module, scheduler: Any, rng: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Everything but weights and optimizer tensors that a resume needs, as JSON data: loop counters,
+    scaler, learned loss parameters, the schedule's state and every rank's RNG state."""
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss_fn.state_dict().items()}
-    return {"loop": state.to_dict(), "amp": amp.state_dict(), "loss": loss_state}
+    return {
+        "loop": state.to_dict(),
+        "amp": amp.state_dict(),
+        "loss": loss_state,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": rng,
+    }
 
 
 def run_training(
@@ -160,13 +187,19 @@ def run_training(
     *,
     resume: bool | None = None,
     stop_after: int | None = None,
+    stop_after_steps: int | None = None,
     log: Callable[[str], None] | None = None,
+    callbacks: Sequence[Any] = (),
+    find_lr: bool = False,
 ) -> TrainResult:
     """Train as configured and write ``OUT/<checkpoint.name>.safetensors`` with its metadata sidecar.
 
     Works single-process or under ``torchrun`` (DDP or FSDP; only rank 0 logs and writes).
-    ``stop_after`` ends this invocation after that many epochs (time-sliced jobs); ``resume``
-    continues it exactly.
+    ``stop_after`` ends this invocation after that many epochs, ``stop_after_steps`` after that many
+    optimizer steps (time-sliced jobs); ``resume`` continues it exactly, also mid-epoch. ``callbacks``
+    are extra loop callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``). ``find_lr`` only
+    runs the LR range test (``OUT/lr_finder.json`` and ``.png``) and returns its suggestion in
+    ``metrics["suggested_lr"]``; ``optim.find_lr = true`` trains with that suggestion.
 
     Raises:
         ConfigError: bad factory, kwargs, loss, freeze or strategy settings.
@@ -182,7 +215,7 @@ def run_training(
     info = D.setup(device, cfg.run.seed, cfg.run.backend)
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
-        return _run(cfg, out, device, info, resume, stop_after, log)
+        return _run(cfg, out, device, info, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
     finally:
         D.cleanup()
 
@@ -200,7 +233,10 @@ def _run(
     info: D.DistInfo,
     resume: bool,
     stop_after: int | None,
+    stop_after_steps: int | None,
     log: Callable[[str], None],
+    user_callbacks: Sequence[Any],
+    find_lr: bool = False,
 ) -> TrainResult:
     say = log if info.is_main else (lambda _line: None)
     fsdp = cfg.run.strategy == "fsdp" and info.enabled
@@ -211,6 +247,9 @@ def _run(
             hint="resume with strategy = 'ddp', or train in one call",
         )
     splits = load_splits(cfg)
+    val_set = None
+    if cfg.data.val_fraction:
+        splits, val_set = _validation_split(cfg, splits)
     kwargs = dict(cfg.model.kwargs)
     vocab = splits.provenance.get("vocab_size")
     if vocab and isinstance(kwargs.get("vocab_size"), int) and kwargs["vocab_size"] < vocab:
@@ -221,9 +260,25 @@ def _run(
         )
     model = build_model(cfg).to(device)
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
+    if frozen and cfg.run.freeze_bn_stats:
+        freeze_norm_statistics(model)
+    if cfg.run.sync_batchnorm and info.enabled:
+        if device.type != "cuda":
+            raise TargetCapabilityError(
+                f"{cfg.source}: key 'run.sync_batchnorm' needs CUDA devices (torch's SyncBatchNorm runs on GPUs only)",
+                hint="set sync_batchnorm = false on CPU (BatchNorm statistics are then copied from rank 0 each epoch)",
+            )
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.run.channels_last:
+        use_channels_last(model)
     loss_fn = _loss(cfg, splits, device)
     d = cfg.data
     eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    val_loader = (
+        None
+        if val_set is None
+        else torch.utils.data.DataLoader(val_set, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    )
     probe = _probe_batch(eval_loader)
     _check_model_fits(cfg, model, to_device(probe, device), splits.num_classes)
     if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
@@ -255,24 +310,43 @@ def _run(
         pin_memory=d.pin_memory and device.type == "cuda",
         stream_samples=splits.train_samples,
     )
+    if find_lr or (cfg.optim.find_lr and not resume):
+        found = _find_lr(cfg, model, optimizer, loss_fn, train_loader, device, info, out, say)
+        if find_lr:
+            return TrainResult(ckpt, {"suggested_lr": found}, state, info.world_size)
     steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
     scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
+    if r.ema and fsdp:
+        raise ConfigError(
+            f"{cfg.source}: key 'run.ema' is not supported with run.strategy = 'fsdp' (sharded weights)",
+            hint="use strategy = 'ddp' with EMA",
+        )
+    ema = WeightEMA(model, r.ema) if r.ema else None
     folded: dict[str, Any] = {}
+    restore_rng_state: Callable[[], None] | None = None
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
         state = LoopState.from_dict(saved.get("loop", {}))
+        _restore_schedule(scheduler, saved, state, ckpt)
+        if ema is not None:
+            _restore_ema(ema, saved["tensors"], model, ckpt)
+        ranks = saved.get("rng") or []
+        if state.batch and len(ranks) != info.world_size:
+            raise CheckpointError(
+                f"{ckpt} was saved mid-epoch by {len(ranks)} ranks; this run has {info.world_size}",
+                hint="resume with the same number of ranks (or from an epoch-end checkpoint)",
+            )
+        if state.batch:
+            mine = ranks[info.rank]
+            restore_rng_state = functools.partial(restore_rng, mine, device)
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
             loss_fn.load_state_dict({k: torch.tensor(v) for k, v in saved["loss"].items()})
         if saved.get("folded_temperature"):  # a finished run's head was divided by T: undo it
             folded = saved["folded_temperature"]
             scale_linear(dict(model.named_modules())[folded["layer"]], float(folded["temperature"]))
-        say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}")
-    if scheduler is not None and state.optimizer_steps:
-        with warnings.catch_warnings():  # replaying without optimizer steps is intended here
-            warnings.simplefilter("ignore", UserWarning)
-            for _ in range(state.optimizer_steps):  # pure functions of the steps actually taken
-                scheduler.step()
+        where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
+        say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
     if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
         train_model = wrap(model)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
@@ -289,7 +363,7 @@ def _run(
 
         train_model, compiled = compile_model(train_model, r.compile_backend, trial, say)
     clipper = GradClipper(cfg.clip.mode, max_norm=cfg.clip.max_norm, clip_value=cfg.clip.clip_value)
-    callbacks: list[Any] = []
+    callbacks: list[Any] = list(user_callbacks)
     if cfg.monitor.gradients:
         callbacks.append(GradientFlowMonitor(cfg.monitor.vanishing, cfg.monitor.exploding, cfg.monitor.every, say))
         callbacks[-1].attach(model)
@@ -321,17 +395,79 @@ def _run(
         if len(outputs) == 1:
             outputs.append("probabilities")
 
-    def save(state: LoopState, metrics: dict[str, float]) -> None:
-        last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
-        due = not last and state.epoch % cfg.checkpoint.every_epochs == 0
-        weights = D.full_state_dict(model) if (due and fsdp) else None  # a collective: every rank
-        if info.is_main and due:
+    def deploy_weights() -> dict[str, torch.Tensor] | None:
+        """What X.safetensors holds: the EMA weights when on, else the model's (gathered under FSDP)."""
+        if ema is not None:
+            return {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
+        return D.full_state_dict(model) if fsdp else None  # a collective: every rank
+
+    def write(state: LoopState, metrics: dict[str, Any]) -> None:
+        """An intermediate checkpoint (collectives on every rank, files on rank 0)."""
+        weights = deploy_weights()
+        rng = gather_rng(info, device)
+        if info.is_main:
             meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
-            train_state = _train_state(state, amp, loss_fn)
+            if ema is not None:
+                meta["ema"] = {"decay": r.ema, "deployed": True}
             save_checkpoint(
-                ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+                ckpt,
+                model,
+                meta,
+                optimizer=None if fsdp else optimizer,
+                train_state=_train_state(state, amp, loss_fn, scheduler, rng),
+                weights=weights,
+                state_tensors=_ema_tensors(ema),
             )
         D.barrier(info)
+
+    c = cfg.checkpoint
+    mode = resolve_mode(c.monitor, c.mode)
+
+    def select(state: LoopState, metrics: dict[str, float]) -> None:
+        """Best / top-k deployable checkpoints (weights + sidecar, no resume state) by ``c.monitor``."""
+        if not (c.save_best or c.top_k) or c.monitor not in metrics:
+            return
+        weights = deploy_weights()  # a collective under FSDP: every rank
+        if not info.is_main:
+            return
+        ranked = ranked_epochs(state.history, c.monitor, mode)
+        meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
+        meta["selection"] = {"monitor": c.monitor, "mode": mode, "epoch": state.epoch, "value": metrics[c.monitor]}
+        if ema is not None:
+            meta["ema"] = {"decay": r.ema, "deployed": True}
+        if c.save_best and ranked and ranked[0] == state.epoch:
+            save_checkpoint(best_path(ckpt), model, meta, weights=weights)
+            say(f"best {c.monitor} {metrics[c.monitor]:.4f} at epoch {state.epoch}: {best_path(ckpt).name}")
+        if c.top_k:
+            if state.epoch in ranked[: c.top_k]:
+                save_checkpoint(top_k_path(ckpt, state.epoch), model, meta, weights=weights)
+            for old in ranked[c.top_k :]:
+                for path in (top_k_path(ckpt, old), checkpoint_metadata_path(top_k_path(ckpt, old))):
+                    path.unlink(missing_ok=True)
+
+    def save(state: LoopState, metrics: dict[str, float]) -> None:
+        select(state, metrics)
+        if cfg.monitor.csv and info.is_main:
+            write_metrics_csv(out / f"{cfg.checkpoint.name}.metrics.csv", state.history)
+        last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
+        stop = bool(r.early_stop_patience) and (
+            epochs_without_improvement(state.history, c.monitor, mode, r.early_stop_min_delta) >= r.early_stop_patience
+        )
+        if not last and not stop and state.epoch % cfg.checkpoint.every_epochs == 0:
+            write(state, metrics)
+        if stop and not last:
+            say(f"early stop: {c.monitor} did not improve for {r.early_stop_patience} epochs")
+            raise StopTraining
+
+    first_step = state.step
+    epoch_batches = len(train_loader)  # before any mid-epoch skip shortens it
+
+    def on_step(state: LoopState) -> None:
+        every = cfg.checkpoint.every_steps
+        if every and state.step % every == 0 and state.batch < epoch_batches:  # epoch ends save by epoch
+            write(state, {"epoch": state.epoch, "step": state.step})
+        if stop_after_steps is not None and state.step - first_step >= stop_after_steps:
+            raise StopTraining
 
     t0 = time.perf_counter()
     profiler = step_profiler(out / "profile") if cfg.monitor.profile and info.is_main else None
@@ -350,6 +486,7 @@ def _run(
                 seed=r.seed,
                 info=info,
                 eval_loader=eval_loader,
+                val_loader=val_loader,
                 state=state,
                 clipper=clipper,
                 scheduler=scheduler,
@@ -358,25 +495,29 @@ def _run(
                 log=say,
                 profiler=profiler,
                 accumulate=r.accumulate,
+                ema=ema,
+                on_step=on_step,
+                rng_state=restore_rng_state,
             )
     finally:
         if tb is not None:
             tb.close()
     del train_model  # DDP's reducer goes before the process group does
-    weights = D.full_state_dict(model)
+    weights = deploy_weights() or D.full_state_dict(model)
     digests = D.gather_digests(model, info, weights)
+    rng = gather_rng(info, device)
     metrics = dict(state.history[-1]) if state.history else {}
     metrics.update(world_size=info.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
     if isinstance(memory, PeakMemory):
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)
         say(memory.summary())
-    if info.is_main and state.history:
-        train_state = _train_state(state, amp, loss_fn)
+    if info.is_main and state.step:
+        train_state = _train_state(state, amp, loss_fn, scheduler, rng)
         save_kwargs = dict(kwargs)
         T = getattr(loss_fn, "temperature", None)
         finished = state.epoch == r.epochs
         if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
-            folded_model = copy.deepcopy(model)
+            folded_model = copy.deepcopy(ema.module if ema is not None else model)
             layer = fold_temperature(folded_model, T, to_device(probe, device), call_model)
             weights = D.full_state_dict(folded_model)
             train_state["folded_temperature"] = {"layer": layer, "temperature": T}
@@ -396,8 +537,16 @@ def _run(
             meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
         if frozen:
             meta["frozen"] = frozen
+        if ema is not None:
+            meta["ema"] = {"decay": r.ema, "deployed": True}
         save_checkpoint(
-            ckpt, model, meta, optimizer=None if fsdp else optimizer, train_state=train_state, weights=weights
+            ckpt,
+            model,
+            meta,
+            optimizer=None if fsdp else optimizer,
+            train_state=train_state,
+            weights=weights,
+            state_tensors=_ema_tensors(ema),
         )
         _write_deploy_data(cfg, splits, out)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
@@ -405,6 +554,150 @@ def _run(
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
     return TrainResult(ckpt, metrics, state, info.world_size, digests)
+
+
+def _find_lr(
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    loader: Any,
+    device: torch.device,
+    info: D.DistInfo,
+    out: Path,
+    say: Callable[[str], None],
+) -> float:
+    """Run the LR range test (model and optimizer restored afterwards), write ``OUT/lr_finder.json`` (and
+    ``.png`` with matplotlib), set every group's lr to the suggestion (groups keep their ratios) and
+    return it. Under DDP rank 0's suggestion is used by every rank.
+
+    Raises:
+        ConfigError: the test saw no finite loss.
+    """
+    import json
+
+    from edgedeploy.train.lr_finder import lr_range_test
+
+    batches = ((to_device(x, device), y.to(device)) for x, y in _cycle(loader))
+    result = lr_range_test(model, batches, optimizer, loss_fn, num_iter=cfg.optim.find_lr_iters)
+    suggested = result.suggested_lr
+    if info.enabled:
+        import torch.distributed as dist
+
+        box = [suggested]
+        dist.broadcast_object_list(box, src=0)
+        suggested = float(box[0])
+    top = max(float(g["lr"]) for g in optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["lr"] = float(group["lr"]) / top * suggested
+        group["initial_lr"] = group["lr"]
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {"suggested_lr": suggested, "lrs": result.lrs, "losses": result.losses}
+        (out / "lr_finder.json").write_text(json.dumps(doc, indent=1))
+        plot = ""
+        try:
+            plot = f", plot {result.plot(out / 'lr_finder.png')}"
+        except ImportError:
+            plot = " (pip install 'edgedeploy[report]' for the plot)"
+        say(f"lr finder: suggested lr {suggested:.3e} ({len(result.lrs)} steps){plot}")
+    return suggested
+
+
+def _cycle(loader: Any) -> Any:
+    """The loader's batches, epoch after epoch (the range test stops drawing when it is done)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+def write_metrics_csv(path: Path, history: Sequence[dict[str, Any]]) -> Path:
+    """One row per epoch (every metric the history holds), rewritten whole: a resumed run's file equals
+    an uninterrupted one's."""
+    import csv
+    import io
+
+    columns: list[str] = []
+    for row in history:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(history)
+    atomic_write_bytes(path, buf.getvalue().encode())
+    return path
+
+
+def _validation_split(cfg: TrainConfig, splits: Splits) -> tuple[Splits, Any]:
+    """Hold ``data.val_fraction`` of the train split out for model selection (seeded by ``data.split_seed``).
+
+    Raises:
+        ConfigError: the train split is a stream (no random access to split).
+    """
+    train = splits.train
+    if not hasattr(train, "__len__") or not hasattr(train, "__getitem__"):
+        raise ConfigError(
+            f"{cfg.source}: key 'data.val_fraction' needs a map-style train set, not a stream ({cfg.data.dataset})",
+            hint="hold out validation shards yourself, or set val_fraction = 0",
+        )
+    n = len(train)
+    n_val = max(1, round(n * cfg.data.val_fraction))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.data.split_seed + 7919)).tolist()
+    val = torch.utils.data.Subset(train, order[:n_val])
+    rest = torch.utils.data.Subset(train, sorted(order[n_val:]))
+    return dataclasses.replace(splits, train=rest), val
+
+
+def _restore_schedule(scheduler: Any, saved: dict[str, Any], state: LoopState, ckpt: Path) -> None:
+    """Load the saved schedule state (the optimizer's rates were loaded with its state).
+
+    A checkpoint from before schedule states were saved is replayed from the config's rates.
+
+    Raises:
+        CheckpointError: the saved schedule is not this config's schedule.
+    """
+    if scheduler is None:
+        return
+    if saved.get("scheduler"):
+        try:
+            scheduler.load_state_dict(saved["scheduler"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(
+                f"{ckpt}: its saved LR schedule does not fit optim.schedule ({exc})",
+                hint="resume with the schedule the run started with",
+            ) from None
+        return
+    for group in scheduler.optimizer.param_groups:  # loaded state holds lowered rates: start from the config's
+        group["lr"] = group["initial_lr"]
+    scheduler.last_epoch = 0
+    with warnings.catch_warnings():  # replaying without optimizer steps is intended here
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(state.optimizer_steps):
+            scheduler.step()
+
+
+def _ema_tensors(ema: WeightEMA | None) -> dict[str, torch.Tensor]:
+    return {} if ema is None else {f"ema.{k}": v for k, v in ema.state_dict().items()}
+
+
+def _restore_ema(ema: WeightEMA, tensors: dict[str, torch.Tensor], model: nn.Module, ckpt: Path) -> None:
+    """Load the saved EMA weights; a checkpoint without them starts the average from the resumed weights.
+
+    Raises:
+        CheckpointError: the saved EMA does not fit the model.
+    """
+    state = {k[len("ema.") :]: v for k, v in tensors.items() if k.startswith("ema.")}
+    if not state:
+        ema.update(model)
+        return
+    try:
+        ema.load_state_dict(state)
+    except (RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{ckpt}: its EMA weights do not fit the model ({str(exc).splitlines()[0]})") from None
 
 
 def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> None:
@@ -455,25 +748,26 @@ def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
 
 
 def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:
-    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``)."""
-    import numpy as np
+    """The first ``limit`` inputs of a dataset as arrays by input name (augmentation off when ``plain``),
+    collected as :func:`edgedeploy.train.export.collect_inputs` does for every trainer."""
+    from edgedeploy.train.export import collect_inputs
 
-    if plain and getattr(dataset, "transform", None) is not None:
+    if plain:
+        dataset = _without_transform(dataset)
+    try:
+        return collect_inputs(dataset, names, limit, by_name=False)
+    except ConfigError:
+        return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
+
+
+def _without_transform(dataset: Any) -> Any:
+    """A shallow copy of ``dataset`` (or of the set a ``Subset`` draws from) with its augmentation off."""
+    if isinstance(dataset, torch.utils.data.Subset):
+        return torch.utils.data.Subset(_without_transform(dataset.dataset), dataset.indices)
+    if getattr(dataset, "transform", None) is not None:
         dataset = copy.copy(dataset)
         dataset.transform = None
-    loader = torch.utils.data.DataLoader(dataset, batch_size=min(limit, 64))
-    parts: list[list[np.ndarray]] = [[] for _ in names]
-    seen = 0
-    for x, _ in loader:
-        xs = list(x) if isinstance(x, (tuple, list)) else [x]
-        if len(xs) != len(names) or not all(isinstance(t, torch.Tensor) for t in xs):
-            return {}  # inputs the sidecar does not describe one-to-one: leave it to the user
-        for part, t in zip(parts, xs):
-            part.append(t.numpy())
-        seen += len(xs[0])
-        if seen >= limit:
-            break
-    return {n: np.concatenate(p)[:limit] for n, p in zip(names, parts)} if seen else {}
+    return dataset
 
 
 def _count(dataset: Any, fallback: int | None) -> str:

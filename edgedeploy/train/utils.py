@@ -40,14 +40,23 @@ class ParamDiff:
         return [k for k, c in self.changes.items() if c["max_abs"] > atol]
 
 
-def param_diff(a: str | Path | Mapping[str, torch.Tensor], b: str | Path | Mapping[str, torch.Tensor]) -> ParamDiff:
-    """Compare two checkpoints (paths, read without unpickling code) or state dicts tensor by tensor.
+StateSource = str | Path | Mapping[str, torch.Tensor] | torch.nn.Module
+
+
+def _state(source: StateSource, parameters_only: bool = False) -> dict[str, torch.Tensor]:
+    if isinstance(source, torch.nn.Module):
+        return dict(source.named_parameters()) if parameters_only else source.state_dict()
+    return read_state_dict(source) if isinstance(source, (str, Path)) else dict(source)
+
+
+def param_diff(a: StateSource, b: StateSource) -> ParamDiff:
+    """Compare two checkpoints (paths, read without unpickling code), state dicts or models tensor by
+    tensor (a model by its ``state_dict()``: parameters and buffers).
 
     Raises:
         CheckpointError: a path is missing, corrupt or carries pickled code.
     """
-    sa = read_state_dict(a) if isinstance(a, (str, Path)) else dict(a)
-    sb = read_state_dict(b) if isinstance(b, (str, Path)) else dict(b)
+    sa, sb = _state(a), _state(b)
     diff = ParamDiff(only_in_a=sorted(sa.keys() - sb.keys()), only_in_b=sorted(sb.keys() - sa.keys()))
     for name in sorted(sa.keys() & sb.keys()):
         ta, tb = sa[name].detach().cpu(), sb[name].detach().cpu()
@@ -60,6 +69,23 @@ def param_diff(a: str | Path | Mapping[str, torch.Tensor], b: str | Path | Mappi
             "max_abs": float(delta.max()) if delta.numel() else 0.0,
         }
     return diff
+
+
+def model_diff(a: StateSource, b: StateSource) -> dict[str, float]:
+    """Mean absolute difference per parameter of two models (or checkpoints, state dicts), by name:
+    the notes' ``model_diff(model1, model2)``. Models are compared by ``named_parameters()``.
+
+    Raises:
+        CheckpointError: a path is missing, corrupt or carries pickled code.
+        ValueError: the two do not have the same parameter names and shapes.
+    """
+    diff = param_diff(_state(a, parameters_only=True), _state(b, parameters_only=True))
+    if diff.only_in_a or diff.only_in_b or diff.shape_mismatch:
+        raise ValueError(
+            f"model_diff: the models differ in structure (only in the first: {diff.only_in_a[:3]}, only in the "
+            f"second: {diff.only_in_b[:3]}, other shapes: {list(diff.shape_mismatch)[:3]})"
+        )
+    return {name: change["mean_abs"] for name, change in diff.changes.items()}
 
 
 # ---- peak memory ------------------------------------------------------------------------------

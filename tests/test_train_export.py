@@ -1,0 +1,147 @@
+"""One deploy contract for any trainer: export_for_deploy from our runner's data, a Lightning callback and a
+Hugging Face Trainer callback, each into `deploy build --precision int8` without a hand-written input spec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+QUIET = lambda _line: None  # noqa: E731
+
+
+def _digit_loaders():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.from_numpy(((d.images / 16.0 - 0.3) / 0.4).astype(np.float32))[:, None][:400]
+    y = torch.from_numpy(d.target.astype(np.int64))[:400]
+    g = torch.Generator().manual_seed(0)
+    train = DataLoader(TensorDataset(x[:320], y[:320]), batch_size=32, shuffle=True, generator=g)
+    return train, DataLoader(TensorDataset(x[320:], y[320:]), batch_size=40)
+
+
+def _build_int8(tmp_path, ckpt):
+    import edgedeploy
+
+    stem = ckpt.with_suffix("")
+    (tmp_path / "deploy.toml").write_text(
+        f'[model]\ncheckpoint = "{ckpt}"\n[precision]\nmode = "int8"\ncalib = "{stem}.calib.npz"\n'
+        f'[validate]\ndata = "{stem}.validate.npz"\nsamples = 0\nclassifier_outputs = ["logits"]\n'
+        f'[build]\ntarget = "cpu"\nout = "{tmp_path / "cpu"}"\n'
+    )
+    return edgedeploy.build(tmp_path / "deploy.toml", log=QUIET)
+
+
+def test_export_for_deploy_derives_the_contract_from_an_example_batch(tmp_path):
+    from edgedeploy.train import export_for_deploy
+    from edgedeploy.train.models import digits_cnn
+
+    train, val = _digit_loaders()
+    model = digits_cnn(channels=4, num_classes=10)
+    path = export_for_deploy(
+        model, next(iter(train)), tmp_path / "m.safetensors", factory="edgedeploy.train.models:digits_cnn",
+        factory_kwargs={"channels": 4, "num_classes": 10}, data=train.dataset, validation=val, batch=(1, 4, 16),
+        normalization={"mean": [0.3], "std": [0.4]},
+    )  # fmt: skip
+    meta = json.loads(path.with_suffix(".meta.json").read_text())
+    assert meta["inputs"] == [
+        {"name": "x", "shape": ["batch", 1, 8, 8], "dtype": "float32", "range": meta["inputs"][0]["range"]}
+    ]
+    lo, hi = meta["inputs"][0]["range"]
+    assert lo <= -0.75 and hi >= 1.75  # the data's (x - 0.3) / 0.4 range is covered
+    assert meta["outputs"] == ["logits"] and meta["dims"]["batch"] == {"min": 1, "opt": 4, "max": 16}
+    calib, held = np.load(tmp_path / "m.calib.npz"), np.load(tmp_path / "m.validate.npz")
+    assert calib["x"].shape == (128, 1, 8, 8) and held["x"].shape == (16, 1, 8, 8)
+    assert np.array_equal(held["x"], val.dataset.tensors[0][:16].numpy())  # the held-out samples, in order
+    assert meta["deploy_data"] == {"calib": "m.calib.npz", "validate": "m.validate.npz"}
+
+
+@pytest.mark.slow
+def test_lightning_callback_checkpoint_builds_int8_without_an_input_spec(tmp_path):
+    pytest.importorskip("lightning")
+    import lightning.pytorch as pl
+
+    from edgedeploy.train.lightning import deploy_checkpoint_callback, lightning_module
+    from edgedeploy.train.models import digits_cnn
+
+    torch.manual_seed(0)
+    train, val = _digit_loaders()
+    ckpt = tmp_path / "run" / "model.safetensors"
+    kwargs = {"channels": 8, "num_classes": 10}
+    trainer = pl.Trainer(
+        max_epochs=6, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[deploy_checkpoint_callback(ckpt, factory="edgedeploy.train.models:digits_cnn",
+                                              factory_kwargs=kwargs)],  # the two extra lines
+    )  # fmt: skip
+    trainer.fit(lightning_module(digits_cnn(**kwargs), lr=0.01), train, val)
+    meta = json.loads(ckpt.with_suffix(".meta.json").read_text())
+    assert meta["trainer"] == "lightning" and meta["inputs"][0]["shape"] == ["batch", 1, 8, 8]
+    assert meta["metrics"]["val_accuracy"] > 0.5, meta["metrics"]  # 10 classes: chance is 0.1
+    built = _build_int8(tmp_path, ckpt)
+    assert built.ok and built.report["status"] == "passed" and built.report["precision"] == "int8", built.report
+
+
+class _Texts(torch.utils.data.Dataset):
+    """Sentences labelled by whether they say "good" (1) or "bad" (0), tokenized to 16 positions."""
+
+    def __init__(self, tokenizer, sentences):
+        enc = tokenizer(sentences, padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+        self.items = [
+            {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
+             "labels": torch.tensor(int("good" in s))}
+            for i, s in enumerate(sentences)
+        ]  # fmt: skip
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+@pytest.mark.slow
+def test_hf_trainer_callback_checkpoint_builds_int8_without_an_input_spec(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from hf_tiny import VOCAB, save_tokenizer
+
+    from edgedeploy.train.hf import deploy_callback
+
+    save_tokenizer(tmp_path / "tok")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "dog", "sat", "on", "mat", "is", "and"]
+    sentences = [" ".join([*rng.choice(words, 4), ["good", "bad"][i % 2], *rng.choice(words, 3)]) for i in range(96)]
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    ckpt = tmp_path / "run" / "model.safetensors"
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), num_train_epochs=6, per_device_train_batch_size=16, learning_rate=5e-3,
+        report_to=[], save_strategy="no", use_cpu=True, logging_steps=5, eval_strategy="epoch", seed=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_Texts(tokenizer, sentences[:64]),
+        eval_dataset=_Texts(tokenizer, sentences[64:]),
+        callbacks=[deploy_callback(ckpt)],  # the two extra lines: this and the import
+    )  # fmt: skip
+    trainer.train()
+    meta = json.loads(ckpt.with_suffix(".meta.json").read_text())
+    assert meta["factory"] == "edgedeploy.train.models:hf_sequence_classifier"
+    assert [(i["name"], i["dtype"], i["shape"]) for i in meta["inputs"]] == [
+        ("input_ids", "int64", ["batch", 16]), ("attention_mask", "int64", ["batch", 16])
+    ]  # fmt: skip
+    assert meta["inputs"][0]["range"] == [0, len(VOCAB) - 1]
+    assert meta["metrics"]["eval_loss"] < 0.6, meta["metrics"]  # it learned "good" vs "bad"
+    held = np.load(ckpt.with_suffix("").with_name("model.validate.npz"))
+    assert held["input_ids"].shape == (32, 16)
+    built = _build_int8(tmp_path, ckpt)
+    assert built.ok and built.report["status"] == "passed" and built.report["precision"] == "int8", built.report

@@ -12,7 +12,7 @@ import html
 import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edgedeploy.fileio.store import atomic_write_text
 from edgedeploy.validate.parity import where
@@ -22,11 +22,19 @@ MARKDOWN = "report.md"
 HTML = "report.html"
 
 
-def write_all(report: dict[str, Any], folder: Path, plot_cache: Path | None = None) -> list[str]:
+class TextMemo(Protocol):
+    """Where rendered plots are kept by content hash (the stage cache: authenticated, see pipeline.cache)."""
+
+    def read_memo(self, name: str) -> str | None: ...
+
+    def write_memo(self, name: str, text: str) -> None: ...
+
+
+def write_all(report: dict[str, Any], folder: Path, plot_cache: TextMemo | None = None) -> list[str]:
     """Write report.junit.xml, report.md and report.html into ``folder``; return their names.
 
-    ``plot_cache``: folder where rendered SVG plots are kept by content hash, so a cached rebuild
-    does not pay for matplotlib again.
+    ``plot_cache``: where rendered SVG plots are kept by content hash (authenticated memos), so a
+    cached rebuild does not pay for matplotlib again.
     """
     atomic_write_text(folder / JUNIT, junit_xml(report))
     atomic_write_text(folder / MARKDOWN, markdown(report))
@@ -248,7 +256,7 @@ figcaption{font-size:12px;color:#555}
 """
 
 
-def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
+def html_page(report: dict[str, Any], plot_cache: TextMemo | None = None) -> str:
     """A self-contained HTML page: tables plus inline SVG plots (error histograms, latency bars)."""
     e = html.escape
     status = str(report.get("status", "?"))
@@ -348,7 +356,7 @@ def _latency_table(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
+def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> list[str]:
     """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
     if plot_cache is None:
         return _plots(report)
@@ -361,11 +369,11 @@ def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> list[str]:
             "latency": (report.get("latency") or {}).get("backends"),
         }  # fmt: skip
     )
-    memo = plot_cache / f"{key}.html"
-    if memo.is_file():
-        return [memo.read_text(encoding="utf-8")]
+    memo = plot_cache.read_memo(key)
+    if memo is not None:
+        return [memo]
     parts = _plots(report)
-    atomic_write_text(memo, "\n".join(parts))
+    plot_cache.write_memo(key, "\n".join(parts))
     return ["\n".join(parts)]
 
 

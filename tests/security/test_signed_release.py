@@ -181,6 +181,7 @@ def test_signing_a_relative_path_covers_the_release_and_not_its_cache(release, t
     mask = os.umask(0)
     os.umask(mask)
     assert os.stat("out/release.sig").st_mode & 0o777 == 0o666 & ~mask  # like every artifact, not mkstemp's 0600
+    (Path("out") / ".cache").mkdir(exist_ok=True)  # a cache folder inside OUT (EDGEDEPLOY_CACHE_DIR=out/.cache)
     (Path("out") / ".cache" / "later-entry").write_text("the cache may change after signing")
     code, text = _gate(capsys, Path("out"), "--verify-key", str(pub))
     assert code == 0, text

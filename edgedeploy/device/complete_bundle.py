@@ -564,6 +564,10 @@ def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, l
     if any(i["min"] != i["max"] or i["min"] != i["opt"] for i in plan["inputs"]):
         profiles = [{i["name"]: (tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in plan["inputs"]}]
     timing = args.timing_cache or os.path.join(folder, plan.get("timing_cache") or "timing.cache")
+    if not args.timing_cache and os.path.relpath(timing, folder) not in (_VERIFIED.get("files") or {}):
+        # a timing cache in the bundle is read only when bundle.json lists it (verified); else it is rewritten
+        if os.path.isfile(timing):
+            os.unlink(timing)
     calib = os.path.join(folder, plan["calib_cache"]) if plan.get("calib_cache") else None
 
     def build(workspace: int) -> bytes:

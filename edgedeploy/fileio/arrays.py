@@ -33,8 +33,11 @@ def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype[
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
-def read_rows(fh: IO[bytes], *, stored: int | None, limit: int | None, row_bound: int, where: str) -> np.ndarray:
-    """The first ``limit`` rows (all when None) of the ``.npy`` stream ``fh``, after checking its header.
+def read_rows(
+    fh: IO[bytes], *, stored: int | None, limit: int | None, row_bound: int, where: str
+) -> tuple[np.ndarray, int]:
+    """The first ``limit`` rows (all when None) of the ``.npy`` stream ``fh``, after checking its header,
+    and how many rows it holds.
 
     Args:
         stored: bytes the file (or zip member, uncompressed) holds after nothing else; None: unknown.
@@ -71,11 +74,11 @@ def read_rows(fh: IO[bytes], *, stored: int | None, limit: int | None, row_bound
     arr = np.frombuffer(data, dtype=dtype).reshape(
         shape if fortran else (take, *shape[1:]), order="F" if fortran else "C"
     )
-    return np.array(arr[:take])  # a writable copy of the used rows only
+    return np.array(arr[:take]), rows  # a writable copy of the used rows only
 
 
-def read_npy(path: Path, *, limit: int | None, row_bound: int) -> np.ndarray:
-    """The first ``limit`` rows of a ``.npy`` file, bounded (see :func:`read_rows`).
+def read_npy(path: Path, *, limit: int | None, row_bound: int) -> tuple[np.ndarray, int]:
+    """The first ``limit`` rows of a ``.npy`` file, bounded (see :func:`read_rows`), and its row count.
 
     Raises:
         InputError: unreadable, or refused by :func:`read_rows`.
@@ -83,17 +86,16 @@ def read_npy(path: Path, *, limit: int | None, row_bound: int) -> np.ndarray:
     try:
         with open(path, "rb") as fh:
             size = path.stat().st_size
-            arr = read_rows(fh, stored=size, limit=limit, row_bound=row_bound, where=str(path))
+            return read_rows(fh, stored=size, limit=limit, row_bound=row_bound, where=str(path))
     except OSError as exc:
         raise InputError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    return arr
 
 
 def read_npz(
     path: Path, names: list[str] | None, *, limit: int | None, row_bound: int
-) -> tuple[dict[str, np.ndarray], list[str]]:
+) -> tuple[dict[str, tuple[np.ndarray, int]], list[str]]:
     """Arrays of a ``.npz`` (only ``names``; all when None; the one array when there is one and it is not
-    named), each bounded (see :func:`read_rows`), and the names of every array the file holds.
+    named), each bounded (see :func:`read_rows`) with its row count, and the names of every array it holds.
 
     A member's uncompressed size is the zip header's, which zipfile never reads past.
 

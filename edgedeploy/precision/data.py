@@ -146,14 +146,15 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
             )
         return _random_set(cfg)
     location = fp["location"]
+    available = None  # samples in the source, when it is read only up to calib_samples
     if kind == "callable":
         arrays = _from_callable(cfg, location)
     elif kind == "images":
         arrays = _from_images(cfg, Path(location))
     elif kind == "npy":
-        arrays = _from_npy(cfg, Path(location))
+        arrays, available = _from_npy(cfg, Path(location))
     elif kind == "npz":
-        arrays = _from_npz(cfg, Path(location))
+        arrays, available = _from_npz(cfg, Path(location))
     elif kind == "txt":  # one sentence a line, tokenized by the model.hf folder's tokenizer
         from edgedeploy.modelio.hf import text_arrays
 
@@ -163,7 +164,8 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
             f"calibration data {location}: unsupported file type '.{kind}'",
             hint="use an image folder, a .npy (one input), a .npz (one array per input name) or .txt (model.hf)",
         )
-    available = _count(arrays, location)
+    counted = _count(arrays, location)
+    available = counted if available is None else available
     limit = max(1, cfg.precision.calib_samples)
     arrays = {k: v[:limit] for k, v in arrays.items()}
     batches = _rebatch(cfg, arrays, location)
@@ -219,17 +221,23 @@ def _row_bound(cfg: DeployConfig) -> int:
     return most * _WIDEST_VALUE
 
 
-def _from_npy(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
-    """The first ``precision.calib_samples`` samples of a .npy file, read after its header is checked."""
+def _from_npy(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The first ``precision.calib_samples`` samples of a .npy file, read after its header is checked, and
+    how many it holds."""
     spec = _single_input(cfg, str(path))
-    arr = read_npy(path, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
-    return {spec.name: _cast(spec, arr, str(path))}
+    arr, rows = read_npy(path, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
+    return {spec.name: _cast(spec, arr, str(path))}, rows
 
 
-def _from_npz(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
-    """The first ``precision.calib_samples`` samples of each input's array in a .npz; other arrays are not read."""
+def _from_npz(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The first ``precision.calib_samples`` samples of each input's array in a .npz (other arrays are not read),
+    and how many samples it holds."""
     names = [s.name for s in cfg.inputs]
-    arrays, held = read_npz(path, names, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
+    read, held = read_npz(path, names, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
+    arrays = {k: v[0] for k, v in read.items()}
+    counts = {k: v[1] for k, v in read.items()}
+    if len(set(counts.values())) > 1:
+        raise InputError(f"calibration data {path}: inputs hold different sample counts {counts}")
     if len(arrays) == 1 and len(names) == 1 and names[0] not in arrays:
         arrays = {names[0]: next(iter(arrays.values()))}
     missing = [n for n in names if n not in arrays]
@@ -238,7 +246,7 @@ def _from_npz(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
             f"calibration data {path}: no array for input(s) {', '.join(missing)} (has {', '.join(held)})",
             hint="save one array per input name: numpy.savez(f, **{name: array})",
         )
-    return {s.name: _cast(s, arrays[s.name], str(path)) for s in cfg.inputs}
+    return {s.name: _cast(s, arrays[s.name], str(path)) for s in cfg.inputs}, max(counts.values())
 
 
 def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
@@ -329,7 +337,11 @@ def preprocess_image(
                     )
                 img = img.convert("L" if channels == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
                 arr = np.asarray(img, dtype=np.float32)
-    except (OSError, UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # PIL's header check
+        raise InputError(
+            f"calibration image {path}: {exc}; not decoded", hint=f"resize it (the model takes {size[1]}x{size[0]})"
+        ) from None
+    except (OSError, UnidentifiedImageError) as exc:
         raise InputError(f"calibration image unreadable: {path} ({exc})", hint="remove or replace the file") from None
     if arr.ndim == 2:
         arr = arr[:, :, None]

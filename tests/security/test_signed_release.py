@@ -201,3 +201,9 @@ def test_a_bundle_release_binds_bundle_json_to_every_bundle_file(release, tmp_pa
     _rehash(out)  # the manifest agrees with the swap; bundle.json (bound to the report) does not
     code, text = _gate(capsys, out, "--policy", str(policy))
     assert code == INTEGRITY and "model.onnx sha256 differs from bundle.json" in text, text
+
+
+def test_a_private_key_passed_as_the_public_key_is_refused(release, out, capsys):
+    _, _, key, _ = release
+    code, text = _gate(capsys, out, "--verify-key", str(key))
+    assert code in (3, 9) and "Traceback" not in text, text

@@ -60,7 +60,10 @@ def _home_dir(env: str, fallback: str) -> Path:
     value = os.environ.get(env, "")
     if value and os.path.isabs(value):  # the XDG rule: a relative value is ignored
         return Path(value)
-    return Path.home() / fallback
+    try:
+        return Path.home() / fallback
+    except (RuntimeError, KeyError):  # no home (a container user without a passwd entry): the cache is not used
+        return Path("/nonexistent") / fallback
 
 
 def default_cache_dir() -> Path:

@@ -83,6 +83,14 @@ def _my_uid() -> int | None:
     return os.geteuid() if hasattr(os, "geteuid") else None
 
 
+def _real_dir(path: str) -> bool:
+    """A folder, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _unsafe(st: os.stat_result, what: str) -> str | None:
     """Why a folder or file with this ``lstat`` cannot be trusted (None: it can)."""
     uid = _my_uid()
@@ -374,10 +382,10 @@ class StageCache:
         if not real.is_dir():
             return found
         for stage in os.scandir(real):
-            if stage.is_symlink() or not stage.is_dir(follow_symlinks=False):
+            if not _real_dir(stage.path):
                 continue
             for entry in os.scandir(stage.path):
-                if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+                if not _real_dir(entry.path):
                     continue
                 record = os.path.join(entry.path, _RECORD)
                 try:
@@ -417,12 +425,12 @@ class StageCache:
         real = self._real_root()
         if real.is_dir():
             for stage in os.scandir(real):
-                if stage.is_symlink() or not stage.is_dir(follow_symlinks=False):
+                if not _real_dir(stage.path):
                     continue
                 for tmp in os.scandir(stage.path):
-                    if not _TEMP.match(tmp.name) or tmp.is_symlink() or not tmp.is_dir(follow_symlinks=False):
+                    if not _TEMP.match(tmp.name) or not _real_dir(tmp.path):
                         continue
-                    if time.time() - tmp.stat(follow_symlinks=False).st_mtime > 3600:  # a store killed midway
+                    if time.time() - os.lstat(tmp.path).st_mtime > 3600:  # a store killed midway
                         shutil.rmtree(tmp.path, ignore_errors=True)
         rows = self.entries()
         total = sum(r[1] for r in rows)

@@ -147,3 +147,10 @@ def test_generate_key_into_a_missing_folder_is_one_line(tmp_path, capsys):
     assert main(["sign", "--generate-key", str(tmp_path / "no" / "such" / "release")]) == 3
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err and err.count("\n") <= 2
+
+
+def test_completing_a_signed_bundle_says_to_sign_again(built, release, capsys):
+    assert main(["sign", str(release), "--key", f"{built[1]}.key"]) == 0
+    capsys.readouterr()
+    assert main(["bundle", "complete", str(release / "bundle"), "--runner", "onnxruntime"]) == 0
+    assert f"sign again (deploy sign {release.resolve()} --key KEY)" in capsys.readouterr().err

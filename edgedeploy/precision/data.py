@@ -212,7 +212,7 @@ def _cast(spec: InputSpec, arr: np.ndarray, where: str) -> np.ndarray:
 _WIDEST_VALUE = 8
 
 
-def _row_bound(cfg: DeployConfig) -> int:
+def sample_bytes_bound(cfg: DeployConfig) -> int:
     """The most bytes one stored sample of any input may take: the input at its max shape, 8-byte values."""
     most = 1
     for spec in cfg.inputs:
@@ -225,7 +225,7 @@ def _from_npy(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int
     """The first ``precision.calib_samples`` samples of a .npy file, read after its header is checked, and
     how many it holds."""
     spec = _single_input(cfg, str(path))
-    arr, rows = read_npy(path, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
+    arr, rows = read_npy(path, limit=max(1, cfg.precision.calib_samples), row_bound=sample_bytes_bound(cfg))
     return {spec.name: _cast(spec, arr, str(path))}, rows
 
 
@@ -233,7 +233,7 @@ def _from_npz(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int
     """The first ``precision.calib_samples`` samples of each input's array in a .npz (other arrays are not read),
     and how many samples it holds."""
     names = [s.name for s in cfg.inputs]
-    read, held = read_npz(path, names, limit=max(1, cfg.precision.calib_samples), row_bound=_row_bound(cfg))
+    read, held = read_npz(path, names, limit=max(1, cfg.precision.calib_samples), row_bound=sample_bytes_bound(cfg))
     arrays = {k: v[0] for k, v in read.items()}
     counts = {k: v[1] for k, v in read.items()}
     if len(set(counts.values())) > 1:

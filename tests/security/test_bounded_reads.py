@@ -147,3 +147,13 @@ def test_a_real_photo_folder_still_calibrates(tmp_path):
     shutil.copy(folder / "0.png", folder / "3.png")
     cs = load_calibration(_cfg(tmp_path, "photos"))
     assert cs.samples == 4
+
+
+def test_validation_data_is_read_no_further_than_a_batch(tiny_project: Path, tmp_path):
+    import edgedeploy
+
+    bomb = tmp_path / "val.npz"
+    rows = 256 * MIB // (3 * 16 * 16 * 4)
+    _zip_bomb(bomb, {"image": (rows, 3, 16, 16)})
+    with pytest.raises(InputError, match=rf"dim 'batch' \(axis 0\) = {rows} is outside \[1, 4\]"):
+        edgedeploy.build(tiny_project, log=lambda _: None, validate__data=str(bomb))

@@ -80,6 +80,10 @@ class ModelSection:
             "let the checkpoint's .meta.json name the model factory (module inside model.python_path only)",
         ),
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata=_flag("--trust-remote-code", "let a Hugging Face folder run its own Python code (auto_map)"),
+    )
     class_names: tuple[str, ...] = ()
     normalization: dict[str, Any] = field(default_factory=dict)
 

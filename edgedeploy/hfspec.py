@@ -44,6 +44,26 @@ def read_folder_config(folder: Path, where: str) -> dict[str, Any]:
     return data
 
 
+def remote_code(folder: Path, hf_cfg: dict[str, Any]) -> str:
+    """What code the folder asks transformers to run (``auto_map`` in config.json or tokenizer_config.json),
+    as ``file: Class, ...``; empty when none."""
+    named = []
+    sources = [("config.json", hf_cfg)]
+    try:
+        tok = json.loads((folder / "tokenizer_config.json").read_text())
+        sources.append(("tokenizer_config.json", tok if isinstance(tok, dict) else {}))
+    except (OSError, ValueError):
+        pass
+    for name, data in sources:
+        auto_map = data.get("auto_map")
+        if not auto_map:
+            continue
+        refs = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+        flat = [r for ref in refs for r in (ref if isinstance(ref, list) else [ref]) if r]
+        named.append(f"{name} auto_map: {', '.join(str(r) for r in flat[:3]) or '?'}")
+    return "; ".join(named)
+
+
 def weights_file(folder: Path) -> Path | None:
     """The folder's weights file (safetensors preferred), if any."""
     return next((folder / n for n in WEIGHT_FILES if (folder / n).is_file()), None)
@@ -105,6 +125,15 @@ def fill_from_folder(raw: dict[str, Any], base_dir: Path, where: str) -> None:
     if model.get("factory") and model["factory"] != FACTORY:
         raise ConfigError(f"{where}: set either model.hf or model.factory, not both")
     hf_cfg = read_folder_config(folder, where)
+    trusted = model.get("trust_remote_code") is True
+    remote = remote_code(folder, hf_cfg)
+    if remote and not trusted:
+        raise ConfigError(
+            f"{where}: model.hf folder {folder} asks to run its own Python code ({remote}); "
+            "a model folder is data, its code is not run",
+            hint="set model.trust_remote_code = true (--trust-remote-code) only if you trust the folder's code, "
+            "or remove auto_map to use transformers' own class",
+        )
     task = model.get("task") or "feature-extraction"
     if task not in TASKS:
         raise ConfigError(
@@ -125,4 +154,6 @@ def fill_from_folder(raw: dict[str, Any], base_dir: Path, where: str) -> None:
     model["task"] = task
     kwargs = model.setdefault("kwargs", {})
     kwargs.update({"folder": str(folder.resolve()), "task": task, "inputs": [i["name"] for i in raw["inputs"]]})
+    if trusted:
+        kwargs["trust_remote_code"] = True
     model.setdefault("python_path", ["."])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,21 @@ TINY_TOML = textwrap.dedent(
     out = "out"
     """
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Each test module gets its own stage cache and cache key (never the user's ~/.cache or ~/.config).
+
+    Module scope, so a module's build fixtures and its tests share one cache, as they share one project.
+    """
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(home / "cache"))
+        mp.setenv("XDG_CONFIG_HOME", str(home / "config"))
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(home / "cache" / "edgedeploy"))
+        mp.delenv("EDGEDEPLOY_CACHE_KEY", raising=False)
+        yield home / "cache" / "edgedeploy"
 
 
 def use_default_exporter(cfg: Path) -> Path:

@@ -179,7 +179,6 @@ def test_int8_bundle_carries_the_precision_stages_int8_route(orin_build, tmp_pat
     rng = np.random.default_rng(0)
     calib = tmp_path / "calib.npy"
     np.save(calib, rng.uniform(-1, 1, size=(8, 3, 16, 16)).astype(np.float32))
-    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(result.out / ".cache"))  # reuse reference/capture/export
     out = tmp_path / "out8"
     r8 = build(
         cfg,

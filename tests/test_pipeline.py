@@ -65,8 +65,8 @@ def test_onnx_runs_at_a_batch_never_used_during_export(tiny_project: Path, expor
 def test_second_run_is_cached_and_fast(tiny_project: Path):
     first = edgedeploy.build(tiny_project, log=lambda _: None)
     second = edgedeploy.build(tiny_project, log=lambda _: None)
-    ran = [s.name for s in first.stages if s.status == "ran"]
-    assert [s.name for s in second.stages if s.status == "cached"] == ran
+    done = [s.name for s in first.stages if s.status != "skipped"]  # ran, or cached by an earlier test's build
+    assert [s.name for s in second.stages if s.status == "cached"] == done
     assert all(s.status in ("cached", "skipped") for s in second.stages)
     # the same verdict, marked as restored from the cache (not judged again in this run)
     assert second.report["parity"] == {**first.report["parity"], "cached": True}

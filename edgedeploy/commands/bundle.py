@@ -39,7 +39,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_complete(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
     from edgedeploy.device import complete_bundle as device
+    from edgedeploy.fileio.outdir import SIGNATURE
 
     argv = [args.bundle, "--runner", args.runner]
     for flag, value in (("--engine", args.engine), ("--workspace-mib", args.workspace_mib)):
@@ -49,4 +53,12 @@ def run_complete(args: argparse.Namespace) -> int:
         argv += ["--timing-cache", args.timing_cache]
     if args.verbose:
         argv.append("--verbose")
-    return device.main(argv)
+    code = device.main(argv)
+    release = Path(args.bundle).resolve().parent
+    if code == 0 and (release / SIGNATURE).is_file():  # the device outputs are not under that signature yet
+        print(
+            f"note: {release / SIGNATURE} predates this step: sign again (deploy sign {release} --key KEY) so "
+            "deploy gate --verify-key covers model.engine, engine.json and validation.json",
+            file=sys.stderr,
+        )
+    return code

@@ -10,8 +10,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     csub = p.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
     pr = csub.add_parser("prune", help="delete least recently used cache entries beyond --max-size")
     where = pr.add_mutually_exclusive_group()
-    where.add_argument("--dir", default=None, help="cache folder (default $EDGEDEPLOY_CACHE_DIR, else <out>/.cache)")
-    where.add_argument("--out", default=None, help="a build output folder; prunes <out>/.cache")
+    where.add_argument(
+        "--dir",
+        default=None,
+        help="cache folder (default $EDGEDEPLOY_CACHE_DIR, else $XDG_CACHE_HOME/edgedeploy or ~/.cache/edgedeploy)",
+    )
+    where.add_argument("--out", default=None, help="an output folder of an earlier version; prunes <out>/.cache")
     pr.add_argument(
         "--max-size", default=None, help="bound, e.g. 500M or 10G (default $EDGEDEPLOY_CACHE_MAX_SIZE, else 10G)"
     )
@@ -19,16 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from edgedeploy.errors import ConfigError
-    from edgedeploy.pipeline.cache import StageCache, max_cache_bytes, parse_size
-    from edgedeploy.pipeline.runner import CACHE_ENV
+    from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_bytes, parse_size
 
-    root = args.dir or (str(Path(args.out) / ".cache") if args.out else os.environ.get(CACHE_ENV))
-    if not root:
-        raise ConfigError("no cache folder given", hint=f"pass --dir DIR or --out OUT, or set {CACHE_ENV}")
+    root = args.dir or (str(Path(args.out) / ".cache") if args.out else str(default_cache_dir()))
     try:
         limit = parse_size(args.max_size) if args.max_size is not None else max_cache_bytes()
     except ValueError:

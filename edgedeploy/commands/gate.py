@@ -25,8 +25,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
+    from pathlib import Path
 
+    from edgedeploy.fileio.outdir import SIGNATURE
     from edgedeploy.validate.gate import run_gate
+
+    folder = Path(args.report) if Path(args.report).is_dir() else Path(args.report).parent
+    if args.verify_key is None and (folder / SIGNATURE).is_file():
+        print(
+            f"warning: {folder / SIGNATURE} not checked: pass --verify-key PUB (without it the gate proves "
+            "the folder is consistent, not who made it)",
+            file=sys.stderr,
+        )
 
     result = run_gate(args.report, policy_path=args.policy, baseline_path=args.baseline, verify_key=args.verify_key)
     if args.json:

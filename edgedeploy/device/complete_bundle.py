@@ -21,15 +21,55 @@ Exit codes are edgedeploy's. ``--runner onnxruntime`` runs the same comparison w
 Runtime session on the plan's ONNX model in place of the engine; it builds no engine.
 """
 # Python 3.6 syntax on purpose (no `from __future__ import annotations`, typing generics):
-# ruff: noqa: UP006, UP035, UP045
+# ruff: noqa: UP006, UP035, UP045, E402
 
 import sys
 
-# A bundle folder is data, never code to import: Python puts a script's own folder first on sys.path
-# (unless run with -I or -P), so an argparse.py or numpy.py dropped beside this file would run on the
-# first import below, before any hash is checked. Drop that entry before importing anything else.
-if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)) and sys.path:
-    del sys.path[0]
+
+def _system_path(path, pythonpath, cwd, here):
+    # type: (List[str], str, str, str) -> List[str]
+    """The entries of ``path`` that are the interpreter's own (stdlib, its site and user site folders).
+
+    A bundle folder is data, never code to import: Python puts a script's own folder first on sys.path
+    (unless run with -I or -P), PYTHONPATH=. adds the current folder, so an argparse.py or json.py
+    dropped beside this file would run on the first import below, before any hash is checked. Kept:
+    absolute entries under the interpreter's prefixes or named by ``site``; dropped: relative entries,
+    the current folder, this file's folder and every PYTHONPATH entry. Plain string work only:
+    nothing here may import a module before the path is clean.
+    """
+    site = sys.modules.get("site")  # imported at start-up (or not at all with -S): no import here
+    roots = [p for p in (sys.prefix, sys.exec_prefix, getattr(sys, "base_prefix", ""),
+                         getattr(sys, "base_exec_prefix", "")) if p]  # fmt: skip
+    named = []  # type: List[str]
+    for getter in ("getsitepackages", "getusersitepackages"):
+        try:
+            found = getattr(site, getter)()
+        except Exception:  # an old virtualenv's site.py lacks them; -S leaves no site at all
+            continue
+        named.extend([found] if isinstance(found, str) else found)
+    refused = set(p.rstrip("/") for p in pythonpath.split(":") if p) | {cwd.rstrip("/"), here.rstrip("/")}
+    kept = []
+    for entry in path:
+        norm = entry.rstrip("/")
+        if not entry.startswith("/") or norm in refused or norm.startswith(here.rstrip("/") + "/"):
+            continue
+        if norm in named or any(norm == r.rstrip("/") or norm.startswith(r.rstrip("/") + "/") for r in roots):
+            kept.append(entry)
+    return kept
+
+
+if __name__ == "__main__" and "posix" in sys.builtin_module_names:
+    import posix  # built into the interpreter (never read from sys.path): getcwd and the environment
+
+    _env = posix.environ.get(b"PYTHONPATH", b"")  # type: Any
+    sys.path[:] = _system_path(
+        sys.path,
+        _env.decode("utf-8", "replace") if isinstance(_env, bytes) else str(_env),
+        posix.getcwd(),
+        __file__.rpartition("/")[0] if __file__.startswith("/") else posix.getcwd() + "/" + __file__.rpartition("/")[0],
+    )
+elif __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)) and sys.path:
+    del sys.path[0]  # elsewhere (Windows): at least the script's own folder goes
 
 import argparse
 import hashlib
@@ -566,6 +606,10 @@ def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, l
     if any(i["min"] != i["max"] or i["min"] != i["opt"] for i in plan["inputs"]):
         profiles = [{i["name"]: (tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in plan["inputs"]}]
     timing = args.timing_cache or os.path.join(folder, plan.get("timing_cache") or "timing.cache")
+    if not args.timing_cache and os.path.relpath(timing, folder) not in (_VERIFIED.get("files") or {}):
+        # a timing cache in the bundle is read only when bundle.json lists it (verified); else it is rewritten
+        if os.path.isfile(timing):
+            os.unlink(timing)
     calib = os.path.join(folder, plan["calib_cache"]) if plan.get("calib_cache") else None
 
     def build(workspace: int) -> bytes:

@@ -337,7 +337,7 @@ def check_free_space(folder: Path, checkpoint: Path | None, *, free: int | None 
         raise InputError(
             f"not enough disk space for a build in {folder}: {free / 2**20:.0f} MiB free, about "
             f"{need / 2**20:.0f} MiB needed ({MODEL_COPIES} copies of the checkpoint + reports)",
-            hint="free space (deploy cache prune --out OUT --max-size 1G) or pass --out on a bigger disk",
+            hint="free space (deploy cache prune --max-size 1G) or pass --out on a bigger disk",
         )
 
 
@@ -348,5 +348,5 @@ def disk_full(exc: OSError, where: Path) -> InputError | None:
     return InputError(
         f"disk full while building into {where}: {exc.strerror} ({exc.filename or 'writing an artifact'}); "
         "nothing was published, the previous output is unchanged",
-        hint="free space (deploy cache prune --out OUT --max-size 1G) or pass --out on a bigger disk",
+        hint="free space (deploy cache prune --max-size 1G) or pass --out on a bigger disk",
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError, InputError
-from edgedeploy.fileio.outdir import CACHE_DIR, FAILED_DIR, SIGNATURE
+from edgedeploy.fileio.outdir import CACHE_DIR, DEVICE_OUTPUTS, FAILED_DIR, SIGNATURE
 
 UNSIGNED = (CACHE_DIR, FAILED_DIR, SIGNATURE)  # inside an output folder, not part of the release
 BUNDLE_MANIFEST = "bundle/bundle.json"
@@ -134,7 +134,7 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
 
     Raises:
         ArtifactIntegrityError: files differ from the manifest, or report/manifest/model disagree.
-        InputError: the key is missing or unreadable, or model-signing is not installed.
+        InputError: the key is missing, unreadable or readable by others, or model-signing is not installed.
     """
     import json
 
@@ -153,6 +153,12 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
     key = Path(private_key)
     if not key.is_file():
         raise InputError(f"signing key not found: {key}", hint="pass --key PATH to a PEM private key")
+    mode = key.stat().st_mode & 0o777
+    if os.name == "posix" and mode & 0o077:
+        raise InputError(
+            f"signing key {key} is readable by others (mode {mode:o}); a private key readable by others is not private",
+            hint=f"chmod 600 {key} (and consider the key leaked: generate a new pair if others could read it)",
+        )
     ms = _model_signing()
     fd, tmp = tempfile.mkstemp(prefix=f".{SIGNATURE}.", dir=folder.parent)
     os.close(fd)
@@ -191,10 +197,14 @@ def verify_release(folder: str | Path, public_key: str | Path) -> None:
         cfg = ms.verifying.Config().use_elliptic_key_verifier(public_key=pub)
         cfg.set_hashing_config(_hashing_config(folder)).verify(folder, sig)
     except Exception as exc:  # model-signing raises ValueError, cryptography InvalidSignature, json errors
-        raise ArtifactIntegrityError(
-            f"{folder}: signature check failed: {_describe(str(exc)) or type(exc).__name__}",
-            hint="do not release it: rebuild and sign again, or find who changed the folder",
-        ) from None
+        why = _describe(str(exc)) or type(exc).__name__
+        hint = "do not release it: rebuild and sign again, or find who changed the folder"
+        if "added since signing" in why and any(n in why for n in DEVICE_OUTPUTS):
+            hint = (
+                "the device step's outputs are signed only by signing again after it: deploy sign OUT --key KEY "
+                "once 'deploy bundle complete' passed (docs/security.md)"
+            )
+        raise ArtifactIntegrityError(f"{folder}: signature check failed: {why}", hint=hint) from None
 
 
 def _describe(text: str) -> str:

@@ -53,6 +53,13 @@ def _read_torch(path: Path) -> dict[str, Any]:
 
     import torch
 
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # torch.save's zip, or a legacy pickle
+        raise CheckpointError(
+            f"{path} is not a checkpoint (neither a torch.save file nor safetensors: starts with {head!r})",
+            hint="point model.checkpoint / --checkpoint at a .safetensors or torch.save(state_dict) file",
+        )
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -60,7 +67,7 @@ def _read_torch(path: Path) -> dict[str, Any]:
             f"checkpoint {path} carries pickled code or objects, refused without loading them ({_short(exc)})",
             hint="save plain tensors: torch.save(model.state_dict(), f) or use safetensors",
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise CheckpointError(
             f"checkpoint is truncated or corrupt: {path} ({_short(exc)})",
             hint="re-create the file with torch.save(model.state_dict(), f)",

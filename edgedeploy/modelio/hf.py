@@ -16,6 +16,10 @@ with the folder's tokenizer (:func:`text_batches`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +76,25 @@ def wrap(model: Any, task: str, inputs: list[str]) -> Any:
     return Wrapped().eval()
 
 
-def from_folder(folder: str, task: str = "feature-extraction", inputs: list[str] | None = None) -> Any:
+@contextlib.contextmanager
+def no_prompt() -> Iterator[None]:
+    """transformers asks "run custom code? [y/N]" on stdin when it is unsure; a build never waits on (or takes
+    an answer from) stdin: it reads an empty one while transformers loads."""
+    saved = sys.stdin
+    with open(os.devnull) as empty:
+        sys.stdin = empty
+        try:
+            yield
+        finally:
+            sys.stdin = saved
+
+
+def from_folder(
+    folder: str, task: str = "feature-extraction", inputs: list[str] | None = None, trust_remote_code: bool = False
+) -> Any:
     """The model in ``folder`` for ``task``, wrapped to take positional tensors (the model factory).
+
+    The folder's own code (``auto_map``) runs only with ``trust_remote_code`` (``model.trust_remote_code``).
 
     Raises:
         ConfigError: transformers is not installed, or the folder does not load.
@@ -96,7 +117,8 @@ def from_folder(folder: str, task: str = "feature-extraction", inputs: list[str]
     cls = getattr(transformers, name)
     try:
         # eager attention: the plainest graph for every exporter and runtime
-        model = cls.from_pretrained(folder, attn_implementation="eager")
+        with no_prompt():
+            model = cls.from_pretrained(folder, attn_implementation="eager", trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises many types for a folder that does not load
         raise ConfigError(f"model.hf {folder}: {cls.__name__}.from_pretrained failed: {exc}") from None
     model.config.use_cache = False
@@ -129,7 +151,8 @@ def text_batches(cfg: Any, path: Path, *, limit: int | None = None) -> list[dict
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        with no_prompt():
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code is True)
     except Exception as exc:  # no tokenizer files, or transformers missing
         raise InputError(
             f"{path}: cannot load a tokenizer from {folder} ({type(exc).__name__}: {str(exc)[:200]})",

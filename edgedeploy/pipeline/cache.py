@@ -2,15 +2,32 @@
 
 Keys hash the stage's code version, the config fields it reads and the sha256 of
 every artifact it consumes; modification times never enter.
+
+The cache cannot vouch for itself: anyone who can write its folder can rewrite an artifact and
+every hash beside it. So each entry's record carries an HMAC-SHA256 over the stage, the key, every
+file's sha256 and the stage's result, made with a per-user secret kept outside the cache
+(``$EDGEDEPLOY_CACHE_KEY``, else ``<config>/edgedeploy/cache.key``, created 0600 on first use). An
+entry whose HMAC does not verify is rebuilt, never used; a cache folder that is a link, belongs to
+another user, or that group or others may write is not used at all (one console line each). Restored
+files are hashed after the copy, so a file swapped between the check and the copy is caught too.
+
+Only what the cache made is deleted: entries are real folders holding a ``stage.json`` directly
+inside the cache's real folder; links are never followed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import re
+import secrets
 import shutil
+import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +37,15 @@ from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.outdir import clone_or_copy, confined
 
 _RECORD = "stage.json"
+_SCHEMA = "edgedeploy-cache/2"
+_TAG = "CACHEDIR.TAG"  # https://bford.info/cachedir/: backup tools skip the folder
+_TAG_TEXT = "Signature: 8a477f597d28d172789f06886806bc55\n# edgedeploy stage cache (deploy cache prune)\n"
+_TEMP = re.compile(r"^\.[0-9a-f]{12}\.[A-Za-z0-9_]+$")  # a store's temp folder (tempfile.mkdtemp)
+_PLOTS = "plots"
+
+CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
+KEY_ENV = "EDGEDEPLOY_CACHE_KEY"
+KEY_FILE = "cache.key"
 
 
 @dataclass(frozen=True)
@@ -30,46 +56,213 @@ class CacheEntry:
     notes: tuple[str, ...] = ()
 
 
-class StageCache:
-    """A folder of finished stage results, looked up by content key."""
+def _home_dir(env: str, fallback: str) -> Path:
+    value = os.environ.get(env, "")
+    if value and os.path.isabs(value):  # the XDG rule: a relative value is ignored
+        return Path(value)
+    try:
+        return Path.home() / fallback
+    except (RuntimeError, KeyError):  # no home (a container user without a passwd entry): the cache is not used
+        return Path("/nonexistent") / fallback
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+
+def default_cache_dir() -> Path:
+    """``$EDGEDEPLOY_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgedeploy``, else ``~/.cache/edgedeploy``."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    return _home_dir("XDG_CACHE_HOME", ".cache") / "edgedeploy"
+
+
+def key_file() -> Path:
+    """Where the per-user cache secret lives: ``$XDG_CONFIG_HOME/edgedeploy/cache.key`` (else ``~/.config``)."""
+    return _home_dir("XDG_CONFIG_HOME", ".config") / "edgedeploy" / KEY_FILE
+
+
+def _my_uid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def _real_dir(path: str) -> bool:
+    """A folder, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _unsafe(st: os.stat_result, what: str) -> str | None:
+    """Why a folder or file with this ``lstat`` cannot be trusted (None: it can)."""
+    uid = _my_uid()
+    if stat.S_ISLNK(st.st_mode):
+        return f"{what} is a link"
+    if uid is not None and st.st_uid != uid:
+        return f"{what} belongs to another user (uid {st.st_uid})"
+    if uid is not None and st.st_mode & 0o022:
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def cache_secret() -> bytes:
+    """The HMAC secret: ``$EDGEDEPLOY_CACHE_KEY`` (e.g. a CI secret), else the per-user key file.
+
+    The file is created on first use (32 random bytes, hex, mode 0600, by an exclusive link so two
+    builds starting together agree on one).
+
+    Raises:
+        OSError: the key file cannot be created or read, or is not private to this user (the message says which).
+    """
+    given = os.environ.get(KEY_ENV)
+    if given:
+        return given.encode()
+    path = key_file()
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # 0600
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another build made it first: use theirs
+        finally:
+            os.unlink(tmp)
+    st = os.lstat(path)
+    problem = _unsafe(st, f"cache key {path}")
+    if problem is None and not stat.S_ISREG(st.st_mode):
+        problem = f"cache key {path} is not a file"
+    if problem is None and st.st_mode & 0o077 and _my_uid() is not None:
+        problem = f"cache key {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}; chmod 600 it)"
+    if problem:
+        raise OSError(problem)
+    text = path.read_text().strip()
+    if len(text) < 32:
+        raise OSError(f"cache key {path} is too short (delete it: a new one is made)")
+    return text.encode()
+
+
+def _mac(secret: bytes, stage: str, key: str, record: dict[str, Any]) -> str:
+    body = {k: v for k, v in record.items() if k != "mac"}
+    blob = json.dumps({"stage": stage, "key": key, "record": body}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret, blob.encode(), hashlib.sha256).hexdigest()
+
+
+class StageCache:
+    """A folder of finished stage results, looked up by content key and used only when authenticated."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        secret: bytes | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.log = log
+        self._secret = secret
+        self._problem: str | None = None
+        self._checked = False
+
+    # ---- trust ----------------------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
+
+    def problem(self) -> str | None:
+        """Why this cache is not used (None: it is). Creates the folder (0700) and the key on first use."""
+        if self._checked:
+            return self._problem
+        self._checked = True
+        try:
+            if not self.root.exists() and not self.root.is_symlink():
+                self.root.mkdir(parents=True, mode=0o700)
+                (self.root / _TAG).write_text(_TAG_TEXT)
+            self._problem = _unsafe(os.lstat(self.root), f"cache folder {self.root}")
+            if self._problem is None and not self.root.is_dir():
+                self._problem = f"cache folder {self.root} is not a folder"
+            if self._problem is None and self._secret is None:
+                self._secret = cache_secret()
+        except OSError as exc:
+            self._problem = str(exc) if not exc.strerror else f"{exc.filename or self.root}: {exc.strerror}"
+        if self._problem:
+            self._say(f"stage cache not used: {self._problem}; every stage runs (set {CACHE_ENV} to a folder of yours)")
+        return self._problem
+
+    def _entry_problem(self, d: Path) -> str | None:
+        for path, what in ((d.parent, "stage folder"), (d, "entry"), (d / _RECORD, "record")):
+            try:
+                problem = _unsafe(os.lstat(path), what)
+            except OSError:
+                return "missing"
+            if problem:
+                return problem
+        return None
 
     def _dir(self, stage: str, key: str) -> Path:
         return self.root / stage / key
 
+    # ---- use ------------------------------------------------------------------------------------------
     def lookup(self, stage: str, key: str) -> CacheEntry | None:
-        """The entry for ``key``, or None when absent or damaged (a damaged entry is dropped)."""
+        """The entry for ``key`` when its record is authenticated; None when absent, damaged or forged."""
+        if self.problem():
+            return None
         d = self._dir(stage, key)
-        record = d / _RECORD
-        if not record.is_file():
+        if not (d / _RECORD).is_file():
             return None
-        try:
-            data = json.loads(record.read_text())
-            files = data["files"]
-            for name, sha in files.items():
-                if sha256_file(confined(d, name, "cache entry")) != sha:
-                    raise ValueError(name)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError, ArtifactIntegrityError):
-            shutil.rmtree(d, ignore_errors=True)
+        why = self._entry_problem(d)
+        data: Any = None
+        if why is None:
+            try:
+                data = json.loads((d / _RECORD).read_text())
+                if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+                    why = "unreadable record"
+                elif not isinstance(data.get("mac"), str) or not hmac.compare_digest(
+                    data["mac"], _mac(self._secret or b"", stage, key, data)
+                ):
+                    why = "not authenticated by this user's cache key"
+                else:
+                    for name in data["files"]:
+                        confined(d, name, "cache entry")
+            except (OSError, ValueError, TypeError, ArtifactIntegrityError):
+                why = why or "unreadable record"
+        if why is not None:
+            self._say(f"cache entry {stage}/{key[:12]} ignored ({why}); the stage runs again")
+            if why != "missing":
+                self._drop(d)
             return None
-        os.utime(record)  # last use, for prune (least recently used goes first)
+        os.utime(d / _RECORD)  # last use, for prune (least recently used goes first)
         return CacheEntry(
-            files=files,
+            files=dict(data["files"]),
             metrics=data.get("metrics", {}),
             warnings=tuple(data.get("warnings", ())),
             notes=tuple(data.get("notes", ())),
         )
 
-    def restore(self, stage: str, key: str, entry: CacheEntry, dest: Path) -> None:
-        """Copy a cached entry's files into ``dest`` (reflinks where the filesystem allows; never hard links)."""
+    def restore(self, stage: str, key: str, entry: CacheEntry, dest: Path) -> bool:
+        """Copy an entry's files into ``dest`` (reflinks where possible; never hard links), each copy checked
+        against the authenticated sha256. False (and nothing left in ``dest``) when one differs."""
         d = self._dir(stage, key)
-        for name in entry.files:
-            target = confined(dest, name, "cache entry")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.unlink(missing_ok=True)
-            clone_or_copy(confined(d, name, "cache entry"), target)
+        written = []
+        try:
+            for name, sha in entry.files.items():
+                src = confined(d, name, "cache entry")
+                if src.is_symlink() or not src.is_file():
+                    raise ValueError(name)
+                target = confined(dest, name, "cache entry")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.unlink(missing_ok=True)
+                written.append(target)
+                clone_or_copy(src, target)
+                if sha256_file(target) != sha:
+                    raise ValueError(name)
+        except (OSError, ValueError, ArtifactIntegrityError) as exc:
+            for target in written:
+                target.unlink(missing_ok=True)
+            self._say(f"cache entry {stage}/{key[:12]} ignored ({exc} differs from its record); the stage runs again")
+            self._drop(d)
+            return False
+        return True
 
     def store(
         self,
@@ -83,8 +276,12 @@ class StageCache:
         notes: list[str] | tuple[str, ...] = (),
     ) -> None:
         """Save a stage's outputs and whole result under ``key``; written to a temp folder and renamed into place."""
+        if self.problem():
+            return
         final = self._dir(stage, key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _unsafe(os.lstat(final.parent), "stage folder"):
+            return
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}.", dir=final.parent))
         try:
             shas = {}
@@ -92,25 +289,127 @@ class StageCache:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 clone_or_copy(src / name, tmp / name)
                 shas[name] = sha256_file(tmp / name)
-            (tmp / _RECORD).write_text(
+            # the record as it will read back (json turns tuples into lists, unknown types into str)
+            record = json.loads(
                 json.dumps(
-                    {"files": shas, "metrics": metrics, "warnings": list(warnings), "notes": list(notes)}, default=str
+                    {
+                        "schema": _SCHEMA,
+                        "files": shas,
+                        "metrics": metrics,
+                        "warnings": list(warnings),
+                        "notes": list(notes),
+                    },
+                    default=str,
                 )
             )
-            shutil.rmtree(final, ignore_errors=True)
+            record["mac"] = _mac(self._secret or b"", stage, key, record)
+            (tmp / _RECORD).write_text(json.dumps(record))
+            self._drop(final)
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    # ---- small authenticated text memos (report plots) ------------------------------------------------
+    def read_memo(self, name: str) -> str | None:
+        """A memo written by :meth:`write_memo`, or None when absent or not authenticated."""
+        if self.problem():
+            return None
+        path = self.root / _PLOTS / f"{name}.json"
+        try:
+            if _unsafe(os.lstat(path), "memo"):
+                return None
+            data = json.loads(path.read_text(encoding="utf-8"))
+            text = data["text"]
+            if isinstance(text, str) and hmac.compare_digest(
+                str(data["mac"]), _mac(self._secret or b"", _PLOTS, name, {"text": text})
+            ):
+                return text
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return None
+
+    def write_memo(self, name: str, text: str) -> None:
+        if self.problem():
+            return
+        from edgedeploy.fileio.store import atomic_write_text
+
+        mac = _mac(self._secret or b"", _PLOTS, name, {"text": text})
+        folder = self.root / _PLOTS
+        folder.mkdir(exist_ok=True, mode=0o700)
+        atomic_write_text(folder / f"{name}.json", json.dumps({"text": text, "mac": mac}))
+
+    # ---- bounding -------------------------------------------------------------------------------------
+    def _real_root(self) -> Path:
+        """The cache folder, refused when it is a link or belongs to someone else (nothing is deleted then).
+
+        Raises:
+            InputError: the folder is a link, another user's, or writable by group or others.
+        """
+        from edgedeploy.errors import InputError
+
+        try:
+            st = os.lstat(self.root)
+        except OSError:
+            return self.root.resolve()
+        problem = _unsafe(st, f"cache folder {self.root}")
+        if problem is None and not stat.S_ISDIR(st.st_mode):
+            problem = f"cache folder {self.root} is not a folder"
+        if problem:
+            raise InputError(
+                f"not pruning {self.root}: {problem}; only a cache folder of yours is cleaned",
+                hint=f"point --dir (or {CACHE_ENV}) at the real cache folder",
+            )
+        return self.root.resolve()
+
+    def _drop(self, folder: Path) -> None:
+        """Delete one entry folder: a real folder directly in a stage folder of this cache (links are unlinked)."""
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            folder.unlink(missing_ok=True)
+            return
+        real = self.root.resolve()
+        if folder.resolve().parent.parent != real or os.path.islink(folder.parent):
+            return
+        shutil.rmtree(folder, ignore_errors=True)  # the fd-based rmtree: never follows links inside
+
+    def _entry_folders(self, real: Path) -> list[Path]:
+        """Entry folders as the cache writes them: real folders holding a real ``stage.json``, two levels down."""
+        found: list[Path] = []
+        if not real.is_dir():
+            return found
+        for stage in os.scandir(real):
+            if not _real_dir(stage.path):
+                continue
+            for entry in os.scandir(stage.path):
+                if not _real_dir(entry.path):
+                    continue
+                record = os.path.join(entry.path, _RECORD)
+                try:
+                    if stat.S_ISREG(os.lstat(record).st_mode):
+                        found.append(Path(entry.path))
+                except OSError:
+                    continue
+        return found
+
     def entries(self) -> list[tuple[Path, int, float]]:
-        """Every entry as (folder, bytes, last use), least recently used first."""
+        """Every entry as (folder, bytes, last use), least recently used first.
+
+        Raises:
+            InputError: the cache folder is a link or not this user's.
+        """
         rows = []
-        for record in self.root.glob(f"*/*/{_RECORD}"):
-            folder = record.parent
+        for folder in self._entry_folders(self._real_root()):
             try:
-                size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
-                rows.append((folder, size, record.stat().st_mtime))
+                size = 0
+                for base, _dirs, names in os.walk(folder):  # os.walk never descends into links
+                    for n in names:
+                        st = os.lstat(os.path.join(base, n))
+                        size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+                rows.append((folder, size, os.lstat(folder / _RECORD).st_mtime))
             except OSError:
                 continue
         return sorted(rows, key=lambda r: r[2])
@@ -118,18 +417,28 @@ class StageCache:
     def prune(self, max_bytes: int) -> tuple[int, int]:
         """Delete least recently used entries until the cache holds at most ``max_bytes``.
 
-        Returns (entries removed, bytes freed). Half-written temp folders are removed too.
+        Returns (entries removed, bytes freed). Half-written temp folders of this cache are removed too.
+
+        Raises:
+            InputError: the cache folder is a link or not this user's (nothing is deleted).
         """
-        for tmp in self.root.glob("*/.*"):
-            if tmp.is_dir() and time.time() - tmp.stat().st_mtime > 3600:  # a store killed midway
-                shutil.rmtree(tmp, ignore_errors=True)
+        real = self._real_root()
+        if real.is_dir():
+            for stage in os.scandir(real):
+                if not _real_dir(stage.path):
+                    continue
+                for tmp in os.scandir(stage.path):
+                    if not _TEMP.match(tmp.name) or not _real_dir(tmp.path):
+                        continue
+                    if time.time() - os.lstat(tmp.path).st_mtime > 3600:  # a store killed midway
+                        shutil.rmtree(tmp.path, ignore_errors=True)
         rows = self.entries()
         total = sum(r[1] for r in rows)
         removed = freed = 0
         for folder, size, _ in rows:
             if total <= max_bytes:
                 break
-            shutil.rmtree(folder, ignore_errors=True)
+            self._drop(folder)
             total -= size
             removed += 1
             freed += size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import REPORT
@@ -12,6 +12,9 @@ from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.reportview import CheckRow, ReportView, input_legend
 from edgedeploy.targets import TargetProfile
+
+if TYPE_CHECKING:
+    from edgedeploy.pipeline.report_formats import TextMemo
 
 SCHEMA = "edgedeploy-report/1"
 
@@ -69,7 +72,7 @@ def summarize(validate: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_report_files(report: dict[str, Any], folder: Path, plot_cache: Path | None = None) -> list[str]:
+def write_report_files(report: dict[str, Any], folder: Path, plot_cache: TextMemo | None = None) -> list[str]:
     """Write report.json, report.junit.xml, report.md and report.html into ``folder``; return their names."""
     from edgedeploy.pipeline import report_formats
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edgedeploy.fileio.store import atomic_write_text
 from edgedeploy.validate.parity import where
@@ -21,10 +21,18 @@ MARKDOWN = "report.md"
 HTML = "report.html"
 
 
-def write_all(report: dict[str, Any], folder: Path, plot_cache: Path | None = None) -> list[str]:
+class TextMemo(Protocol):
+    """Where rendered plots are kept by content hash (the stage cache: authenticated, see pipeline.cache)."""
+
+    def read_memo(self, name: str) -> str | None: ...
+
+    def write_memo(self, name: str, text: str) -> None: ...
+
+
+def write_all(report: dict[str, Any], folder: Path, plot_cache: TextMemo | None = None) -> list[str]:
     """Write report.junit.xml, report.md and report.html into ``folder``; return their names.
 
-    ``plot_cache``: folder where rendered SVG plots are kept by content hash, so a cached rebuild
+    ``plot_cache``: where rendered SVG plots are kept by content hash (authenticated memos), so a cached rebuild
     does not pay for matplotlib again.
     """
     atomic_write_text(folder / JUNIT, junit_xml(report))
@@ -252,7 +260,7 @@ PARITY_HEAD = ("backend", "check", "inputs", "sample", "output", "max abs", "p99
                "NaN/Inf", "result")  # fmt: skip
 
 
-def html_page(report: dict[str, Any], plot_cache: Path | None = None) -> str:
+def html_page(report: dict[str, Any], plot_cache: TextMemo | None = None) -> str:
     """A self-contained HTML page (templates/report.html.j2, rendered with jinja2, autoescaped): tables, the
     localization, and inline SVG plots: latency on a log axis, the INT8 search, calibration vs declared input
     range, error histograms."""
@@ -370,8 +378,8 @@ def search_tries(precision: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> tuple[dict[str, Plot], str]:
-    """``_plots`` memoised on disk by the sha256 of everything the plots are drawn from."""
+def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> tuple[dict[str, Plot], str]:
+    """``_plots`` memoised (authenticated memos of the stage cache) by the sha256 of everything they are drawn from."""
     if plot_cache is None:
         return _plots(report)
     import json
@@ -390,15 +398,15 @@ def _cached_plots(report: dict[str, Any], plot_cache: Path | None) -> tuple[dict
             "ranges": precision.get("calibration_range"),
         }  # fmt: skip
     )
-    memo = plot_cache / f"{key}.json"
-    if memo.is_file():
+    memo = plot_cache.read_memo(key)
+    if memo is not None:
         try:
-            data = json.loads(memo.read_text(encoding="utf-8"))
+            data = json.loads(memo)
             return {k: (v[0], v[1], dict(v[2])) for k, v in data["plots"].items()}, str(data["missing"])
         except (ValueError, KeyError, TypeError, IndexError):  # a damaged memo is drawn again
             pass
     plots, missing = _plots(report)
-    atomic_write_text(memo, json.dumps({"plots": plots, "missing": missing}))
+    plot_cache.write_memo(key, json.dumps({"plots": plots, "missing": missing}))
     return plots, missing
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -21,7 +20,8 @@ from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
 from edgedeploy.fileio.signing import release_model
 from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.modelio import usercode
-from edgedeploy.pipeline.cache import StageCache, max_cache_bytes
+from edgedeploy.pipeline.cache import CACHE_ENV as CACHE_ENV
+from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_bytes
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
@@ -30,8 +30,6 @@ from edgedeploy.targets import TargetProfile
 
 if TYPE_CHECKING:
     from edgedeploy.pipeline.progress import BuildConsole
-
-CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 
 
 @dataclass
@@ -202,7 +200,7 @@ def _run_build(
 
     refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
     out = folder.out
-    cache = StageCache(Path(os.environ.get(CACHE_ENV) or out / ".cache"))
+    cache = StageCache(default_cache_dir(), log=log)  # one per user, shared by every OUT; see pipeline.cache
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
@@ -272,7 +270,7 @@ def _run_build(
         seconds=seconds,
     )
     report["model"] = release_model(ctx.metrics, ctx.sha256)  # what was validated, bound by the gate
-    report_files = write_report_files(report, staging, plot_cache=cache.root / "plots")
+    report_files = write_report_files(report, staging, plot_cache=cache if cfg.build.cache else None)
     artifacts = {name: ctx.sha256(name) for name in produced + report_files}
     manifest = build_manifest(
         config=cfg.to_dict(),
@@ -289,7 +287,7 @@ def _run_build(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if cfg.build.cache:
+    if cfg.build.cache and not cache.problem():
         cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
@@ -412,8 +410,7 @@ def _run_stage(
     )
     use_cache = cfg.build.cache and stage.cacheable
     entry = cache.lookup(stage.name, key) if use_cache else None
-    if entry is not None:
-        cache.restore(stage.name, key, entry, ctx.staging)
+    if entry is not None and cache.restore(stage.name, key, entry, ctx.staging):
         _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
         return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
     before = len(ctx.warnings)

@@ -7,6 +7,8 @@ input spec, plus the hashes that go into the stage's cache key and the build's m
 from __future__ import annotations
 
 import hashlib
+import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +18,13 @@ import numpy as np
 
 from edgedeploy.config import DeployConfig, InputSpec
 from edgedeploy.errors import ConfigError, InputError
+from edgedeploy.fileio.arrays import read_npy, read_npz
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.modelio.inputs import _NP_DTYPES, check_feeds, feeds_at
 from edgedeploy.modelio.usercode import load_callable, module_source, running_user_code
 
+# PIL's own decompression-bomb bound (Image.MAX_IMAGE_PIXELS), used when that is switched off
+MAX_IMAGE_PIXELS = 89_478_485
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -141,14 +146,15 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
             )
         return _random_set(cfg)
     location = fp["location"]
+    available = None  # samples in the source, when it is read only up to calib_samples
     if kind == "callable":
         arrays = _from_callable(cfg, location)
     elif kind == "images":
         arrays = _from_images(cfg, Path(location))
     elif kind == "npy":
-        arrays = _from_npy(cfg, Path(location))
+        arrays, available = _from_npy(cfg, Path(location))
     elif kind == "npz":
-        arrays = _from_npz(cfg, Path(location))
+        arrays, available = _from_npz(cfg, Path(location))
     elif kind == "txt":  # one sentence a line, tokenized by the model.hf folder's tokenizer
         from edgedeploy.modelio.hf import text_arrays
 
@@ -158,7 +164,8 @@ def load_calibration(cfg: DeployConfig, *, allow_random: bool = False) -> Calibr
             f"calibration data {location}: unsupported file type '.{kind}'",
             hint="use an image folder, a .npy (one input), a .npz (one array per input name) or .txt (model.hf)",
         )
-    available = _count(arrays, location)
+    counted = _count(arrays, location)
+    available = counted if available is None else available
     limit = max(1, cfg.precision.calib_samples)
     arrays = {k: v[:limit] for k, v in arrays.items()}
     batches = _rebatch(cfg, arrays, location)
@@ -201,31 +208,45 @@ def _cast(spec: InputSpec, arr: np.ndarray, where: str) -> np.ndarray:
     return np.ascontiguousarray(arr.astype(want, copy=False))
 
 
-def _from_npy(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
+# a stored value may be wider than the input's (float64 data for a float32 input)
+_WIDEST_VALUE = 8
+
+
+def sample_bytes_bound(cfg: DeployConfig) -> int:
+    """The most bytes one stored sample of any input may take: the input at its max shape, 8-byte values."""
+    most = 1
+    for spec in cfg.inputs:
+        shape = cfg.shape_for(spec, "max")
+        most = max(most, math.prod(shape[1:]) if len(shape) > 1 else 1)
+    return most * _WIDEST_VALUE
+
+
+def _from_npy(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The first ``precision.calib_samples`` samples of a .npy file, read after its header is checked, and
+    how many it holds."""
     spec = _single_input(cfg, str(path))
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"calibration data unreadable: {path} ({exc})", hint="save it with numpy.save") from None
-    return {spec.name: _cast(spec, arr, str(path))}
+    arr, rows = read_npy(path, limit=max(1, cfg.precision.calib_samples), row_bound=sample_bytes_bound(cfg))
+    return {spec.name: _cast(spec, arr, str(path))}, rows
 
 
-def _from_npz(cfg: DeployConfig, path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"calibration data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
+def _from_npz(cfg: DeployConfig, path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The first ``precision.calib_samples`` samples of each input's array in a .npz (other arrays are not read),
+    and how many samples it holds."""
     names = [s.name for s in cfg.inputs]
+    read, held = read_npz(path, names, limit=max(1, cfg.precision.calib_samples), row_bound=sample_bytes_bound(cfg))
+    arrays = {k: v[0] for k, v in read.items()}
+    counts = {k: v[1] for k, v in read.items()}
+    if len(set(counts.values())) > 1:
+        raise InputError(f"calibration data {path}: inputs hold different sample counts {counts}")
     if len(arrays) == 1 and len(names) == 1 and names[0] not in arrays:
         arrays = {names[0]: next(iter(arrays.values()))}
     missing = [n for n in names if n not in arrays]
     if missing:
         raise InputError(
-            f"calibration data {path}: no array for input(s) {', '.join(missing)} (has {', '.join(arrays)})",
+            f"calibration data {path}: no array for input(s) {', '.join(missing)} (has {', '.join(held)})",
             hint="save one array per input name: numpy.savez(f, **{name: array})",
         )
-    return {s.name: _cast(s, arrays[s.name], str(path)) for s in cfg.inputs}
+    return {s.name: _cast(s, arrays[s.name], str(path)) for s in cfg.inputs}, max(counts.values())
 
 
 def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
@@ -307,10 +328,23 @@ def preprocess_image(
         raise InputError(
             "reading an image folder needs Pillow", hint="pip install 'edgedeploy[data]' or pass .npy/.npz"
         ) from None
+    limit = Image.MAX_IMAGE_PIXELS or MAX_IMAGE_PIXELS
     try:
-        with Image.open(path) as img:
-            img = img.convert("L" if channels == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            arr = np.asarray(img, dtype=np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # the header's size is checked below
+            with Image.open(path) as img:  # reads the header only
+                if img.width * img.height > limit:
+                    raise InputError(
+                        f"calibration image {path} is {img.width}x{img.height} ({img.width * img.height / 1e6:.0f} "
+                        f"Mpixel), over the {limit / 1e6:.0f} Mpixel a decoded image may take; not decoded",
+                        hint="resize it (the model takes " + f"{size[1]}x{size[0]}) or remove it",
+                    )
+                img = img.convert("L" if channels == 1 else "RGB").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+                arr = np.asarray(img, dtype=np.float32)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # PIL's header check
+        raise InputError(
+            f"calibration image {path}: {exc}; not decoded", hint=f"resize it (the model takes {size[1]}x{size[0]})"
+        ) from None
     except (OSError, UnidentifiedImageError) as exc:
         raise InputError(f"calibration image unreadable: {path} ({exc})", hint="remove or replace the file") from None
     if arr.ndim == 2:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import InputError, StageError
+from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import store_goldens
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
 from edgedeploy.precision.data import HELDOUT_POINT
@@ -147,11 +147,16 @@ def user_batches(cfg: DeployConfig) -> list[Feeds]:
         for b in batches:
             check_feeds(cfg, b, str(path))
         return batches
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            feeds = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"validation data unreadable: {path} ({exc})", hint="save it with numpy.savez") from None
+    from edgedeploy.fileio.arrays import read_npz
+    from edgedeploy.precision.data import sample_bytes_bound
+
+    # one batch of at most the max batch size: a row more is enough for check_feeds to refuse a bigger file
+    most = max(cfg.shape_for(s, "max")[0] if cfg.shape_for(s, "max") else 1 for s in cfg.inputs)
+    read, _ = read_npz(path, None, limit=most + 1, row_bound=sample_bytes_bound(cfg))
+    # more rows than a batch takes: check_feeds sees the declared count (a view, nothing more is read) and refuses
+    feeds = {
+        k: arr if rows <= most else np.broadcast_to(arr[:1], (rows, *arr.shape[1:])) for k, (arr, rows) in read.items()
+    }
     check_feeds(cfg, feeds, str(path))
     return [feeds]
 

@@ -183,6 +183,9 @@ def evaluate(
     if folder is not None:
         checks.append(_integrity(folder))
         checks.append(_binding(folder, view))
+        device = _device_outputs(folder, view)
+        if device is not None:
+            checks.append(device)
     if view.status != "passed":
         err = view.error or BuildFailure()
         code = PARITY if err.exit_code == ParityError.exit_code else BUILD
@@ -222,13 +225,76 @@ def _binding(folder: Path, report: ReportView) -> GateCheck:
     return GateCheck("binding", "integrity", True, f"report, manifest and {model.get('artifact')} agree")
 
 
+def _device_outputs(folder: Path, report: ReportView) -> GateCheck | None:
+    """A device-completed bundle: ``validation.json`` passed, on the engine ``engine.json`` describes, which is
+    ``model.engine`` byte for byte, built from the bundle's ONNX model. None when the device step has not run.
+
+    This proves the device outputs agree with each other and with the signed-for bundle; who wrote them is
+    the signature's job (``deploy sign`` again after the device step, ``--verify-key``).
+    """
+    from edgedeploy.fileio.hashing import sha256_file
+    from edgedeploy.fileio.outdir import DEVICE_OUTPUTS, confined
+
+    model = report.raw.get("model") or {}
+    if not str(model.get("artifact", "")).endswith("bundle.json"):
+        return None
+    try:
+        bundle = confined(folder, model["artifact"]).parent
+    except ArtifactIntegrityError:
+        return None  # the binding check names it
+    present = [n for n in DEVICE_OUTPUTS if (bundle / n).is_file()]
+    if not present or present == ["timing.cache"]:
+        return None
+    where = bundle.relative_to(folder).as_posix()
+
+    def fail(message: str, code: int = INTEGRITY) -> GateCheck:
+        return GateCheck("device", "integrity" if code == INTEGRITY else "parity", False, message, code)
+
+    def read(name: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((bundle / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    validation = read("validation.json")
+    if validation is None:
+        return fail(f"{where}: device outputs ({', '.join(present)}) without a readable validation.json")
+    if validation.get("status") != "passed":
+        return fail(f"{where}/validation.json: the device validation did not pass ({validation.get('status')})", PARITY)
+    record = validation.get("engine")
+    engine_file = bundle / "model.engine"
+    if record is None:
+        if engine_file.exists() or (bundle / "engine.json").exists():
+            return fail(f"{where}: model.engine / engine.json present, but validation.json validated no engine")
+        return GateCheck("device", "integrity", True, f"{where}: validated on the device by {validation.get('runner')}")
+    if not isinstance(record, dict):
+        return fail(f"{where}/validation.json: 'engine' is not an engine record")
+    if read("engine.json") != record:
+        return fail(f"{where}/engine.json differs from the engine validation.json validated")
+    if not engine_file.is_file() or sha256_file(engine_file) != record.get("engine_sha256"):
+        return fail(f"{where}/model.engine: sha256 differs from engine.json (replaced after validation)")
+    manifest = read("bundle.json") or {}
+    onnx_sha = (manifest.get("files") or {}).get(record.get("source_onnx"))
+    if not onnx_sha or onnx_sha != record.get("source_onnx_sha256"):
+        return fail(f"{where}/engine.json: built from {record.get('source_onnx')!r}, not the bundle's ONNX model")
+    return GateCheck(
+        "device",
+        "integrity",
+        True,
+        f"{where}: model.engine validated on the device (TensorRT {record.get('tensorrt')}, "
+        f"{(record.get('gpu') or {}).get('name', '?')})",
+    )
+
+
 def _signature(folder: Path, public_key: str | Path) -> GateCheck:
     from edgedeploy.fileio.signing import verify_release
 
     try:
         verify_release(folder, public_key)
     except ArtifactIntegrityError as exc:
-        return GateCheck("signature", "integrity", False, exc.message, INTEGRITY)
+        message = f"{exc.message} ({exc.hint})" if exc.hint and "deploy sign" in exc.hint else exc.message
+        return GateCheck("signature", "integrity", False, message, INTEGRITY)
     return GateCheck("signature", "integrity", True, f"every file of {folder} is as signed by {Path(public_key).name}")
 
 

@@ -150,3 +150,32 @@ def test_verify_only_checks_before_trtexec_sh_runs_bundle_content(bundle):
         [sys.executable, "-I", "complete_bundle.py", ".", "--verify-only"], cwd=bundle, capture_output=True, text=True
     )
     assert proc.returncode == device.EXIT_INTEGRITY and "trtexec.sh sha256 differs" in proc.stderr
+
+
+@pytest.mark.parametrize("pythonpath", [".", "{bundle}", "{elsewhere}"])
+def test_pythonpath_never_brings_a_stray_module_in_before_verification(bundle, tmp_path, pythonpath):
+    """``PYTHONPATH=. python3 complete_bundle.py . --verify-only``: the stray json.py does not run, whatever
+    PYTHONPATH names (the current folder, the bundle, any other folder)."""
+    import os
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    marker = tmp_path / "PWNED"
+    for folder in (bundle, elsewhere):
+        for module in ("json", "hashlib", "numpy"):
+            (folder / f"{module}.py").write_text(PAYLOAD.format(marker=str(marker)))
+    env = dict(os.environ, PYTHONPATH=pythonpath.format(bundle=bundle, elsewhere=elsewhere))
+    cmd = [sys.executable, "complete_bundle.py", ".", "--verify-only"]
+    proc = subprocess.run(cmd, cwd=bundle, env=env, capture_output=True, text=True, timeout=120)
+    assert not marker.exists(), proc.stderr
+    assert proc.returncode == device.EXIT_INTEGRITY and "json.py is not listed in bundle.json" in proc.stderr
+
+
+def test_the_script_keeps_the_interpreters_own_folders(tmp_path):
+    import site
+
+    stdlib = next(p for p in sys.path if p.startswith(sys.base_prefix) and p.endswith(f"python3.{sys.version_info[1]}"))
+    here = str(tmp_path / "bundle")
+    path = ["", ".", here, str(tmp_path), stdlib, *site.getsitepackages(), "/opt/elsewhere", here + "/sub"]
+    kept = device._system_path(path, f"/opt/elsewhere:{tmp_path}", str(tmp_path), here)
+    assert kept == [stdlib, *site.getsitepackages()]

@@ -123,7 +123,7 @@ def test_kill_9_during_a_real_publish_leaves_the_old_release(tiny_project: Path)
     assert list(first.out.parent.glob(f".{first.out.name}.staging-*"))  # the killed build's leftovers ...
     edgedeploy.build(tiny_project, **QUIET)
     assert not list(first.out.parent.glob(f".{first.out.name}.staging-*"))  # ... removed by the next build
-    assert (first.out / ".cache").is_dir()
+    assert list(Path(os.environ["EDGEDEPLOY_CACHE_DIR"]).glob("*/*/stage.json"))  # one cache, outside OUT
 
 
 def test_two_concurrent_builds_into_one_out_leave_one_complete_release(tiny_project: Path):
@@ -293,10 +293,13 @@ def test_a_manifest_that_is_a_json_list_is_one_line_and_deletes_nothing(tiny_pro
 def _entry(root: Path, stage: str, key: str, size: int, age: float) -> Path:
     import time
 
+    from edgedeploy.pipeline.cache import StageCache
+
+    src = root.parent / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "blob").write_bytes(b"x" * size)
+    StageCache(root).store(stage, key, src, ["blob"], {})
     d = root / stage / key
-    d.mkdir(parents=True)
-    (d / "blob").write_bytes(b"x" * size)
-    (d / "stage.json").write_text(json.dumps({"files": {"blob": sha256_file(d / "blob")}, "metrics": {}}))
     os.utime(d / "stage.json", (time.time() - age, time.time() - age))
     return d
 
@@ -322,19 +325,23 @@ def test_a_build_bounds_its_cache(tiny_project: Path, monkeypatch):
     monkeypatch.setenv("EDGEDEPLOY_CACHE_MAX_SIZE", "0")
     result = edgedeploy.build(tiny_project, **QUIET)
     assert result.ok
-    assert not list((result.out / ".cache").glob("*/*/stage.json"))
+    assert not list(Path(os.environ["EDGEDEPLOY_CACHE_DIR"]).glob("*/*/stage.json"))
 
 
 def test_a_cache_entry_naming_files_outside_it_is_dropped(tmp_path):
-    from edgedeploy.pipeline.cache import StageCache
+    from edgedeploy.pipeline.cache import StageCache, _mac, cache_secret
 
     root = tmp_path / "cache"
+    cache = StageCache(root)
+    assert cache.problem() is None
     d = root / "export" / ("d" * 64)
-    d.mkdir(parents=True)
+    d.mkdir(parents=True, mode=0o700)
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")
-    (d / "stage.json").write_text(json.dumps({"files": {"../../../secret.txt": sha256_file(secret)}, "metrics": {}}))
-    assert StageCache(root).lookup("export", "d" * 64) is None
+    record = {"files": {"../../../secret.txt": sha256_file(secret)}, "metrics": {}}
+    record["mac"] = _mac(cache_secret(), "export", "d" * 64, record)  # even authenticated, a name stays inside
+    (d / "stage.json").write_text(json.dumps(record))
+    assert cache.lookup("export", "d" * 64) is None
     assert not d.exists() and secret.read_text() == "secret"
 
 

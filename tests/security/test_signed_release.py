@@ -181,6 +181,7 @@ def test_signing_a_relative_path_covers_the_release_and_not_its_cache(release, t
     mask = os.umask(0)
     os.umask(mask)
     assert os.stat("out/release.sig").st_mode & 0o777 == 0o666 & ~mask  # like every artifact, not mkstemp's 0600
+    (Path("out") / ".cache").mkdir(exist_ok=True)  # a cache folder inside OUT (EDGEDEPLOY_CACHE_DIR=out/.cache)
     (Path("out") / ".cache" / "later-entry").write_text("the cache may change after signing")
     code, text = _gate(capsys, Path("out"), "--verify-key", str(pub))
     assert code == 0, text
@@ -200,3 +201,9 @@ def test_a_bundle_release_binds_bundle_json_to_every_bundle_file(release, tmp_pa
     _rehash(out)  # the manifest agrees with the swap; bundle.json (bound to the report) does not
     code, text = _gate(capsys, out, "--policy", str(policy))
     assert code == INTEGRITY and "model.onnx sha256 differs from bundle.json" in text, text
+
+
+def test_a_private_key_passed_as_the_public_key_is_refused(release, out, capsys):
+    _, _, key, _ = release
+    code, text = _gate(capsys, out, "--verify-key", str(key))
+    assert code in (3, 9) and "Traceback" not in text, text

@@ -7,11 +7,11 @@ AdaRound weights x float sets (the first 3, 7, 12, 20 quantized nodes in graph o
 ``--sensitivity-from``, a build's 8 and 17 most sensitive nodes), all in the ONNX Runtime flavour with output
 bias correction, calibrated on the precision stage's 48 calibration crops. Each candidate is scored by:
 
-- ``goldens_top1``: top-1 agreement on the 96 views of the 16 held-out crops (the goldens, the stage's judge
-  up to stop 24);
+- ``goldens_top1``: top-1 agreement on the 96 views of the 16 held-out crops (the goldens: a counted top-1,
+  the simpler judge this study compares against);
 - ``judge_observed`` / ``judge_expected``: top-1 agreement counted, and expected
-  (``edgedeploy.precision.heldout.expected_top1_agreement``), on the 512 views the stage judges on since
-  stop 25; ``judge_lower``: the lower of the two; ``judge_score``: that less one standard error over the 16
+  (``edgedeploy.precision.heldout.expected_top1_agreement``), on the 512 views the stage judges
+  on; ``judge_lower``: the lower of the two; ``judge_score``: that less one standard error over the 16
   photos (the stage's score, ``edgedeploy.precision.analysis.accuracy`` with ``groups``);
 - ``truth``: top-1 agreement on ``--crops`` crops of 9 photos never calibrated on and as many fresh crops of
   the calibration photos (mean of the two), the benchmark's sets at a larger size.

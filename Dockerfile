@@ -20,6 +20,8 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
+# a mirror's own certificate authority (a CA bundle path; bind-mount it into the build)
+ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./

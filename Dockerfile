@@ -55,7 +55,8 @@ ENV EDGEDEPLOY_CACHE_DIR=/cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 USER ${UID}:${UID}
 WORKDIR /work
-# /cache: content-keyed stage cache shared across builds; /work/out: build outputs (manifest, reports).
-VOLUME ["/cache", "/work/out"]
+# /cache: content-keyed stage cache shared across builds. No VOLUME at or under /work: a declared volume is
+# mounted even below a bind mount of /work (`-v "$PWD:/work"`), and the outputs would vanish into it.
+VOLUME ["/cache"]
 ENTRYPOINT ["deploy"]
 CMD ["doctor"]

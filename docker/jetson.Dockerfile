@@ -58,7 +58,8 @@ RUN apt-get update \
 # PIP_BREAK_SYSTEM_PACKAGES: a no-op on L4T's Ubuntu 22.04, needed where the base Python is marked externally
 # managed (Ubuntu 24.04, Debian 12); this image exists to run edgedeploy, so installing into it is the intent.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-index --find-links /wheels /wheels/edgedeploy-*.whl \
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-index --find-links /wheels \
+        /wheels/edgedeploy-*.whl \
     && deploy --version
 # torch2trt compiles against the torch and TensorRT installed above, hence --no-build-isolation.
 RUN if [ "${INSTALL_TORCH2TRT}" = "1" ]; then \

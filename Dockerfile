@@ -8,12 +8,20 @@
 #   docker run --rm --gpus all -v "$PWD:/work" -v edgedeploy-cache:/cache edgedeploy:desktop-trt10.13 \
 #       build -c deploy.toml --target desktop --out out/desktop
 
+ARG BASE_IMAGE=nvcr.io/nvidia/tensorrt:25.08-py3
+
 # ---- builder: every dependency as a wheel (nothing of this stage ships) ---------------------------------
-FROM nvcr.io/nvidia/tensorrt:25.08-py3 AS builder
+FROM ${BASE_IMAGE} AS builder
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
 # CPU torch is enough: torch only captures/exports and computes the reference; TensorRT does the GPU work.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# pip reads these from the environment (build arguments are environment variables of RUN steps).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+# a mirror's own certificate authority (a CA bundle path; bind-mount it into the build)
+ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_CONSTRAINT=/tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -24,7 +32,7 @@ RUN printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION
     && python3 -m pip wheel --wheel-dir /wheels --find-links /wheels /src
 
 # ---- runtime ----------------------------------------------------------------------------------------
-FROM nvcr.io/nvidia/tensorrt:25.08-py3
+FROM ${BASE_IMAGE}
 ARG UID=10001
 LABEL org.opencontainers.image.title="edgedeploy (desktop GPU, TensorRT 10.13)" \
       org.opencontainers.image.description="PyTorch checkpoint to validated TensorRT engines for x86_64 NVIDIA GPUs" \
@@ -47,7 +55,8 @@ ENV EDGEDEPLOY_CACHE_DIR=/cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 USER ${UID}:${UID}
 WORKDIR /work
-# /cache: content-keyed stage cache shared across builds; /work/out: build outputs (manifest, reports).
-VOLUME ["/cache", "/work/out"]
+# /cache: content-keyed stage cache shared across builds. No VOLUME at or under /work: a declared volume is
+# mounted even below a bind mount of /work (`-v "$PWD:/work"`), and the outputs would vanish into it.
+VOLUME ["/cache"]
 ENTRYPOINT ["deploy"]
 CMD ["doctor"]

@@ -10,11 +10,19 @@
 # torch2trt (optional): --build-arg INSTALL_TORCH2TRT=1, best with a CUDA-enabled JetPack 6 torch from
 # --build-arg TORCH_INDEX_URL=<JetPack 6 wheel index> and matching TORCH_VERSION / TORCHVISION_VERSION.
 
+ARG BASE_IMAGE=nvcr.io/nvidia/l4t-jetpack:r36.4.0
+
 # ---- builder: every dependency as a wheel (nothing of this stage ships) ---------------------------------
-FROM nvcr.io/nvidia/l4t-jetpack:r36.4.0 AS builder
+FROM ${BASE_IMAGE} AS builder
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# pip reads these from the environment (build arguments are environment variables of RUN steps).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+# a mirror's own certificate authority (a CA bundle path; bind-mount it into the build)
+ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_CONSTRAINT=/tmp/constraints.txt
 # Ubuntu's package versions on L4T move with security updates; the pinned base image tag is the pin.
 # hadolint ignore=DL3008
@@ -30,7 +38,7 @@ RUN printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION
     && python3 -m pip wheel --wheel-dir /wheels --find-links /wheels /src
 
 # ---- runtime ----------------------------------------------------------------------------------------
-FROM nvcr.io/nvidia/l4t-jetpack:r36.4.0
+FROM ${BASE_IMAGE}
 ARG UID=10001
 ARG INSTALL_TORCH2TRT=0
 # torch2trt: pin a master commit (its newest tag, v0.5.0, predates TensorRT 10 support). 4e820ae3 (2024-05-03,
@@ -48,8 +56,11 @@ RUN apt-get update \
     && useradd --create-home --uid "${UID}" --gid "${UID}" --shell /usr/sbin/nologin deploy \
     && mkdir -p /cache /work/out \
     && chown deploy:deploy /cache /work /work/out
+# PIP_BREAK_SYSTEM_PACKAGES: a no-op on L4T's Ubuntu 22.04, needed where the base Python is marked externally
+# managed (Ubuntu 24.04, Debian 12); this image exists to run edgedeploy, so installing into it is the intent.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    python3 -m pip install --no-cache-dir --no-index --find-links /wheels /wheels/edgedeploy-*.whl \
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-index --find-links /wheels \
+        /wheels/edgedeploy-*.whl \
     && deploy --version
 # torch2trt compiles against the torch and TensorRT installed above, hence --no-build-isolation.
 RUN if [ "${INSTALL_TORCH2TRT}" = "1" ]; then \
@@ -63,7 +74,8 @@ ENV EDGEDEPLOY_CACHE_DIR=/cache \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 USER ${UID}:${UID}
 WORKDIR /work
-# /cache: content-keyed stage cache shared across builds; /work/out: build outputs (manifest, reports).
-VOLUME ["/cache", "/work/out"]
+# /cache: content-keyed stage cache shared across builds. No VOLUME at or under /work: a declared volume is
+# mounted even below a bind mount of /work (`-v "$PWD:/work"`), and the outputs would vanish into it.
+VOLUME ["/cache"]
 ENTRYPOINT ["deploy"]
 CMD ["doctor"]

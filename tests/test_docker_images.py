@@ -52,12 +52,18 @@ def parse_dockerfile(text: str) -> list[Stage]:
         pending = ""
     assert not pending, "Dockerfile ends inside a continued line"
     stages: list[Stage] = []
+    global_args = Stage(base="")  # ARGs before the first FROM: usable in FROM lines only, as in Docker
     for line in logical:
         keyword, _, rest = line.partition(" ")
         keyword, rest = keyword.upper(), rest.strip()
         if keyword == "FROM":
             words = rest.split()
-            stages.append(Stage(base=words[0], name=words[2] if len(words) == 3 and words[1].upper() == "AS" else ""))
+            base = global_args.resolve(words[0])
+            stages.append(Stage(base=base, name=words[2] if len(words) == 3 and words[1].upper() == "AS" else ""))
+            continue
+        if keyword == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            global_args.args[name] = default
             continue
         assert stages, f"instruction before FROM: {line}"
         stage = stages[-1]
@@ -110,6 +116,9 @@ def test_parser_joins_continuations_and_resolves_args():
     assert env_of(stages[0]) == {"X": "1", "Y": "two words"}
     assert stages[0].resolve("${U}:$U") == "7:7"
     assert stages[1].resolve("${U}") == "${U}"  # ARGs are scoped to their stage, as in Docker
+    pinned = parse_dockerfile("ARG BASE=a:1\nFROM ${BASE} AS b\nFROM $BASE\nUSER ${BASE}\n")
+    assert [s.base for s in pinned] == ["a:1", "a:1"]
+    assert pinned[1].resolve("${BASE}") == "${BASE}"  # a global ARG is not visible inside a stage
 
 
 # ---- image ↔ target consistency -------------------------------------------------------------------------
@@ -181,7 +190,8 @@ def test_runtime_stage_is_non_root_with_deploy_entrypoint(image):
     last = {kw: rest for kw, rest in final.instructions}
     assert last["ENTRYPOINT"] == '["deploy"]'
     assert 'deploy = "edgedeploy.cli:main"' in (ROOT / "pyproject.toml").read_text()
-    assert set(re.findall(r'"([^"]+)"', last["VOLUME"])) == {"/cache", "/work/out"}
+    # Only the cache: a VOLUME below /work would be mounted over the user's bind mount of /work and swallow out/.
+    assert set(re.findall(r'"([^"]+)"', last["VOLUME"])) == {"/cache"}
     assert env_of(final)[CACHE_ENV] == "/cache", f"{CACHE_ENV} must point at the /cache volume"
     assert last["WORKDIR"] == "/work"
 
@@ -242,3 +252,35 @@ def test_hadolint_config_still_fails_on_warnings(tmp_path: Path):
     untrusted = tmp_path / "Untrusted.Dockerfile"
     untrusted.write_text("FROM quay.io/someone/image:1.0\nUSER 1000\n")
     assert "DL3026" in _lint(str(untrusted)).stdout
+
+
+# ---- build arguments: mirrors and registries ---------------------------------------------------------
+
+
+def global_args_of(image: str) -> dict[str, str]:
+    text = (ROOT / IMAGES["images"][image]["dockerfile"]).read_text()
+    head = text.split("\nFROM ", 1)[0]
+    return dict(line[4:].partition("=")[::2] for line in head.splitlines() if line.startswith("ARG "))
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_base_image_is_a_build_argument_defaulting_to_the_pinned_base(image):
+    spec = IMAGES["images"][image]
+    assert global_args_of(image).get("BASE_IMAGE") == spec["base"]
+    text = (ROOT / spec["dockerfile"]).read_text()
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms and set(froms) == {"${BASE_IMAGE}"}, f"{spec['dockerfile']}: FROM lines {froms}"
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_package_indexes_are_build_arguments_of_the_builder_only(image):
+    """A mirror's URL (credentials included) may be passed; it must not reach the shipped stage."""
+    builder, final = stages_of(image)[0], stages_of(image)[-1]
+    assert builder.name == "builder"
+    assert builder.args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert builder.args["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert {"PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"} <= set(builder.args)
+    index_args = {"TORCH_INDEX_URL", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"}
+    assert not index_args & set(final.args), f"{image}: the runtime stage takes an index argument"
+    installs = [rest for rest in final.all("RUN") if "pip install" in rest]
+    assert installs and all("--no-index" in rest for rest in installs if "/wheels" in rest)

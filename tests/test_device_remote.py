@@ -347,6 +347,7 @@ def test_a_tensorrt_result_merges_as_the_deployed_engine_and_fits_the_report_sch
         "schema": "edgedeploy-engine/1",
         "engine": "model.engine",
         "engine_sha256": hashlib.sha256(engine_bytes).hexdigest(),
+        "source_onnx": plan["onnx"],
         "source_onnx_sha256": files[plan["onnx"]],
         "target": plan["target"],
         "precision": plan["precision"],
@@ -368,7 +369,8 @@ def test_a_tensorrt_result_merges_as_the_deployed_engine_and_fits_the_report_sch
     assert report["parity"]["status"] == "passed" and report["latency"]["backends"]["tensorrt"]["throughput"] == 2000.0
     _fits_schema(report)
     assert "bundle/model.engine" in verify_artifacts(out)
-    assert run_gate(out).passed
+    gate = run_gate(out)
+    assert gate.passed, [c for c in gate.checks if not c.passed]
 
 
 def test_a_release_signed_before_the_device_step_is_signed_again_after_it(sshd, outs, capsys, tmp_path):

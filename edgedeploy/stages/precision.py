@@ -346,6 +346,14 @@ def _int8(
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }
+    if flavour.tensorrt_placement:  # what TensorRT's fusions see (precision/qdq_placement.py), checked on the file
+        from edgedeploy.precision.qdq_placement import placement_findings
+
+        final = onnx.load(str(ctx.staging / deploy_model_name("int8")), load_external_data=False)
+        plan["qdq_placement"] = {
+            "float_for_tensorrt": sorted(q.float_for_runtime()),
+            "breaks": {k: len(v) for k, v in placement_findings(final).items()},
+        }
     if target.implicit_int8:
         # sorted: the calibrator's ranges come in a different order each run; TensorRT reads the cache as a map
         scales = dict(sorted(scales_from_ranges(q.ranges()).items()))

@@ -28,6 +28,7 @@ from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
 from edgedeploy.onnxtools.export import (
     EXTERNAL_DATA_THRESHOLD,
     ExportFailed,
+    cheapest_first,
     check_onnx,
     choose_opset,
     export_proto,
@@ -64,7 +65,7 @@ def weights_bytes(ctx: BuildContext) -> int:
 
 class OnnxFromTorch(Stage):
     name = names.EXPORT
-    version = "2"
+    version = "3"  # 3: auto puts the TorchScript exporter first where the trace capture proved tracing safe
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
@@ -88,7 +89,7 @@ class OnnxFromTorch(Stage):
             "dims": c["dims"],
             "outputs": c["outputs"],
             "export": c["export"],
-            "exporters": exporter_order(ctx.cfg, ctx.target),
+            "exporters": _order(ctx)[0],
             "opset": {e: choose_opset(ctx.cfg, ctx.target, e) for e in exporter_order(ctx.cfg, ctx.target)},
             "external_data": self.uses_external_data(ctx),
         }
@@ -96,7 +97,7 @@ class OnnxFromTorch(Stage):
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         model = ctx.model()
-        order = exporter_order(cfg, ctx.target)
+        order, why = _order(ctx)
         args = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), np.random.default_rng(cfg.validate.seed + 2)))
         probe = _Probe(cfg, model)
         errors: list[str] = []
@@ -110,6 +111,7 @@ class OnnxFromTorch(Stage):
             try:
                 proto = export_proto(exporter, model, args, temp, opset, temp_axes)
                 metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
+                metrics["exporter_order_why"] = why
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
                 why = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
@@ -219,6 +221,14 @@ class OnnxFromTorch(Stage):
                 "export.exporter = 'dynamo' reports the line that specialises them",
             )
         return {label: f["ok"] for label, f in figures.items()}
+
+
+def _order(ctx: BuildContext) -> tuple[list[str], str]:
+    """The exporters to try and why that order (``export.exporter = "auto"``: cheapest proven first)."""
+    order = exporter_order(ctx.cfg, ctx.target)
+    if ctx.cfg.export.exporter != "auto":
+        return order, "export.exporter"
+    return cheapest_first(order, ctx.metrics.get("capture"))
 
 
 class _Probe:

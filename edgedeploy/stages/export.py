@@ -70,13 +70,23 @@ class OnnxFromTorch(Stage):
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
         self.external_data_threshold = external_data_threshold
+        self._decided: dict[str, bool] = {}  # staging folder -> external data, decided by run() (no checkpoint)
 
     def uses_external_data(self, ctx: BuildContext) -> bool:
-        """Weights go to ``model.onnx.data`` when they exceed the threshold (decided before the run)."""
+        """Weights go to ``model.onnx.data`` when they exceed the threshold (builds the model without a
+        checkpoint: its weights are the factory's)."""
         return weights_bytes(ctx) > self.external_data_threshold
 
+    def _known_external(self, ctx: BuildContext) -> bool | None:
+        """Whether the weights go to external data, where known without building the model (a checkpoint's
+        size; or what this build's run decided); None before the run of a model without a checkpoint. A cached
+        build then never builds the model (nor imports torch): its files are the model code's, in the key."""
+        if "checkpoint" in ctx.external:
+            return self.uses_external_data(ctx)
+        return self._decided.get(str(ctx.staging))
+
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (ONNX_MODEL, ONNX_DATA) if self.uses_external_data(ctx) else (ONNX_MODEL,)
+        return (ONNX_MODEL, ONNX_DATA) if self._known_external(ctx) else (ONNX_MODEL,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         return model_inputs(ctx)
@@ -91,7 +101,7 @@ class OnnxFromTorch(Stage):
             "export": c["export"],
             "exporters": _order(ctx)[0],
             "opset": {e: choose_opset(ctx.cfg, ctx.target, e) for e in exporter_order(ctx.cfg, ctx.target)},
-            "external_data": self.uses_external_data(ctx),
+            "external_data": self.uses_external_data(ctx) if "checkpoint" in ctx.external else "model code",
         }
 
     def run(self, ctx: BuildContext) -> StageResult:
@@ -152,7 +162,7 @@ class OnnxFromTorch(Stage):
             tmp.unlink(missing_ok=True)
             Path(str(tmp) + ".data").unlink(missing_ok=True)
 
-        external = self.uses_external_data(ctx)
+        external = self._decided[str(ctx.staging)] = self.uses_external_data(ctx)
         simplify: dict[str, Any] = {"status": "off"}
         if cfg.export.simplify:
             from edgedeploy.onnxtools.simplify import simplify_checked

@@ -179,6 +179,10 @@ def _int8(
     )
 
     cfg, target = ctx.cfg, ctx.target
+    import time
+
+    budget = cfg.precision.time_budget_s  # the whole CNN INT8 search, from here
+    deadline = time.monotonic() + budget if budget is not None else None
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     float_proto = onnx.load(str(float_model))
     method, method_why = calib_method_for(
@@ -273,6 +277,7 @@ def _int8(
         log=log,
         groups=groups or None,
         timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels else None,
+        deadline=deadline,
     )
     from edgedeploy.precision.heldout import resolution_hint
 
@@ -293,6 +298,8 @@ def _int8(
             else "even with every measured layer in float the target is missed: build in FP16/FP32, or lower "
             "precision.accuracy_target if this agreement is acceptable"
         )
+        if "time_budget_s" in result.stop:
+            hint = f"raise precision.time_budget_s (now {budget}) or drop it: the search stopped on time"
         if "vetoed" in final:
             hint = (
                 "the INT8 model meets the target on real held-out data but not the goldens' tolerance.int8 "
@@ -301,7 +308,7 @@ def _int8(
         raise StageError(
             "precision",
             f"INT8 misses {_target_text(ctx, accuracy_target)} on held-out data after "
-            f"{len(result.tries) - 1} fallback tries ({table})",
+            f"{len(result.tries) - 1} fallback tries ({table}; stopped: {result.stop})",
             hint=hint + resolution,
         )
     if result.candidates and not analysis.int8_compute_left(ctx.staging / deploy_model_name("int8")):
@@ -343,6 +350,7 @@ def _int8(
         ],
         "fallback_tries": result.tries,
         "fallback_choice": result.choice,
+        "fallback_stop": result.stop,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }

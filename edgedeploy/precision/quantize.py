@@ -183,6 +183,12 @@ class Quantizer:
     def __post_init__(self) -> None:
         self._ranges_json = self.workdir / "ort_ranges.json"
 
+    def adopt_ranges(self, workdir: Path) -> None:
+        """Reuse the ranges another quantizer of the same float model and batches chose (in ``workdir``): one
+        calibration, not two."""
+        if not self._ranges_json.is_file() and (workdir / self._ranges_json.name).is_file():
+            shutil.copyfile(workdir / self._ranges_json.name, self._ranges_json)
+
     def calibrate(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
         """Observe every tensor on ``batches`` and store the ranges ``method`` picks (once; later calls reuse them).
 

@@ -219,8 +219,11 @@ def _int8(
     from edgedeploy.precision.equalize_choice import choose_equalization
 
     float_model, equalized, bias = choose_equalization(
-        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs
-    )
+        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs,
+        target=accuracy_target,
+    )  # fmt: skip
+    if bias.calibrated is not None:  # the equalization choice calibrated this very model on these batches
+        Quantizer(float_model, tmp, flavour, method=p.calib_method).adopt_ranges(bias.calibrated)
     choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     reduce_range, rr_scores = choices[0], {}

@@ -12,6 +12,8 @@ All failures are collected, then reported in one ParityError.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +42,6 @@ from edgedeploy.validate.runners import (
     discover_backends,
     make_runner,
     quiet_polygraphy,
-    run_feeds,
     short_error,
     tensorrt_available,
 )
@@ -152,13 +153,18 @@ class ParityFromGoldens(Stage):
             "checks": [],
         }
         runner = make_runner(backend, ctx.staging, cfg)
-        try:
-            outputs = run_feeds(runner, [pair["in"] for _, _, pair in samples])
-        except DeployError:
-            raise
-        except Exception as exc:  # the backend cannot load or run the model: a failed candidate, reported with the rest
-            cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
-            return cand, None
+        with quiet_polygraphy():
+            try:
+                runner.activate()  # loaded once for every check and the latency below (each input run once)
+                # copies: a runner may reuse its output buffers between calls (polygraphy's TrtRunner)
+                outputs = [{k: np.array(v) for k, v in runner.infer(pair["in"]).items()} for _, _, pair in samples]
+            except DeployError:
+                _deactivate(runner)
+                raise
+            except Exception as exc:  # the backend cannot load or run the model: a failed candidate, reported
+                _deactivate(runner)
+                cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
+                return cand, None
         hist = {name: empty_histogram() for name in cfg.outputs}
         for (point, s, pair), got in zip(samples, outputs):
             for out_name in cfg.outputs:
@@ -181,7 +187,7 @@ class ParityFromGoldens(Stage):
         cand["checks"] += pooled_top1(cand["checks"], tol.min_topk_agreement)  # real samples, pooled
         cand["histograms"] = hist
         lat = None
-        with quiet_polygraphy(), runner:
+        with quiet_polygraphy(), _active(runner):
             repeated = repeated_row_batch(cfg, opt_feeds)
             if repeated is None:
                 cand["batch_consistency"] = "skipped: no dynamic batch dim with max > 1"
@@ -246,3 +252,17 @@ class ParityFromGoldens(Stage):
             failures=rows or failed,
             hint="see report.html / report.json; loosen [tolerance.<precision>] only if intended",
         )
+
+
+def _deactivate(runner: Any) -> None:
+    if getattr(runner, "is_active", False):
+        runner.deactivate()
+
+
+@contextlib.contextmanager
+def _active(runner: Any) -> Iterator[Any]:
+    """The already active ``runner``, deactivated on the way out."""
+    try:
+        yield runner
+    finally:
+        _deactivate(runner)

@@ -148,3 +148,18 @@ def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new
     family, k, note = search.choose("sensitivity", lambda models: [5.0, 1.0])
     assert (family, k) == ("prefix", 3) and note["measured"][1]["p50_ms"] == 1.0
     assert set(search.float_set(family, k)) == {"A", "C", "B"}
+
+
+def test_run_model_batches_single_feeds_into_one_call_with_the_same_outputs(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    batches = [{"image": b["image"][:1]} for b in photo_batches(16, 8)] + photo_batches(8, 4)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    one_by_one = [dict(zip(["logits"], sess.run(["logits"], b))) for b in batches]
+    got = analysis.run_model(path, batches)
+    assert [g["logits"].shape for g in got] == [o["logits"].shape for o in one_by_one]
+    for g, o in zip(got, one_by_one):
+        np.testing.assert_allclose(g["logits"], o["logits"], rtol=1e-5, atol=1e-6)
+    groups = analysis._row_groups(batches)
+    assert len(groups) < len(batches) and all(sum(len(b["image"]) for b in g) <= analysis.BATCH_ROWS for g in groups)

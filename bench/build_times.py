@@ -207,66 +207,89 @@ def _top1_agreement(float_model: Path, int8_model: Path, x: np.ndarray) -> float
     return float((top1(float_model) == top1(int8_model)).mean())
 
 
-def side_by_side(names: list[str], int8: bool) -> list[dict]:
-    rows = []
+def _fp32_row(name: str, p: dict, folder: Path) -> dict:
+    cfg: Path = p["config"]
+    work = folder / f"work_{name}"
+    work.mkdir(exist_ok=True)
+    row: dict = {"model": name, "load_avg_1min": round(os.getloadavg()[0], 1)}
+    cold, rc, text = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
+    warm, rc2, _ = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
+    row.update(deploy_cold_s=round(cold, 2), deploy_warm_s=round(warm, 2), deploy_ok=rc == rc2 == 0)
+    row["stages"] = [ln.strip() for ln in text.splitlines() if ln.startswith("[")]
+    if rc:
+        row["error"] = text.strip().splitlines()[-1][:300]
+    if "peer" in p:
+        factory, ckpt, shape, path = p["peer"]
+        t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+        row.update(peer="torch.onnx.export (TorchScript exporter) + ORT check", peer_s=round(t, 2), peer_ok=prc == 0)
+    else:
+        argv = ["optimum-cli", "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
+        t, prc, ptext = _run(argv, work, {**os.environ, "HF_HUB_OFFLINE": "1"})
+        row.update(peer="optimum-cli export onnx", peer_s=round(t, 2), peer_ok=prc == 0)
+    if prc:
+        row["peer_error"] = ptext.strip().splitlines()[-1][:300]
+    row["cold_ratio"] = round(cold / t, 2)
+    row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def _int8_row(name: str, p: dict, folder: Path) -> dict:
+    cfg: Path = p["config"]
+    work = folder / f"work8_{name}"
+    work.mkdir(exist_ok=True)
+    row: dict = {"model": name, "load_avg_1min": round(os.getloadavg()[0], 1)}
+    out8 = folder / f"out8_{name}"
+    extra = ("--precision", "int8", "--calib", str(cfg.parent / "photos"))
+    t8, rc8, text8 = _deploy(cfg, folder / f"cache8_{name}", out8, *extra)
+    row.update(deploy_int8_cold_s=round(t8, 2), deploy_int8_ok=rc8 == 0)
+    row["int8_stages"] = [ln.strip() for ln in text8.splitlines() if ln.startswith("[")]
+    if rc8:
+        row["int8_error"] = text8.strip().splitlines()[-1][:300]
+    factory, ckpt, shape, path = p["peer"]
+    te, _, _ = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+    tq, qrc, qtext = _run([sys.executable, "-c", PEER_INT8, str(cfg.parent / "calib.npy")], work)
+    row.update(peer_int8="export + quant_pre_process + quantize_static per-channel", peer_int8_s=round(te + tq, 2))
+    row["int8_ratio"] = round(t8 / (te + tq), 2)
+    held = np.load(cfg.parent / "heldout.npy")
+    if qrc == 0:
+        row["peer_int8_top1_agreement"] = _top1_agreement(work / "peer.onnx", work / "peer.int8.onnx", held)
+    else:
+        row["peer_int8_error"] = qtext.strip().splitlines()[-1][:300]
+    if rc8 == 0:
+        row["deploy_int8_top1_agreement"] = _top1_agreement(out8 / "model.onnx", out8 / "model.int8.onnx", held)
+        info = json.loads((out8 / "precision.json").read_text())
+        row["deploy_int8_plan"] = {k: info.get(k) for k in ("equalize", "weight_rounding", "fallback_stop")}
+    row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def side_by_side(names: list[str], int8: bool, out: Path | None) -> list[dict]:
+    """FP32 rows first (each printed and saved as it finishes), then the INT8 row(s)."""
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         projects = side_by_side_projects(folder)
-        for name in names or list(projects):
-            p = projects[name]
-            cfg: Path = p["config"]
-            work = folder / f"work_{name}"
-            work.mkdir()
-            row: dict = {"model": name, "load_avg_1min": round(os.getloadavg()[0], 1)}
-            cold, rc, text = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
-            warm, rc2, _ = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
-            row.update(deploy_cold_s=round(cold, 2), deploy_warm_s=round(warm, 2), deploy_ok=rc == rc2 == 0)
-            row["stages"] = [ln.strip() for ln in text.splitlines() if ln.startswith("[")]
-            if rc:
-                row["error"] = text.strip().splitlines()[-1][:300]
-            if "peer" in p:
-                factory, ckpt, shape, path = p["peer"]
-                t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
-                row.update(peer="torch.onnx.export + ORT check", peer_s=round(t, 2), peer_ok=prc == 0)
-                if prc:
-                    row["peer_error"] = ptext.strip().splitlines()[-1][:300]
-                row["cold_ratio"] = round(cold / t, 2)
-            if "optimum" in p:
-                t, prc, ptext = _run(
-                    ["optimum-cli", "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"],
-                    work,
-                    {**os.environ, "HF_HUB_OFFLINE": "1"},
-                )
-                row.update(peer="optimum-cli export onnx", peer_s=round(t, 2), peer_ok=prc == 0)
-                if prc:
-                    row["peer_error"] = ptext.strip().splitlines()[-1][:300]
-                row["cold_ratio"] = round(cold / t, 2)
-            row["warm_ratio"] = round(warm / row["peer_s"], 2) if row.get("peer_s") else None
-            if int8 and p.get("int8"):
-                calib = cfg.parent / "photos"
-                out8 = folder / f"out8_{name}"
-                t8, rc8, text8 = _deploy(
-                    cfg, folder / f"cache8_{name}", out8, "--precision", "int8", "--calib", str(calib)
-                )
-                row.update(deploy_int8_cold_s=round(t8, 2), deploy_int8_ok=rc8 == 0)
-                row["int8_stages"] = [ln.strip() for ln in text8.splitlines() if ln.startswith("[")]
-                if rc8:
-                    row["int8_error"] = text8.strip().splitlines()[-1][:300]
-                factory, ckpt, shape, path = p["peer"]
-                te, _, _ = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
-                tq, qrc, qtext = _run([sys.executable, "-c", PEER_INT8, str(cfg.parent / "calib.npy")], work)
-                row.update(peer_int8="export + quantize_static per-channel", peer_int8_s=round(te + tq, 2))
-                row["int8_ratio"] = round(t8 / (te + tq), 2)
-                held = np.load(cfg.parent / "heldout.npy")
-                if qrc == 0:
-                    row["peer_int8_top1_agreement"] = _top1_agreement(work / "peer.onnx", work / "peer.int8.onnx", held)
-                if rc8 == 0:
-                    row["deploy_int8_top1_agreement"] = _top1_agreement(
-                        out8 / "model.onnx", out8 / "model.int8.onnx", held
-                    )
+        chosen = names or list(projects)
+        jobs = [("fp32", n) for n in chosen] + [("int8", n) for n in chosen if int8 and projects[n].get("int8")]
+        for kind, name in jobs:
+            row = (_fp32_row if kind == "fp32" else _int8_row)(name, projects[name], folder)
+            row["kind"] = kind
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if "stages" not in k}), flush=True)
+            if out is not None:
+                _write(rows, out)
     return rows
+
+
+def _write(rows: list[dict], out: Path) -> None:
+    doc = {
+        "command": "PYTHONPATH=$PWD python bench/build_times.py --int8 --json bench/build_times.json",
+        "cores": os.cpu_count(),
+        "note": "shared machine: other jobs ran at the same time (load_avg_1min before / after each row); ratios "
+        "are edgedeploy / peer from the same run",
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def _minilm(folder: Path) -> Path:
@@ -320,17 +343,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--int8", action="store_true", help="also the INT8 build of EfficientNet-Lite0 and its peer")
     args = ap.parse_args()
-    rows = side_by_side(args.names, args.int8)
-    doc = {
-        "command": "PYTHONPATH=$PWD python bench/build_times.py --int8 --json bench/build_times.json",
-        "cores": os.cpu_count(),
-        "note": "shared machine: other jobs ran at the same time (see load_avg_1min per row); ratios are "
-        "edgedeploy / peer from the same run",
-        "rows": rows,
-    }
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0 if all(r.get("deploy_ok") and r.get("peer_ok", True) for r in rows) else 1
+    rows = side_by_side(args.names, args.int8, args.json)
+    return 0 if all(r.get("deploy_ok", r.get("deploy_int8_ok")) and r.get("peer_ok", True) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -223,7 +223,8 @@ def _fp32_row(name: str, p: dict, folder: Path) -> dict:
         t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
         row.update(peer="torch.onnx.export (TorchScript exporter) + ORT check", peer_s=round(t, 2), peer_ok=prc == 0)
     else:
-        argv = ["optimum-cli", "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
+        cli = Path(sys.executable).parent / "optimum-cli"  # the venv's, where the venv is not on PATH
+        argv = [str(cli), "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
         t, prc, ptext = _run(argv, work, {**os.environ, "HF_HUB_OFFLINE": "1"})
         row.update(peer="optimum-cli export onnx", peer_s=round(t, 2), peer_ok=prc == 0)
     if prc:

@@ -236,3 +236,29 @@ def test_auto_exports_with_torchscript_after_a_clean_trace_capture(tmp_path: Pat
     assert metrics["capture"]["route"] == "trace"
     assert metrics["export"]["exporter"] == "torchscript" and metrics["export"]["exporters_tried"] == ["torchscript"]
     assert "trace capture matched eager" in metrics["export"]["exporter_order_why"]
+
+
+def test_export_probes_reuse_the_capture_stages_eager_outputs_on_the_same_feeds(tmp_path: Path) -> None:
+    """One eager pass per probe point per build: the export stage takes the capture stage's outputs when its
+    feeds are the same arrays, and runs the model itself otherwise."""
+    import torch
+
+    from edgedeploy.onnxtools.shapes import PROBE_SEED, probe_feeds, probe_points
+    from edgedeploy.stages.export import _Probe
+
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    calls: list[int] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return torch.zeros(len(x), 5)
+
+    feeds = probe_feeds(
+        cfg, probe_points(cfg, seed=cfg.validate.seed + PROBE_SEED), seed=cfg.validate.seed + PROBE_SEED
+    )
+    known = [{"y": np.full((len(f["x"]), 5), 7.0, np.float32)} for f in feeds]
+    probe = _Probe(cfg, model, (feeds, known))
+    assert calls == [] and probe.references == known
+    other = [{"x": f["x"] + 1} for f in feeds]
+    probe = _Probe(cfg, model, (other, known))  # not the same inputs: measured, not reused
+    assert len(calls) == len(feeds) and all(not r["y"].any() for r in probe.references)

@@ -32,6 +32,8 @@ class BuildContext:
     log: Any = None  # callable(str) for progress lines
     factory: Any = None  # the model factory, when the runner already loaded it
     factory_loader: Any = None  # callable() -> factory, for the first stage that needs the model (cached builds)
+    # eager PyTorch outputs at the shape probes (feeds, outputs), from the first stage that ran them this build
+    probe_outputs: Any = None
     _model: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
 

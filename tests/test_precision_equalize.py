@@ -154,6 +154,29 @@ def test_auto_measures_plain_bias_corrected_and_equalized_and_keeps_the_best(tmp
             assert bias.shifts
 
 
+def test_auto_keeps_the_cheapest_accurate_candidate_without_measuring_the_others(tmp_path: Path) -> None:
+    """Bias correction alone meeting the target ends the choice: no plain or CLE model is quantized or scored,
+    and the ranges calibrated for it are the ones the final quantizer reuses."""
+    from edgedeploy.config import PrecisionSection
+    from edgedeploy.precision.equalize_choice import choose_equalization
+    from edgedeploy.precision.quantize import Quantizer
+
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=24, batch=8)
+    work = tmp_path / "work"
+    work.mkdir()
+    model, note, bias = choose_equalization(
+        "auto", float_model, batches[:2], batches[2:], work, flavour_for("onnxruntime"), PrecisionSection(), [],
+        target=0.5,
+    )  # fmt: skip
+    assert list(note["measured"]) == ["bias_corrected"] and note["measured"]["bias_corrected"] >= 0.5
+    assert note["chosen"] == "bias_corrected" and "bias correction alone met the target" in note["why"]
+    assert model == float_model and bias.outputs and not (work / "eq_equalized.int8.onnx").exists()
+    final = Quantizer(float_model, tmp_path, flavour_for("onnxruntime"))
+    final.adopt_ranges(bias.calibrated)
+    assert (tmp_path / "ort_ranges.json").read_bytes() == (bias.calibrated / "ort_ranges.json").read_bytes()
+
+
 def test_relu6_bound_runs_on_the_integers_with_identical_outputs(tmp_path: Path) -> None:
     import dataclasses
 

@@ -16,13 +16,13 @@ from edgedeploy.precision.speed_probe import MIN_MS, side_by_side_timer
 from edgedeploy.validate.parity import pooled_top1, top1_upper_bound
 
 
-def _search(tmp_path: Path, timer) -> tuple:  # type: ignore[no-untyped-def]
+def _search(tmp_path: Path, timer, **kwargs) -> tuple:  # type: ignore[no-untyped-def]
     batches = photo_batches(16, 8)
     path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
     q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
     result = quantize_with_fallback(
         q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
-        timer=timer,
+        timer=timer, **kwargs,
     )  # fmt: skip
     return result, q, batches
 
@@ -77,6 +77,20 @@ def test_without_a_timer_the_first_family_to_pass_ships_untimed(tmp_path: Path) 
     result, _, _ = _search(tmp_path, None)
     assert result.final["family"] == "sensitivity" and result.choice["rule"] == "first family to pass"
     assert [t.get("family") for t in result.tries] == [None, "sensitivity", "prefix", "sensitivity"]
+
+
+def test_the_search_says_why_it_stopped(tmp_path: Path) -> None:
+    result, _, _ = _search(tmp_path, None)
+    assert result.stop == "smallest passing float set found (sensitivity: 2 float, 1 failed)"
+
+
+def test_a_spent_time_budget_stops_the_search_before_any_fallback_try_and_says_so(tmp_path: Path) -> None:
+    import time
+
+    result, _, _ = _search(tmp_path, None, deadline=time.monotonic())  # already spent
+    assert len(result.tries) == 1 and not result.met  # only the all-INT8 candidate, which misses
+    assert result.stop == "precision.time_budget_s spent before the fallback search (the first candidate misses " \
+        "the target)"  # fmt: skip
 
 
 def test_side_by_side_timer_times_real_sessions(tmp_path: Path) -> None:
@@ -134,3 +148,18 @@ def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new
     family, k, note = search.choose("sensitivity", lambda models: [5.0, 1.0])
     assert (family, k) == ("prefix", 3) and note["measured"][1]["p50_ms"] == 1.0
     assert set(search.float_set(family, k)) == {"A", "C", "B"}
+
+
+def test_run_model_batches_single_feeds_into_one_call_with_the_same_outputs(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    batches = [{"image": b["image"][:1]} for b in photo_batches(16, 8)] + photo_batches(8, 4)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    one_by_one = [dict(zip(["logits"], sess.run(["logits"], b))) for b in batches]
+    got = analysis.run_model(path, batches)
+    assert [g["logits"].shape for g in got] == [o["logits"].shape for o in one_by_one]
+    for g, o in zip(got, one_by_one):
+        np.testing.assert_allclose(g["logits"], o["logits"], rtol=1e-5, atol=1e-6)
+    groups = analysis._row_groups(batches)
+    assert len(groups) < len(batches) and all(sum(len(b["image"]) for b in g) <= analysis.BATCH_ROWS for g in groups)

@@ -40,7 +40,8 @@ def test_jetson_profiles_match_jetpack_release_notes(name, jetpack, trt, cuda, s
 def test_trt11_desktop_is_strongly_typed_only_and_cpu_builds_here():
     t11, t10, cpu = get_target("desktop-trt11"), get_target("desktop"), get_target("cpu")
     assert t11.strongly_typed_only and not t11.implicit_int8 and t11.trt_major == 11
-    assert t10.implicit_int8 and not t10.strongly_typed_only and t10.strongly_typed
+    assert not t10.implicit_int8 and t10.explicit_int8_only and not t10.strongly_typed_only and t10.strongly_typed
+    assert get_target("jetson-xavier").implicit_int8 and not get_target("jetson-xavier").explicit_int8_only
     assert not get_target("jetson-xavier").strongly_typed  # TensorRT 8.5: no strongly typed networks
     assert cpu.builds_here and cpu.trt_major == 0
     for t in all_targets().values():
@@ -109,6 +110,8 @@ def test_user_profile_file_extends_a_builtin(tmp_path):
         ('[targets.x]\nbase = "jetson-orin"\ndla_core = 1\n', "did you mean 'dla_cores'"),
         ('[targets.x]\nbase = "jetson-orin"\nworkspace_mib = 99999\n', "exceeds memory_mib"),
         ('[targets.x]\nbase = "desktop-trt11"\nimplicit_int8 = true\n', "no implicit_int8"),
+        ('[targets.x]\nbase = "jetson-orin"\nimplicit_int8 = true\n', "TensorRT 10.3 takes explicit Q/DQ INT8 only"),
+        ('[targets.x]\nbase = "jetson-xavier"\ntrt_version = "10.1"\n', "implicit_int8 is for TensorRT 8.x"),
         ('[targets.x]\nbase = "jetson-orin"\nprecisions = ["int4"]\n', "subset of fp32, fp16, int8"),
         ('[targets.x]\nbase = "nope"\n', "not a known target"),
     ],

@@ -102,12 +102,12 @@ def test_fp16_routes_follow_the_precision_stage_and_the_tensorrt_version(files):
         make_plan(_cfg("fp16"), get_target("desktop-trt11"), {}, precision_info=None)
 
 
-def test_int8_prefers_symmetric_qdq_and_falls_back_to_the_calibration_cache(files):
-    orin = get_target("jetson-orin")
-    qdq = make_plan(_cfg("int8"), orin, {"model.int8.onnx": files["qdq"]})
+def test_int8_prefers_symmetric_qdq_and_falls_back_to_the_calibration_cache_on_tensorrt_8(files):
+    xavier = get_target("jetson-xavier")  # TensorRT 8.5: implicit INT8 still exists
+    qdq = make_plan(_cfg("int8"), xavier, {"model.int8.onnx": files["qdq"]})
     assert (qdq.strategy, qdq.onnx, qdq.calib_cache) == ("int8-qdq", "model.int8.onnx", None)
     info = {"kept_float": [{"node": "head", "why": "sensitive"}]}
-    implicit = make_plan(_cfg("int8"), orin, {"calib.cache": files["calib"]}, precision_info=info)
+    implicit = make_plan(_cfg("int8"), xavier, {"calib.cache": files["calib"]}, precision_info=info)
     assert (implicit.strategy, implicit.onnx, implicit.calib_cache, implicit.fp32_layers) == (
         "int8-calib-cache",
         "model.onnx",
@@ -116,6 +116,25 @@ def test_int8_prefers_symmetric_qdq_and_falls_back_to_the_calibration_cache(file
     )
     with pytest.raises(StageError, match="needs a symmetric Q/DQ model.int8.onnx; the precision stage"):
         make_plan(_cfg("int8"), get_target("desktop-trt11"), {"calib.cache": files["calib"]})
+
+
+@pytest.mark.parametrize("name", ["jetson-orin", "jetson-orin-nano", "desktop", "desktop-trt11"])
+def test_tensorrt_10_1_and_later_take_explicit_qdq_only(files, name):
+    target = get_target(name)
+    assert target.explicit_int8_only and not target.implicit_int8
+    both = {"model.int8.onnx": files["qdq"], "calib.cache": files["calib"]}
+    plan = make_plan(_cfg("int8"), target, both)
+    assert (plan.strategy, plan.onnx, plan.calib_cache) == ("int8-qdq", "model.int8.onnx", None)
+    with pytest.raises(
+        StageError, match=r"wrote none \(calib.cache is not used: TensorRT [0-9.]+ has no implicit INT8"
+    ):
+        make_plan(_cfg("int8"), target, {"calib.cache": files["calib"]})
+
+
+def test_a_qdq_model_an_explicit_only_target_cannot_take_fails_with_the_reason(files, tmp_path):
+    bad = _qdq_model(tmp_path / "model.int8.onnx", zero_point=np.array(128, dtype=np.uint8))
+    with pytest.raises(StageError, match=r"cannot take \(2\).*TensorRT 10.3 takes explicit Q/DQ INT8 only"):
+        make_plan(_cfg("int8"), get_target("jetson-orin"), {"model.int8.onnx": bad, "calib.cache": files["calib"]})
 
 
 def test_asymmetric_qdq_is_refused_with_every_offending_node(tmp_path):
@@ -130,11 +149,12 @@ def test_int32_quantized_bias_is_named_and_the_calibration_cache_route_is_taken_
     bad = _qdq_model(tmp_path / "model.int8.onnx", zero_point=np.array(0, dtype=np.int32))
     problems = qdq_problems(bad)[1]
     assert len(problems) == 2 and all("int32-quantized bias" in p and "QuantizeBias" in p for p in problems)
-    plan = make_plan(_cfg("int8"), get_target("jetson-orin"), {"model.int8.onnx": bad, "calib.cache": files["calib"]})
+    plan = make_plan(_cfg("int8"), get_target("jetson-xavier"), {"model.int8.onnx": bad, "calib.cache": files["calib"]})
     assert plan.strategy == "int8-calib-cache"
     assert any(n.startswith("the Q/DQ model was not used") for n in plan.notes)
-    with pytest.raises(StageError, match="int32-quantized bias"):  # TensorRT 11 has no calibration-cache route
-        make_plan(_cfg("int8"), get_target("desktop-trt11"), {"model.int8.onnx": bad, "calib.cache": files["calib"]})
+    for name in ("jetson-orin", "desktop-trt11"):  # TensorRT >= 10.1: no calibration-cache route
+        with pytest.raises(StageError, match="int32-quantized bias"):
+            make_plan(_cfg("int8"), get_target(name), {"model.int8.onnx": bad, "calib.cache": files["calib"]})
 
 
 def test_capability_and_memory_limits_raise_instead_of_downgrading():
@@ -210,7 +230,7 @@ def test_torch_builders_follow_the_same_plan_and_refuse_what_they_cannot_do(file
         {"min_shape": (1, 3, 8, 8), "opt_shape": (4, 3, 8, 8), "max_shape": (8, 3, 8, 8), "name": "x"}
     ]
     assert (settings["enabled_precisions"], settings["workspace_size"]) == (["float32", "float16"], 256 << 20)
-    implicit = make_plan(_cfg("int8"), get_target("desktop"), {"calib.cache": files["calib"]})
+    implicit = make_plan(_cfg("int8"), get_target("jetson-xavier"), {"calib.cache": files["calib"]})
     with pytest.raises(TargetCapabilityError, match="calibration cache"):
         torch_tensorrt_settings(implicit)
     with pytest.raises(StageError, match="torch2trt would calibrate INT8"):

@@ -36,6 +36,9 @@ def used_dims(cfg: DeployConfig) -> list[str]:
     return names
 
 
+PROBE_SEED = 1  # offset from validate.seed of the shape probes the capture and export stages share
+
+
 def probe_points(cfg: DeployConfig, seed: int = 0) -> list[ProbePoint]:
     """opt for every dim, then per dim: min, max and one seeded random value in [min, max] (others at opt)."""
     rng = np.random.default_rng(seed)

@@ -310,7 +310,7 @@ class StageCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    # ---- small authenticated text memos (report plots) ------------------------------------------------
+    # ---- small authenticated text memos (report plots, the model code's file list) --------------------------
     def read_memo(self, name: str) -> str | None:
         """A memo written by :meth:`write_memo`, or None when absent or not authenticated."""
         if self.problem():

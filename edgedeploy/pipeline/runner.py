@@ -29,6 +29,7 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.targets import TargetProfile
 
 if TYPE_CHECKING:
+    from edgedeploy.pipeline.code_memo import MemoStore
     from edgedeploy.pipeline.progress import BuildConsole
 
 
@@ -205,7 +206,7 @@ def _run_build(
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
     # the user's code, once: every file it imported is an input of the model (none for a model given as ONNX)
-    loaded = usercode.load_factory(cfg) if cfg.model.factory else None
+    model_code, factory, loader = _model_code(cfg, cache) if cfg.model.factory else ((), None, None)
     calib_code = _calibration_code(cfg)
     stages = stages if stages is not None else default_stages(target, cfg)
     staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
@@ -216,11 +217,11 @@ def _run_build(
             "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
             "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
         )
-    if loaded is not None:
-        ctx.factory = loaded.factory
-        ctx.groups[MODEL_CODE] = loaded.files
-    if cfg.model.hf and loaded is not None:  # the architecture lives in the folder's config.json: model code
-        ctx.groups[MODEL_CODE] = (*loaded.files, Path(cfg.model.kwargs["folder"]) / "config.json")
+    if cfg.model.factory:
+        ctx.factory, ctx.factory_loader = factory, loader
+        ctx.groups[MODEL_CODE] = model_code
+    if cfg.model.hf and cfg.model.factory:  # the architecture lives in the folder's config.json: model code
+        ctx.groups[MODEL_CODE] = (*model_code, Path(cfg.model.kwargs["folder"]) / "config.json")
     if calib_code is not None:
         ctx.groups[CALIB_CODE] = calib_code
     records: list[StageRecord] = []
@@ -298,6 +299,26 @@ def _run_build(
         report=report,
         seconds=seconds,
     )
+
+
+def _model_code(cfg: DeployConfig, cache: MemoStore) -> tuple[tuple[Path, ...], Any, Any]:
+    """(the model code's files, the factory or None, a loader or None): the files remembered from an earlier
+    build when they are unchanged (the module is then imported only if a stage runs: a cached build never
+    imports torch), else the module imported now (every file it imported is an input of the model).
+
+    Raises:
+        ConfigError: the module does not import.
+    """
+    from edgedeploy.pipeline.code_memo import CodeMemo, factory_loader
+
+    memo = CodeMemo.for_build(cfg, cache)
+    files = memo.recall() if memo is not None else None
+    if memo is not None and files is not None:
+        return files, None, factory_loader(cfg, files, memo)
+    loaded = usercode.load_factory(cfg)
+    if memo is not None:
+        memo.remember(tuple(loaded.files))
+    return tuple(loaded.files), loaded.factory, None
 
 
 def _calibration_code(cfg: DeployConfig) -> tuple[Path, ...] | None:

@@ -27,11 +27,60 @@ UNDERFLOW_FRACTION = 0.1  # flag a tensor when more than this share of its nonze
 _SAVED_SUFFIX = "_ReshapedSavedOutput"  # what modify_model_output_intermediate_tensors appends
 
 
+BATCH_ROWS = 32  # samples per ONNX Runtime call when run_model batches several feeds into one
+
+
 def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """Outputs of the model at ``path`` for every batch (name -> array)."""
+    """Outputs of the model at ``path`` for every batch (name -> array).
+
+    Batches that differ only in their leading (batch) dim are concatenated into calls of up to
+    :data:`BATCH_ROWS` samples where every input and output has a symbolic leading dim (many single-view
+    feeds: one call, not dozens), and the outputs are split back per batch.
+    """
     sess = ort_session(path, stage="precision")
     names = [o.name for o in sess.get_outputs()]
-    return [dict(zip(names, sess.run(names, b))) for b in batches]
+    if not _batchable(sess, batches):
+        return [dict(zip(names, sess.run(names, b))) for b in batches]
+    out: list[dict[str, np.ndarray]] = []
+    for group in _row_groups(batches):
+        if len(group) == 1:
+            out.append(dict(zip(names, sess.run(names, group[0]))))
+            continue
+        rows = [len(next(iter(b.values()))) for b in group]
+        joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
+        values = sess.run(names, joined)
+        if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in values):  # an output without the batch axis
+            out.extend(dict(zip(names, sess.run(names, b))) for b in group)
+            continue
+        cuts = np.cumsum(rows)[:-1]
+        parts = [np.split(v, cuts) for v in values]
+        out.extend({n: p[i] for n, p in zip(names, parts)} for i in range(len(group)))
+    return out
+
+
+def _batchable(sess: Any, batches: Sequence[dict[str, np.ndarray]]) -> bool:
+    """Every input and output of ``sess`` has a symbolic leading dim, and there is more than one batch."""
+    if len(batches) < 2:
+        return False
+    args = [*sess.get_inputs(), *sess.get_outputs()]
+    return all(a.shape and not isinstance(a.shape[0], int) for a in args)
+
+
+def _row_groups(batches: Sequence[dict[str, np.ndarray]]) -> list[list[dict[str, np.ndarray]]]:
+    """Consecutive batches with the same names and trailing shapes, up to :data:`BATCH_ROWS` rows a group."""
+    groups: list[list[dict[str, np.ndarray]]] = []
+    key: Any = None
+    rows = 0
+    for b in batches:
+        this = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in b.items()))
+        n = len(next(iter(b.values()))) if b else 0
+        if groups and this == key and rows + n <= BATCH_ROWS and all(v.ndim > 0 for v in b.values()):
+            groups[-1].append(b)
+            rows += n
+        else:
+            groups.append([b])
+            key, rows = this, n
+    return groups
 
 
 def _augmented(model_path: Path, workdir: Path) -> Path:

@@ -30,6 +30,7 @@ class BiasSetup:
     outputs: bool = False
     shifts: dict[str, np.ndarray] | None = None
     shifts_for: tuple[str, ...] | None = None
+    calibrated: Path | None = None  # the folder whose quantizer calibrated the chosen model (ranges to reuse)
 
     def configure(self, q: Quantizer, *, fresh: bool = False) -> None:
         q.bias_means = self.means
@@ -47,15 +48,18 @@ def choose_equalization(
     flavour: QdqFlavour,
     p: PrecisionSection,
     classes: Sequence[str],
+    target: float | None = None,
 ) -> tuple[Path, dict[str, Any], BiasSetup]:
     """Cross-layer equalization + bias correction per ``precision.equalize`` and ``precision.bias_correction``.
 
     Raises:
         StageError: onnxruntime cannot quantize or run a candidate.
 
-    ``auto``: only for graphs with depthwise convs, and measured: the all-INT8 model plain, with bias
-    correction only, and with CLE + bias correction is scored on the held-out data and the best kept (on
+    ``auto``: only for graphs with depthwise convs, and measured, cheapest accurate candidate first: the
+    all-INT8 model with bias correction (per-channel weights) is scored on the held-out data and kept when it
+    meets ``target``; otherwise it is also scored plain and with CLE + bias correction and the best kept (on
     EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see bench/README.md).
+    Plain and bias-corrected quantize the same float model from one calibration.
     Returns the model to quantize, the note for precision.json and the bias correction to apply.
     """
     import onnx
@@ -89,19 +93,25 @@ def choose_equalization(
         return out, note, setup(out)
     # measured, not assumed: the naive all-INT8 model each way on the held-out data
     reference = analysis.run_model(float_model, evals)
-    ways = {
-        "plain": (float_model, BiasSetup()),
+    ways = {  # the cheapest accurate candidate first
         "bias_corrected": (float_model, setup(float_model)),
+        "plain": (float_model, BiasSetup()),
         "equalized": (out, setup(out)),
     }
     scores = {}
     for name, (model, bias) in ways.items():
-        (tmp / f"eq_{name}").mkdir(exist_ok=True)
-        q = Quantizer(model, tmp / f"eq_{name}", flavour, method=p.calib_method, per_channel=p.per_channel)
+        # plain and bias-corrected share the float model, so its one calibration (tmp / "eq_float")
+        folder = tmp / ("eq_float" if model == float_model else f"eq_{name}")
+        folder.mkdir(exist_ok=True)
+        q = Quantizer(model, folder, flavour, method=p.calib_method, per_channel=p.per_channel)
         bias.configure(q)
         m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
         bias.shifts, bias.shifts_for = q.output_shifts, q.output_shifts_for  # the final naive try reuses them
+        bias.calibrated = folder
         scores[name] = analysis.accuracy(reference, analysis.run_model(m, evals), classes)["score"]
+        if name == "bias_corrected" and target is not None and scores[name] >= target:
+            note["why"] = f"{why}; bias correction alone met the target ({scores[name]:.4f} >= {target}): kept"
+            break
     note["measured"] = scores
     best = max(scores, key=lambda k: (scores[k], k == "plain"))  # ties: the unmodified model
     note["chosen"] = best

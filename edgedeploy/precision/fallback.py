@@ -17,6 +17,7 @@ Domain layer: imports the precision package's quantizer and analysis only.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class FallbackResult:
     candidates: int = 0  # nodes the naive model quantized (beyond keep_fp32)
     # how the shipped float set was chosen among passing ones (rule, and each passing family's timing)
     choice: dict[str, Any] = field(default_factory=dict)
+    stop: str = ""  # why the search stopped where it did
 
 
 def layer_sensitivity(
@@ -95,6 +97,8 @@ def quantize_with_fallback(
     groups: Sequence[int] | None = None,
     timer: Timer | None = None,
     on_try: Callable[[dict[str, Any], Path], None] | None = None,
+    deadline: float | None = None,
+    budget_name: str = "precision.time_budget_s",
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -117,7 +121,9 @@ def quantize_with_fallback(
     weight rounding choice's), scored as try 0 instead of quantizing it again. ``reference``: the float model's
     outputs on the scored batches, when the caller already ran it (else run here). ``groups``: batches per
     independent source in ``eval_batches`` (:func:`edgedeploy.precision.analysis.accuracy`). Latency of the
-    naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given.
+    naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given. ``deadline``
+    (``time.monotonic()`` seconds): no new try starts after it (``budget_name`` names the setting in the
+    stop reason). The result's ``stop`` says why the search ended where it did.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -157,7 +163,19 @@ def quantize_with_fallback(
     met, naive = attempt(0, pinned, done=first_try)
     chosen, excluded, sensitivity = naive, dict(pinned), []
     choice: dict[str, Any] = {}
-    if not met and max_tries > 0:
+    stop = "the all-INT8 candidate met the target: nothing to search" if met else ""
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    def budget_left() -> bool:
+        return len(tries) <= max_tries and not out_of_time()
+
+    if not met and max_tries == 0:
+        stop = "precision.max_fallback_tries = 0: no float fallback tried"
+    elif not met and out_of_time():
+        stop = f"{budget_name} spent before the fallback search (the first candidate misses the target)"
+    if not met and max_tries > 0 and not out_of_time():
         import onnx
 
         candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
@@ -168,7 +186,7 @@ def quantize_with_fallback(
         )
         calib_ref = analysis.run_model(q.float_model, batches[:4])
         sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
-        search = _FamilySearch(attempt, pinned, sensitivity, candidates, lambda: len(tries) <= max_tries)
+        search = _FamilySearch(attempt, pinned, sensitivity, candidates, budget_left)
         won = search.grow_both()
         if won is not None:
             search.bisect(won)
@@ -178,9 +196,24 @@ def quantize_with_fallback(
                 search.bisect("prefix")
             family, k, choice = search.choose(won, timer)
             chosen, excluded = search.models[(family, k)], search.float_set(family, k)
+            gap = search.passed[won] - search.failed[won]
+            stop = (
+                f"smallest passing float set found ({won}: {search.passed[won]} float, {search.failed[won]} failed)"
+                if gap <= 1
+                else f"a passing float set found; bisection cut short by the budget ({_budget_word(out_of_time())})"
+            )
         elif search.models:  # nothing met the target: report the largest try of the sensitivity family
             key = max(search.models, key=lambda fk: (fk[1], fk[0] == "sensitivity"))
             chosen, excluded = search.models[key], search.float_set(*key)
+        if won is None:
+            stop = (
+                f"{budget_name} spent after {len(tries) - 1} fallback tries"
+                if out_of_time()
+                else f"precision.max_fallback_tries = {max_tries} spent"
+                if len(tries) > max_tries
+                else f"every measured node float ({len(candidates)}) still misses: more tries cannot pass"
+            )
+        say(f"INT8 fallback search stopped: {stop}")
     final = next((t for t in tries if set(t["excluded"]) == set(excluded)), tries[-1])
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
@@ -205,6 +238,7 @@ def quantize_with_fallback(
         final=final,
         candidates=len(sensitivity),
         choice=choice,
+        stop=stop,
     )
 
 
@@ -305,6 +339,10 @@ class _FamilySearch:
             "faster (measured side by side, one thread)"
         )
         return pick[0], pick[1], {"rule": why, "family": pick[0], "float_nodes": pick[1], "measured": rows}
+
+
+def _budget_word(out_of_time: bool) -> str:
+    return "time" if out_of_time else "tries"
 
 
 def _try_line(row: dict[str, Any]) -> str:

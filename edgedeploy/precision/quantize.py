@@ -42,11 +42,21 @@ class QdqFlavour:
     why: str
     reduce_range: bool = False
     host_cpu_kernels: bool = False
+    # Q/DQ placed for TensorRT's fusions (precision/qdq_placement.py): pooling and head float, no pair on
+    # conv->activation edges, only the skip input of a residual Add quantized
+    tensorrt_placement: bool = False
 
 
 QDQ_FLAVOURS: dict[str, QdqFlavour] = {
     "tensorrt": QdqFlavour(
-        "S8S8", "QInt8", "QInt8", True, False, "TensorRT reads symmetric signed INT8 Q/DQ (zero point 0), float bias"
+        "S8S8",
+        "QInt8",
+        "QInt8",
+        True,
+        False,
+        "TensorRT reads symmetric signed INT8 Q/DQ (zero point 0), float bias; Q/DQ placed for "
+        "its conv+activation and conv+residual-add fusions",
+        tensorrt_placement=True,
     ),
     "onnxruntime": QdqFlavour(
         "U8S8",
@@ -166,10 +176,18 @@ class Quantizer:
     # learned weight rounding (precision/adaround.py): integer codes written over ORT's nearest rounding
     weight_codes: Any = None  # adaround.RoundingResult
     float_outputs: bool = True  # graph outputs written in float by the last layer (precision/float_outputs.py)
+    placement: dict[str, Any] = field(default_factory=dict)  # what the TensorRT placement changed (last model)
     _ranges_json: Path = field(init=False)
+    _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._ranges_json = self.workdir / "ort_ranges.json"
+
+    def adopt_ranges(self, workdir: Path) -> None:
+        """Reuse the ranges another quantizer of the same float model and batches chose (in ``workdir``): one
+        calibration, not two."""
+        if not self._ranges_json.is_file() and (workdir / self._ranges_json.name).is_file():
+            shutil.copyfile(workdir / self._ranges_json.name, self._ranges_json)
 
     def calibrate(self, batches: Sequence[dict[str, np.ndarray]]) -> None:
         """Observe every tensor on ``batches`` and store the ranges ``method`` picks (once; later calls reuse them).
@@ -207,6 +225,8 @@ class Quantizer:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
         self.calibrate(batches)
+        if self.flavour.tensorrt_placement and only is None:
+            exclude = [*exclude, *(n for n in self.float_for_runtime() if n not in exclude)]
         reduce_range = self.flavour.reduce_range if self.reduce_range is None else self.reduce_range
         extra = {
             "ActivationSymmetric": self.flavour.activation_symmetric,
@@ -230,6 +250,10 @@ class Quantizer:
                 calibration_cache_path=str(self._ranges_json),
             )
         bypass_qdq_into_float_nodes(out, self.float_model)
+        if self.flavour.tensorrt_placement:  # before the corrections below: they measure the placed graph
+            from edgedeploy.precision.qdq_placement import place_for_tensorrt
+
+            self.placement = place_for_tensorrt(out, self.float_for_runtime()).to_dict()
         if self.float_outputs:  # a classifier's near-tie logits would otherwise share one INT8 code
             from edgedeploy.precision.float_outputs import float_graph_outputs
 
@@ -255,6 +279,19 @@ class Quantizer:
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
         return out
+
+    def float_for_runtime(self) -> dict[str, str]:
+        """Nodes the runtime runs float whatever the accuracy (TensorRT: global pooling, classifier head)."""
+        if not self.flavour.tensorrt_placement:
+            return {}
+        if self._float_for_runtime is None:
+            import onnx
+
+            from edgedeploy.precision.qdq_placement import float_nodes_for_tensorrt
+
+            model = onnx.load(str(self.float_model), load_external_data=False)
+            self._float_for_runtime = float_nodes_for_tensorrt(model)
+        return self._float_for_runtime
 
     def ranges(self) -> dict[str, tuple[float, float]]:
         """Tensor name -> (lo, hi) activation range from the calibration (after :meth:`quantize` ran once)."""

@@ -32,6 +32,9 @@ class BuildContext:
     log: Any = None  # callable(str) for progress lines
     on_status: Any = None  # callable(str): the live status of the running stage (a terminal's live line)
     factory: Any = None  # the model factory, when the runner already loaded it
+    factory_loader: Any = None  # callable() -> factory, for the first stage that needs the model (cached builds)
+    # eager PyTorch outputs at the shape probes (feeds, outputs), from the first stage that ran them this build
+    probe_outputs: Any = None
     _model: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
 
@@ -105,6 +108,8 @@ class BuildContext:
 
             # a Hugging Face folder's weights are loaded by its factory (from_pretrained), not as a state dict
             checkpoint = None if self.cfg.model.hf else self.external.get("checkpoint")
+            if self.factory is None and self.factory_loader is not None:
+                self.factory = self.factory_loader()
             model = load_model(self.cfg, checkpoint, self.factory)
             dry_forward(model, self.cfg)  # the input spec fits forward(), before any stage traces or runs it
             self._model = model

@@ -21,7 +21,14 @@ from edgedeploy.errors import StageError
 from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_order, save_artifact
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
-from edgedeploy.onnxtools.shapes import compare_shapes, example_dims, export_dynamic_shapes, probe_feeds, probe_points
+from edgedeploy.onnxtools.shapes import (
+    PROBE_SEED,
+    compare_shapes,
+    example_dims,
+    export_dynamic_shapes,
+    probe_feeds,
+    probe_points,
+)
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
 
 if TYPE_CHECKING:
@@ -62,9 +69,10 @@ class TorchScriptFromModel(Stage):
         mode = cfg.export.capture
         rng = np.random.default_rng(cfg.validate.seed + 1)
         example = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), rng))
-        points = probe_points(cfg, seed=cfg.validate.seed + 1)
-        feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + 1)
+        points = probe_points(cfg, seed=cfg.validate.seed + PROBE_SEED)
+        feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + PROBE_SEED)
         eager = [_run_with(cfg, model)(f) for f in feeds]
+        ctx.probe_outputs = (feeds, eager)  # the export stage probes the same points: one eager pass each
         order = route_order(mode)
         tried: list[dict[str, str]] = []
         for route in order:

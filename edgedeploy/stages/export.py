@@ -29,6 +29,7 @@ from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_val
 from edgedeploy.onnxtools.export import (
     EXTERNAL_DATA_THRESHOLD,
     ExportFailed,
+    cheapest_first,
     check_onnx,
     choose_opset,
     export_proto,
@@ -42,6 +43,7 @@ from edgedeploy.onnxtools.outputs import (
     rename_outputs,
 )
 from edgedeploy.onnxtools.shapes import (
+    PROBE_SEED,
     compare_shapes,
     example_dims,
     output_axes,
@@ -65,18 +67,28 @@ def weights_bytes(ctx: BuildContext) -> int:
 
 class OnnxFromTorch(Stage):
     name = names.EXPORT
-    version = "2"
+    version = "3"  # 3: auto puts the TorchScript exporter first where the trace capture proved tracing safe
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
         self.external_data_threshold = external_data_threshold
+        self._decided: dict[str, bool] = {}  # staging folder -> external data, decided by run() (no checkpoint)
 
     def uses_external_data(self, ctx: BuildContext) -> bool:
-        """Weights go to ``model.onnx.data`` when they exceed the threshold (decided before the run)."""
+        """Weights go to ``model.onnx.data`` when they exceed the threshold (builds the model without a
+        checkpoint: its weights are the factory's)."""
         return weights_bytes(ctx) > self.external_data_threshold
 
+    def _known_external(self, ctx: BuildContext) -> bool | None:
+        """Whether the weights go to external data, where known without building the model (a checkpoint's
+        size; or what this build's run decided); None before the run of a model without a checkpoint. A cached
+        build then never builds the model (nor imports torch): its files are the model code's, in the key."""
+        if "checkpoint" in ctx.external:
+            return self.uses_external_data(ctx)
+        return self._decided.get(str(ctx.staging))
+
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (ONNX_MODEL, ONNX_DATA) if self.uses_external_data(ctx) else (ONNX_MODEL,)
+        return (ONNX_MODEL, ONNX_DATA) if self._known_external(ctx) else (ONNX_MODEL,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
         return model_inputs(ctx)
@@ -89,17 +101,17 @@ class OnnxFromTorch(Stage):
             "dims": c["dims"],
             "outputs": c["outputs"],
             "export": c["export"],
-            "exporters": exporter_order(ctx.cfg, ctx.target),
+            "exporters": _order(ctx)[0],
             "opset": {e: choose_opset(ctx.cfg, ctx.target, e) for e in exporter_order(ctx.cfg, ctx.target)},
-            "external_data": self.uses_external_data(ctx),
+            "external_data": self.uses_external_data(ctx) if "checkpoint" in ctx.external else "model code",
         }
 
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         model = ctx.model()
-        order = exporter_order(cfg, ctx.target)
+        order, why = _order(ctx)
         args = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), np.random.default_rng(cfg.validate.seed + 2)))
-        probe = _Probe(cfg, model)
+        probe = _Probe(cfg, model, ctx.probe_outputs)
         errors: list[str] = []
         frozen: list[TracerFinding] = []  # TracerWarnings at the user's own lines, while an exporter traced
         # exporters see placeholder output names: a user name such as 'embedding' may be an internal value's
@@ -115,10 +127,11 @@ class OnnxFromTorch(Stage):
                     proto = export_proto(exporter, model, args, temp, opset, temp_axes)
                 frozen += [f for f in traced.user if f not in frozen]
                 metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
+                metrics["exporter_order_why"] = why
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
-                why = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
-                errors.append(f"{exporter}: {why}")
+                reason = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
+                errors.append(f"{exporter}: {reason}")
                 continue
             if errors:
                 warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
@@ -170,7 +183,7 @@ class OnnxFromTorch(Stage):
             tmp.unlink(missing_ok=True)
             Path(str(tmp) + ".data").unlink(missing_ok=True)
 
-        external = self.uses_external_data(ctx)
+        external = self._decided[str(ctx.staging)] = self.uses_external_data(ctx)
         simplify: dict[str, Any] = {"status": "off"}
         if cfg.export.simplify:
             from edgedeploy.onnxtools.simplify import simplify_checked
@@ -252,16 +265,37 @@ def _dims_named(errors: list[str]) -> list[str]:
     return list(dict.fromkeys(named))
 
 
-class _Probe:
-    """Probe points (min / opt / max / random per dynamic dim), their inputs and the eager outputs there."""
+def _order(ctx: BuildContext) -> tuple[list[str], str]:
+    """The exporters to try and why that order (``export.exporter = "auto"``: cheapest proven first)."""
+    order = exporter_order(ctx.cfg, ctx.target)
+    if ctx.cfg.export.exporter != "auto":
+        return order, "export.exporter"
+    return cheapest_first(order, ctx.metrics.get("capture"))
 
-    def __init__(self, cfg: DeployConfig, model: Any) -> None:
+
+class _Probe:
+    """Probe points (min / opt / max / random per dynamic dim), their inputs and the eager outputs there.
+
+    The points and inputs are the capture stage's; where it ran in this build (``known``: its feeds and eager
+    outputs), its outputs are reused after checking the feeds are the same arrays: one eager pass per point.
+    """
+
+    def __init__(self, cfg: DeployConfig, model: Any, known: Any = None) -> None:
         import torch
 
-        self.points = probe_points(cfg, seed=cfg.validate.seed + 3)
-        self.feeds = probe_feeds(cfg, self.points, seed=cfg.validate.seed + 3)
+        self.points = probe_points(cfg, seed=cfg.validate.seed + PROBE_SEED)
+        self.feeds = probe_feeds(cfg, self.points, seed=cfg.validate.seed + PROBE_SEED)
+        if known is not None and _same_feeds(known[0], self.feeds):
+            self.references = list(known[1])
+            return
         with torch.inference_mode():
             self.references = [outputs_as_numpy(cfg, model(*torch_args(cfg, f))) for f in self.feeds]
+
+
+def _same_feeds(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
 
 
 def _set_metadata(proto: Any, ctx: BuildContext, *, exporter: str = "") -> None:

@@ -47,7 +47,8 @@ class PrecisionFromOnnx(Stage):
     # 7: the goldens' pooled top-1 within one standard error; cpu: the faster of both families' passing sets
     # 8: calibration_range per input; each fallback try timed (p50_ms, in the report only)
     # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
-    version = "9"
+    # 10: Q/DQ placed for TensorRT's fusions; equalization scores bias correction first; precision.time_budget_s
+    version = "10"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -226,6 +227,10 @@ def _int8(
     )
 
     cfg, target = ctx.cfg, ctx.target
+    import time
+
+    budget = cfg.precision.time_budget_s  # the whole CNN INT8 search, from here
+    deadline = time.monotonic() + budget if budget is not None else None
     float_model = preprocess(ctx.path(ONNX_MODEL), tmp / "float.onnx")
     float_proto = onnx.load(str(float_model))
     method, method_why = calib_method_for(
@@ -262,8 +267,11 @@ def _int8(
     from edgedeploy.precision.equalize_choice import choose_equalization
 
     float_model, equalized, bias = choose_equalization(
-        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs
-    )
+        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs,
+        target=accuracy_target,
+    )  # fmt: skip
+    if bias.calibrated is not None:  # the equalization choice calibrated this very model on these batches
+        Quantizer(float_model, tmp, flavour, method=p.calib_method).adopt_ranges(bias.calibrated)
     choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     reduce_range, rr_scores = choices[0], {}
@@ -330,6 +338,7 @@ def _int8(
         groups=groups or None,
         timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels else None,
         on_try=progress,
+        deadline=deadline,
     )
     if ctx.log:
         ctx.log(f"  {progress.summary(result.final)}")
@@ -345,11 +354,14 @@ def _int8(
             for t in result.tries
         )
         all_float = bool(result.sensitivity) and result.final.get("float_nodes", 0) >= len(result.sensitivity)
+        hint = _int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float)
+        if "time_budget_s" in result.stop:
+            hint = f"raise precision.time_budget_s (now {budget}) or drop it: the search stopped on time"
         raise StageError(
             "precision",
             f"INT8 misses {_target_text(ctx, accuracy_target)} on held-out data after "
-            f"{len(result.tries) - 1} fallback tries ({table})",
-            hint=_int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float) + resolution,
+            f"{len(result.tries) - 1} fallback tries ({table}; stopped: {result.stop})",
+            hint=hint + resolution,
         )
     recurrent: dict[str, Any] = {"status": "skipped", "why": f"{target.runtime}: no INT8 LSTM kernel used here"}
     if flavour.host_cpu_kernels:  # ONNX Runtime's DynamicQuantizeLSTM: projections INT8, gates float
@@ -402,9 +414,18 @@ def _int8(
         "fallback_tries": result.tries,
         "fallback_choice": result.choice,
         "recurrent_int8": recurrent,
+        "fallback_stop": result.stop,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }
+    if flavour.tensorrt_placement:  # what TensorRT's fusions see (precision/qdq_placement.py), checked on the file
+        from edgedeploy.precision.qdq_placement import placement_findings
+
+        final = onnx.load(str(ctx.staging / deploy_model_name("int8")), load_external_data=False)
+        plan["qdq_placement"] = {
+            "float_for_tensorrt": sorted(q.float_for_runtime()),
+            "breaks": {k: len(v) for k, v in placement_findings(final).items()},
+        }
     if target.implicit_int8:
         # sorted: the calibrator's ranges come in a different order each run; TensorRT reads the cache as a map
         scales = dict(sorted(scales_from_ranges(q.ranges()).items()))

@@ -13,7 +13,9 @@ All failures are collected, then reported in one ParityError.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +43,6 @@ from edgedeploy.validate.runners import (
     discover_backends,
     make_runner,
     quiet_polygraphy,
-    run_feeds,
     short_error,
     tensorrt_available,
 )
@@ -162,13 +163,18 @@ class ParityFromGoldens(Stage):
             "checks": [],
         }
         runner = make_runner(backend, ctx.staging, cfg)
-        try:
-            outputs = run_feeds(runner, [pair["in"] for _, _, pair in samples])
-        except DeployError:
-            raise
-        except Exception as exc:  # the backend cannot load or run the model: a failed candidate, reported with the rest
-            cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
-            return cand, None
+        with quiet_polygraphy():
+            try:
+                runner.activate()  # loaded once for every check and the latency below (each input run once)
+                # copies: a runner may reuse its output buffers between calls (polygraphy's TrtRunner)
+                outputs = [{k: np.array(v) for k, v in runner.infer(pair["in"]).items()} for _, _, pair in samples]
+            except DeployError:
+                _deactivate(runner)
+                raise
+            except Exception as exc:  # the backend cannot load or run the model: a failed candidate, reported
+                _deactivate(runner)
+                cand.update(status="failed", failure=["cannot run"], reason=f"cannot run: {short_error(exc)}")
+                return cand, None
         hist = {name: empty_histogram() for name in cfg.outputs}
         for (_, _, pair), got in zip(samples, outputs):
             for out_name in cfg.outputs:
@@ -194,7 +200,7 @@ class ParityFromGoldens(Stage):
             )
         cand["histograms"] = hist
         lat = None
-        with quiet_polygraphy(), runner:
+        with quiet_polygraphy(), _active(runner):
             repeated = repeated_row_batch(cfg, opt_feeds)
             if repeated is None:
                 cand["batch_consistency"] = "skipped: no dynamic batch dim with max > 1"
@@ -261,3 +267,17 @@ class ParityFromGoldens(Stage):
             failures=rows or failed,
             hint="see report.html / report.json; loosen [tolerance.<precision>] only if intended",
         )
+
+
+def _deactivate(runner: Any) -> None:
+    if getattr(runner, "is_active", False):
+        runner.deactivate()
+
+
+@contextlib.contextmanager
+def _active(runner: Any) -> Iterator[Any]:
+    """The already active ``runner``, deactivated on the way out."""
+    try:
+        yield runner
+    finally:
+        _deactivate(runner)

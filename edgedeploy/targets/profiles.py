@@ -18,6 +18,7 @@ from typing import Literal
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 from edgedeploy.schema import read_toml
 
+IMPLICIT_INT8_DEPRECATED = (10, 1)  # TensorRT release notes 10.1: implicit quantization deprecated
 Runtime = str  # a registered runtime (edgedeploy.runtimes): onnxruntime, tensorrt, or one a plugin adds
 
 
@@ -42,7 +43,9 @@ class TargetProfile:
         memory_mib: device memory (shared with the CPU on Jetson).
         device_python: Python version on the device (bundle scripts must run on it).
         jetpack: JetPack release ("" for non-Jetson).
-        implicit_int8: TensorRT still supports calibrator-based (implicit) INT8.
+        implicit_int8: calibrator-based (implicit) INT8 is built for this target: TensorRT 8.x only.
+            NVIDIA deprecated it in TensorRT 10.1 and removed it in 11; from 10.1 on INT8 is explicit
+            (a Q/DQ model) and no calibration cache is written (:attr:`explicit_int8_only`).
         strongly_typed_only: TensorRT has no builder precision flags (TRT >= 11).
     """
 
@@ -69,6 +72,17 @@ class TargetProfile:
         """TensorRT major version (0 for onnxruntime targets)."""
         head = self.trt_version.split(".")[0]
         return int(head) if head.isdigit() else 0
+
+    @property
+    def trt_release(self) -> tuple[int, int]:
+        """(major, minor) of the TensorRT version; (0, 0) for onnxruntime targets."""
+        parts = (self.trt_version.split(".") + ["0"])[:2]
+        return (int(parts[0]), int(parts[1])) if all(p.isdigit() for p in parts) else (0, 0)
+
+    @property
+    def explicit_int8_only(self) -> bool:
+        """TensorRT >= 10.1: implicit (calibrator) INT8 is deprecated there, so INT8 is Q/DQ only."""
+        return self.trt_release >= IMPLICIT_INT8_DEPRECATED
 
     @property
     def export_opset(self) -> int:
@@ -148,6 +162,11 @@ class TargetProfile:
             out.append(f"workspace_mib {self.workspace_mib} exceeds memory_mib {self.memory_mib}")
         if self.strongly_typed_only and self.implicit_int8:
             out.append("strongly_typed_only targets (TensorRT >= 11) have no implicit_int8")
+        elif self.implicit_int8 and self.explicit_int8_only:
+            out.append(
+                f"implicit_int8 is for TensorRT 8.x; TensorRT {self.trt_version} takes explicit Q/DQ INT8 only "
+                "(implicit INT8 is deprecated from 10.1): drop implicit_int8"
+            )
         return out
 
     def capabilities(self) -> dict[str, object]:
@@ -181,7 +200,7 @@ _DESKTOP = dataclasses.replace(
     max_opset=22,  # conservative: 10.9+ parses opset 22 (later 10.x go higher)
     workspace_mib=4096,
     device_python="3.12",  # the desktop image (NGC TensorRT 25.08, Ubuntu 24.04) runs the device step
-    implicit_int8=True,  # deprecated in 10.x (explicit Q/DQ preferred) but still available
+    implicit_int8=False,  # deprecated from TensorRT 10.1: explicit Q/DQ only
 )
 _DESKTOP_TRT11 = dataclasses.replace(
     _DESKTOP,
@@ -206,7 +225,7 @@ _JETSON_ORIN = dataclasses.replace(
     memory_mib=16384,  # Orin NX 16GB; AGX Orin has 32/64 GB
     workspace_mib=1024,
     device_python="3.10",
-    implicit_int8=True,
+    implicit_int8=False,  # TensorRT 10.3: explicit Q/DQ only (implicit INT8 deprecated from 10.1)
 )
 _JETSON_ORIN_NANO = dataclasses.replace(
     _JETSON_ORIN,

@@ -10,7 +10,8 @@ The plan decides the precision strategy from the target and the files the precis
 - ``fp16-flag``: ``model.onnx`` with the FP16 builder flag and FP32 pins (TensorRT 8.x);
 - ``int8-qdq``: explicit quantization, the Q/DQ model ``model.int8.onnx``;
 - ``int8-calib-cache``: implicit INT8, ``model.onnx`` with the INT8 flag and ``calib.cache``
-  (TensorRT <= 10 only).
+  (TensorRT 8.x only: NVIDIA deprecated implicit INT8 in 10.1 and removed it in 11, so targets from
+  10.1 on take the Q/DQ model or nothing, and a Q/DQ model they cannot read fails with the reason).
 
 Nothing is ever downgraded: when no route exists the plan raises and names what is missing.
 """
@@ -266,7 +267,8 @@ def make_plan(
             elif is_qdq:
                 strategy, onnx_name, typed = "int8-qdq", ONNX_INT8, target.strongly_typed_only
                 notes.append("explicit INT8 from the Q/DQ model")
-        if not strategy and CALIB_CACHE in files and target.implicit_int8:
+        implicit = target.implicit_int8 and not target.explicit_int8_only
+        if not strategy and CALIB_CACHE in files and implicit:
             strategy, onnx_name, typed, calib = "int8-calib-cache", ONNX_FP32, False, CALIB_CACHE
             pins = fp32_pins(precision_info, "kept_float")  # layers the sensitivity analysis kept in float
             output_pins = fp32_pins(precision_info, "kept_float", output_type_only=True)
@@ -275,16 +277,22 @@ def make_plan(
             if qdq_refusal:
                 notes.append(f"the Q/DQ model was not used: {qdq_refusal}")
         if not strategy and qdq_refusal:
+            only = "" if implicit else f" (TensorRT {target.trt_version} takes explicit Q/DQ INT8 only)"
             raise StageError(
                 "build",
-                qdq_refusal,
+                qdq_refusal + only,
                 hint="quantize for TensorRT: symmetric int8 activations and weights (zero point 0), float biases",
             )
         if not strategy:
-            need = f"a symmetric Q/DQ {ONNX_INT8}" + ("" if not target.implicit_int8 else f" or {CALIB_CACHE}")
+            need = f"a symmetric Q/DQ {ONNX_INT8}" + ("" if not implicit else f" or {CALIB_CACHE}")
+            unused = ""
+            if not implicit and CALIB_CACHE in files:
+                unused = f" ({CALIB_CACHE} is not used: TensorRT {target.trt_version} has no implicit INT8 route)"
             raise StageError(
                 "build",
-                f"INT8 for target '{target.name}' needs {need}; the precision stage wrote neither",
+                f"INT8 for target '{target.name}' needs {need}; the precision stage wrote "
+                + ("neither" if implicit else "none")
+                + unused,
                 hint="give calibration data (--calib) so the precision stage can quantize",
             )
     return BuildPlan(

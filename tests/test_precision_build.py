@@ -100,13 +100,16 @@ OUTLIER_MODEL = textwrap.dedent(
 )
 
 
-def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path) -> None:
+def outlier_int8_project(root: Path, validate: str = "", sections: str = "") -> Path:
+    """A project under ``root``: the outlier CNN (one huge input channel: naive INT8 misses 0.99 top-1 agreement,
+    so the fallback search runs), its checkpoint, a photo folder and an INT8 cpu deploy.toml. ``validate`` adds
+    lines to ``[validate]``, ``sections`` whole sections before ``[build]``. Returns the project folder."""
     import torch
     from safetensors.torch import save_file
 
-    proj = tmp_path / "outlier"
+    proj = root / "outlier"
     proj.mkdir()
-    mod = f"outlier_{tmp_path.name.replace('-', '_')}"
+    mod = f"outlier_{root.name.replace('-', '_')}"
     (proj / f"{mod}.py").write_text(OUTLIER_MODEL)
     ns: dict = {}
     exec(compile(OUTLIER_MODEL, "outlier.py", "exec"), ns)  # the test's own model source
@@ -115,7 +118,7 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
     with torch.no_grad():
         net.c2.weight[:, 0] *= 1e-3  # the huge channel and the small ones contribute alike
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(proj / "w.safetensors"))
-    calib = photo_folder(tmp_path / "photos", count=24, size=40)
+    calib = photo_folder(root / "photos", count=24, size=40)
     (proj / "deploy.toml").write_text(
         textwrap.dedent(
             f"""
@@ -140,13 +143,18 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
             float_when_faster = false  # the fallback search is under test, not the speed probe
             [validate]
             samples = 1
-            latency_iters = 2
             latency_warmup = 1
-            [build]
-            out = "out"
             """
         )
+        + validate
+        + sections
+        + '\n[build]\nout = "out"\n'
     )
+    return proj
+
+
+def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path) -> None:
+    proj = outlier_int8_project(tmp_path, validate="latency_iters = 2\n")
     lines: list[str] = []
     result = edgedeploy.build(proj / "deploy.toml", log=lines.append)
     assert result.ok

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_calib_data import photo_folder
-from test_precision_build import OUTLIER_MODEL
+from test_precision_build import outlier_int8_project
 
 import edgedeploy
 from edgedeploy.pipeline.report import results_table
@@ -30,55 +29,11 @@ pytestmark = pytest.mark.xdist_group("test_report_html")
 def int8_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """An INT8 cpu build whose naive model misses the target (so the search tries), then the same build again
     (every stage restored from the cache)."""
-    import torch
-    from safetensors.torch import save_file
-
     root = tmp_path_factory.mktemp("int8report")
-    proj = root / "proj"
-    proj.mkdir()
-    mod = f"outlier_{root.name.replace('-', '_')}"
-    (proj / f"{mod}.py").write_text(OUTLIER_MODEL)
-    ns: dict[str, Any] = {}
-    exec(compile(OUTLIER_MODEL, "outlier.py", "exec"), ns)  # the test's own model source
-    torch.manual_seed(0)
-    net = ns["build"]()
-    with torch.no_grad():
-        net.c2.weight[:, 0] *= 1e-3
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(proj / "w.safetensors"))
-    calib = photo_folder(root / "photos", count=24, size=40)
-    (proj / "deploy.toml").write_text(
-        textwrap.dedent(
-            f"""
-            outputs = ["logits"]
-            [model]
-            factory = "{mod}:build"
-            checkpoint = "w.safetensors"
-            normalization = {{ mean = [0.5, 0.5, 0.5], std = [0.5, 0.5, 0.5] }}
-            [[inputs]]
-            name = "image"
-            shape = ["batch", 3, 16, 16]
-            range = [-1.0, 1.0]
-            [dims.batch]
-            min = 1
-            opt = 4
-            max = 4
-            [precision]
-            mode = "int8"
-            calib = "{calib}"
-            calib_samples = 24
-            accuracy_target = 0.99
-            float_when_faster = false
-            [validate]
-            samples = 1
-            latency_iters = 5
-            latency_warmup = 1
-            classifier_outputs = ["logits"]
-            [export]
-            exporter = "torchscript"
-            [build]
-            out = "out"
-            """
-        )
+    proj = outlier_int8_project(
+        root,
+        validate='latency_iters = 5\nclassifier_outputs = ["logits"]\n',
+        sections='[export]\nexporter = "torchscript"\n',
     )
     first = edgedeploy.build(proj / "deploy.toml", log=lambda _: None)
     first_html = (first.out / "report.html").read_text()

@@ -117,6 +117,20 @@ def _seed_large_floats(cfg: DeployConfig, feeds: Feeds, seed: list[int]) -> Feed
     return gens
 
 
+def goldens_config_key(cfg: DeployConfig) -> dict[str, Any]:
+    """Every config field goldens.npz depends on (the reference stages' cache key), whatever computes them."""
+    d = cfg.to_dict()
+    return {
+        "model": d["model"],
+        "inputs": d["inputs"],
+        "dims": d["dims"],
+        "outputs": list(cfg.outputs),
+        "validate": [cfg.validate.samples, cfg.validate.seed, cfg.validate.data, cfg.validate.goldens_budget_mb],
+        "calibration": calibration_key(cfg),
+        "heldout_calibration": heldout_key(cfg),
+    }
+
+
 def check_finite(arrays: Feeds, stage: str, reference: str) -> None:
     """Raises:
     StageError: the reference (``reference``: "PyTorch model") produced NaN/Inf in some output.

@@ -14,7 +14,7 @@ import numpy as np
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIB_CODE, CHECKPOINT, GOLDENS, VALIDATION_DATA
 from edgedeploy.onnxtools.ort import ort_session
-from edgedeploy.precision.golden_feeds import budget_bytes, calibration_key, check_finite, golden_arrays, heldout_key
+from edgedeploy.precision.golden_feeds import budget_bytes, check_finite, golden_arrays, goldens_config_key
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
 
 # what the parity stage names as the reference of a build from an ONNX model
@@ -30,16 +30,7 @@ class GoldensFromOnnx(Stage):
         return (CHECKPOINT,) + tuple(n for n in (VALIDATION_DATA, CALIB_CODE) if ctx.has_input(n))
 
     def config_key(self, ctx: BuildContext) -> Any:
-        c = ctx.cfg
-        return {
-            "model": c.to_dict()["model"],
-            "inputs": c.to_dict()["inputs"],
-            "dims": c.to_dict()["dims"],
-            "outputs": list(c.outputs),
-            "validate": [c.validate.samples, c.validate.seed, c.validate.data, c.validate.goldens_budget_mb],
-            "calibration": calibration_key(c),
-            "heldout_calibration": heldout_key(c),
-        }
+        return goldens_config_key(ctx.cfg)
 
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg

@@ -33,6 +33,30 @@ def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype[
     return tuple(int(d) for d in shape), bool(fortran), dtype
 
 
+def array_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each array in a .npz (``arr_0`` for a .npy), from the headers alone: no data is read.
+
+    Raises:
+        InputError: the file is not a NumPy array file.
+    """
+    try:
+        if path.suffix.lower() == ".npy":
+            with path.open("rb") as single:
+                return {"arr_0": _header(single, str(path))[0]}
+        with zipfile.ZipFile(path) as archive:
+            out = {}
+            for member in archive.namelist():
+                if member.endswith(".npy"):
+                    with archive.open(member) as stream:
+                        out[member[: -len(".npy")]] = _header(stream, f"{path}:{member}")[0]
+            return out
+    except (OSError, zipfile.BadZipFile, InputError) as exc:
+        detail = exc.message if isinstance(exc, InputError) else str(exc)
+        raise InputError(
+            f"{path} is not a NumPy array file ({detail})", hint="save it with numpy.save / numpy.savez"
+        ) from None
+
+
 def read_rows(
     fh: IO[bytes], *, stored: int | None, limit: int | None, row_bound: int, where: str
 ) -> tuple[np.ndarray, int]:

@@ -7,7 +7,7 @@ without importing torch or loading the model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgedeploy.errors import InputError
 
@@ -72,32 +72,9 @@ def array_headers(path: Path) -> dict[str, _Header]:
     Raises:
         InputError: the file is not a NumPy array file.
     """
-    import zipfile
+    from edgedeploy.fileio.arrays import array_shapes
 
-    import numpy as np
-
-    def header(stream: Any) -> _Header:
-        fmt = np.lib.format
-        version = fmt.read_magic(stream)
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, _, _ = read(stream)
-        return _Header(tuple(shape))
-
-    try:
-        if path.suffix.lower() == ".npy":
-            with path.open("rb") as single:
-                return {"arr_0": header(single)}
-        with zipfile.ZipFile(path) as archive:
-            out = {}
-            for member in archive.namelist():
-                if member.endswith(".npy"):
-                    with archive.open(member) as stream:
-                        out[member[: -len(".npy")]] = header(stream)
-            return out
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise InputError(
-            f"{path} is not a NumPy array file ({exc})", hint="save it with numpy.save / numpy.savez"
-        ) from None
+    return {name: _Header(shape) for name, shape in array_shapes(path).items()}
 
 
 def _check_array_names(cfg: DeployConfig, key: str, path: Path) -> None:

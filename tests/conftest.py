@@ -111,13 +111,18 @@ def write_tiny_project(folder: Path, *, seed: int = 0, toml: str = TINY_TOML) ->
     return cfg
 
 
-@pytest.fixture
-def tiny_project(tmp_path: Path) -> Path:
-    """Path of a deploy.toml for a tiny CNN with a real safetensors checkpoint (module name unique per test)."""
+def write_unique_tiny_project(folder: Path) -> Path:
+    """:func:`write_tiny_project` with a module name of its own (one process imports each project's model afresh);
+    returns the config path."""
     import uuid
 
     name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    folder = tmp_path / "proj"
     cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
     (folder / "tinynet.py").rename(folder / f"{name}.py")
     return cfg
+
+
+@pytest.fixture
+def tiny_project(tmp_path: Path) -> Path:
+    """Path of a deploy.toml for a tiny CNN with a real safetensors checkpoint (module name unique per test)."""
+    return write_unique_tiny_project(tmp_path / "proj")

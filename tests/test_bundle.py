@@ -10,12 +10,11 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TOML, write_tiny_project
+from conftest import write_unique_tiny_project
 
 from edgedeploy.api import build
 from edgedeploy.cli import main
@@ -36,9 +35,7 @@ RUN_ISOLATED = (
 @pytest.fixture(scope="module")
 def orin_build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bundle-project")
-    name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
-    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    cfg = write_unique_tiny_project(folder)
     lines: list[str] = []
     result = build(cfg, log=lines.append, build__target="jetson-orin")
     return cfg, result, lines

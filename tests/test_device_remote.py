@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TOML, write_tiny_project
+from conftest import write_unique_tiny_project
 
 from edgedeploy.cli import main
 from edgedeploy.errors import (
@@ -127,9 +127,7 @@ def built(tmp_path_factory):
     from edgedeploy.api import build
 
     folder = tmp_path_factory.mktemp("device-project")
-    name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
-    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    cfg = write_unique_tiny_project(folder)
     outs = {}
     for target in ("jetson-orin", "desktop"):
         result = build(cfg, log=lambda line: None, build__target=target, build__out=str(folder / "out" / target))

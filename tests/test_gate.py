@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_TOML, write_tiny_project
+from conftest import write_unique_tiny_project
 
 from edgedeploy.cli import main
 from edgedeploy.fileio.hashing import sha256_file
@@ -23,9 +22,7 @@ pytestmark = pytest.mark.xdist_group("test_gate")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy.toml of a tiny project, built once into its 'out' folder (later builds hit the cache)."""
     folder = tmp_path_factory.mktemp("gate")
-    name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    path = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
-    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    path = write_unique_tiny_project(folder)
     assert main(["build", "--config", str(path)]) == 0
     return path
 

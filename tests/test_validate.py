@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY_TOML, write_tiny_project
+from conftest import write_unique_tiny_project
 
 from edgedeploy.errors import ArtifactIntegrityError, ParityError
 from edgedeploy.validate.parity import (
@@ -33,9 +32,7 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     from edgedeploy.pipeline.runner import run_build
 
     folder = tmp_path_factory.mktemp("tiny")
-    name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    path = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
-    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    path = write_unique_tiny_project(folder)
     cfg = load_config(path)
     return cfg, run_build(cfg, log=lambda _: None)
 

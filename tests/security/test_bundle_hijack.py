@@ -6,11 +6,10 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TOML, write_tiny_project
+from conftest import write_unique_tiny_project
 
 from edgedeploy.api import build
 from edgedeploy.cli import main
@@ -26,9 +25,7 @@ PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('pwned')\n"
 @pytest.fixture(scope="module")
 def built_bundle(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hijack-project")
-    name = f"tinynet_{uuid.uuid4().hex[:8]}"
-    cfg = write_tiny_project(folder, toml=TINY_TOML.replace("tinynet:build", f"{name}:build"))
-    (folder / "tinynet.py").rename(folder / f"{name}.py")
+    cfg = write_unique_tiny_project(folder)
     result = build(cfg, log=lambda _: None, build__target="jetson-orin")
     return result.out / "bundle"
 

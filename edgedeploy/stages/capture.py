@@ -137,7 +137,9 @@ class TorchScriptFromModel(Stage):
         """
         cfg = ctx.cfg
         try:
-            captured, runner, tw = capture_route(route, model, example, export_dynamic_shapes(cfg))
+            # only torch.export takes Dims (building them imports sympy: seconds, for trace and script nothing)
+            shapes = export_dynamic_shapes(cfg) if route == "export" else None
+            captured, runner, tw = capture_route(route, model, example, shapes)
         except Exception as exc:  # capture errors come from the user's model code
             raise StageError(
                 self.name,

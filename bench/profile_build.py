@@ -52,8 +52,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     doc: dict = {
-        "command": "PYTHONPATH=$PWD python bench/profile_build.py --json bench/profile_build.json "
-        + " ".join(args.names),
+        "command": "PYTHONPATH=$PWD python bench/profile_build.py " + " ".join(sys.argv[1:]),
         "cores": os.cpu_count(),
         "omp_wait_policy": policy,
         "rows": [],

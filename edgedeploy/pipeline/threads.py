@@ -4,8 +4,8 @@ PyTorch's CPU kernels run on an OpenMP pool whose threads, by default, spin at t
 region waiting for the others. A model of many small layers (EfficientNet's depthwise blocks: ~450 ops per
 forward) ends hundreds of regions per forward; on a machine whose cores other jobs also use, a spinning
 thread holds its core while the one it waits for is descheduled, and each forward costs seconds instead of
-tens of milliseconds (bench/README.md, "Where a cold build's time goes": 1-5 s against 0.05-0.1 s per
-EfficientNet-Lite0 forward at load 8 on 2 cores). Passive waiting costs a wake-up per region instead, which
+tens of milliseconds (bench/README.md, "Where a cold build's time goes": 0.6-5.2 s against 0.03-0.11 s per
+EfficientNet-Lite0 forward at batch 1, load 8, 2 cores). Passive waiting costs a wake-up per region instead, which
 is small beside a layer. The OpenMP runtime reads ``OMP_WAIT_POLICY`` once, when it is loaded (with torch),
 so it is set before the build imports torch, and only when the user has not chosen a policy.
 """

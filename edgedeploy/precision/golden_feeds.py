@@ -149,7 +149,7 @@ def check_finite(arrays: Feeds, stage: str, reference: str) -> None:
 
 def user_batches(cfg: DeployConfig) -> list[Feeds]:
     """Batches from ``validate.data`` (.npz with one array per input name, or .txt sentences with model.hf),
-    else one calibration batch; checked against the spec.
+    else calibration batches (:func:`calibration_samples`); checked against the spec.
 
     Raises:
         InputError: the file is unreadable or its arrays do not fit the input spec.

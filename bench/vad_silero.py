@@ -300,7 +300,10 @@ def main() -> int:
         whole = session(path).run(None, {"audio": audio[None]})[0][0]
         segs = segments(prob, held_start_s)
         int8_nodes = int8_compute_ops(path)
-        compute = [n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("Conv", "LSTM", "MatMul", "Gemm")]
+        nodes = onnx.load(str(path)).graph.node
+        compute = [n.name for n in nodes if n.op_type in ("Conv", "LSTM", "MatMul", "Gemm")]
+        # ONNX Runtime has no QDQ LSTM kernel: an LSTM reading DequantizeLinear outputs still runs in float
+        lstm_kernel = [n.op_type for n in nodes if "LSTM" in n.op_type]
         rows[name] = {
             "agreement_with_pytorch": float(((prob > 0.5) == (ref > 0.5)).mean()),
             "flipped_chunks": int(((prob > 0.5) != (ref > 0.5)).sum()),
@@ -315,6 +318,7 @@ def main() -> int:
             "size_bytes": path.stat().st_size,
             "int8_compute_nodes": int8_nodes,  # edgedeploy's own definition (precision.analysis.int8_compute_ops)
             "float_compute_nodes": [n for n in compute if n not in int8_nodes],
+            "lstm_kernel": lstm_kernel,
         }
     rows["pytorch_fp32"]["whole_file_agreement_with_rttm"] = float(((torch_whole > 0.5) == whole_truth).mean())
 

@@ -6,6 +6,9 @@ hand-written loop):
   and value ranges, dims, outputs, normalization, class names, metrics), inputs derived from an example batch;
 - ``X.calib.npz``: up to ``calib_samples`` inputs from ``data`` (for ``precision.calib``);
 - ``X.validate.npz``: held-out inputs from ``validation`` (for ``validate.data``), at most the batch max.
+
+The sidecar lists the two sample files (``deploy_data``) with their sha256 (``deploy_data_sha256``), so
+``deploy build --checkpoint FOLDER`` calibrates and judges on them without being told (``edgedeploy.sidecar``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import nn
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.train.checkpoint import checkpoint_metadata, save_checkpoint
 from edgedeploy.train.splits import outward_range
 
@@ -217,14 +221,15 @@ def export_for_deploy(
     held = collect_inputs(validation, names, bmax, by_name)
     specs = [_spec(n, inputs[n], [calib.get(n, np.zeros(0)), held.get(n, np.zeros(0))], model) for n in names]
     written: dict[str, str] = {}
+    hashes: dict[str, str] = {}
     stem = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if calib:
-        np.savez(stem.with_name(stem.name + ".calib.npz"), **calib)  # type: ignore[arg-type]
-        written["calib"] = stem.name + ".calib.npz"
-    if held:
-        np.savez(stem.with_name(stem.name + ".validate.npz"), **held)  # type: ignore[arg-type]
-        written["validate"] = stem.name + ".validate.npz"
+    for role, arrays in (("calib", calib), ("validate", held)):
+        if arrays:
+            name = f"{stem.name}.{role}.npz"
+            np.savez(path.parent / name, **arrays)  # type: ignore[arg-type]
+            written[role] = name
+            hashes[role] = sha256_file(path.parent / name)  # deploy build refuses a file changed since
     meta = checkpoint_metadata(
         factory=factory,
         factory_kwargs=dict(factory_kwargs or {}),
@@ -234,6 +239,6 @@ def export_for_deploy(
         normalization=normalization if normalization is not None else find_normalization(data),
         class_names=list(class_names) if class_names else find_class_names(model, data),
         metrics=metrics,
-        extra={"trainer": trainer, "deploy_data": written, **(extra or {})},
+        extra={"trainer": trainer, "deploy_data": written, "deploy_data_sha256": hashes, **(extra or {})},
     )
     return save_checkpoint(path, model, meta, weights=weights)

@@ -386,8 +386,8 @@ def _sidecar_factory_origin(factory: str, model: dict[str, Any], base_dir: Path,
         raise ConfigError(
             f"{meta_path}: names model factory {factory!r}; "
             "a checkpoint sidecar is data and may not choose code to run",
-            hint=f"set model.factory = {factory!r} in your config if you trust it, "
-            "or model.trust_sidecar_code = true (--trust-checkpoint-code) for a factory inside model.python_path",
+            hint=f"if you trust it, name it yourself: --factory {factory} (model.factory in a config), "
+            "or --trust-checkpoint-code (model.trust_sidecar_code = true) for a factory inside model.python_path",
         )
     roots = [resolve_path(str(base_dir), p) for p in (model.get("python_path") or ["."])]
     if module_file_in_roots(module_name, [r for r in roots if r is not None]) is None:

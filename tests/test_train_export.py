@@ -181,28 +181,56 @@ def _check_bridge_build(out, run, trainer):
     return report
 
 
-def test_lightning_bridge_folder_builds_int8_with_one_command(tmp_path, capsys):
+def _digits_lightning_module(**kwargs):
+    """A LightningModule as users write them: the network is an attribute (``self.net``), not ``.model``."""
+    import lightning.pytorch as pl
+
+    from edgedeploy.train.models import digits_cnn
+
+    class DigitsModule(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = digits_cnn(**kwargs)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_accuracy", (self(x).argmax(-1) == y).float().mean())
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    return DigitsModule()
+
+
+def test_lightning_bridge_folder_builds_int8_with_one_command(tmp_path, capsys, monkeypatch):
     pytest.importorskip("lightning")
     import lightning.pytorch as pl
 
-    from edgedeploy.train.lightning import deploy_checkpoint_callback, lightning_module
-    from edgedeploy.train.models import digits_cnn
+    from edgedeploy.train.lightning import deploy_checkpoint_callback
 
+    monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     train, val = _digit_loaders()
     kwargs = {"channels": 4, "num_classes": 10}
     trainer = pl.Trainer(
         max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[deploy_checkpoint_callback(tmp_path / "run" / "model.safetensors",
-                                              factory="edgedeploy.train.models:digits_cnn", factory_kwargs=kwargs)],
+        callbacks=[deploy_checkpoint_callback("run/model.safetensors", factory="edgedeploy.train.models:digits_cnn",
+                                              factory_kwargs=kwargs)],
     )  # fmt: skip
-    trainer.fit(lightning_module(digits_cnn(**kwargs), lr=0.01), train, val)
-    run, out = tmp_path / "run", tmp_path / "out"
-    code = _deploy("build", "--checkpoint", str(run), "--target", "cpu", "--precision", "int8", "--out", str(out))
+    trainer.fit(_digits_lightning_module(**kwargs), train, val)
+    code = _deploy("build", "--checkpoint", "run/", "--target", "cpu", "--precision", "int8")
     printed = capsys.readouterr()
     assert code == 0, printed.err[-2000:]
-    _check_bridge_build(out, run, "lightning")
+    run = tmp_path / "run"
+    _check_bridge_build(tmp_path / "build", run, "lightning")  # --out defaults to ./build
     assert f"calibration: written by export_for_deploy (lightning) at {run / 'model.calib.npz'}" in printed.out
 
 
@@ -353,3 +381,21 @@ def test_building_a_loaded_config_with_keywords_keeps_where_its_data_came_from(t
     (exported / "model.calib.npz").unlink()
     with pytest.raises(InputError, match="model.meta.json lists it as the calibration data export_for_deploy wrote"):
         edgedeploy.build(cfg, build__out=str(tmp_path / "out"), log=QUIET)  # keywords re-read the config
+
+
+def test_a_factory_that_cannot_rebuild_the_model_is_refused_at_export_time(tmp_path):
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.train import export_for_deploy
+    from edgedeploy.train.models import digits_cnn
+
+    train, _ = _digit_loaders()
+    model = digits_cnn(channels=4, num_classes=10)
+    kwargs = {"factory": "edgedeploy.train.models:digits_cnn", "factory_kwargs": {"channels": 8, "num_classes": 10}}
+    with pytest.raises(ConfigError, match=r"does not rebuild the model being exported \(other shapes: \["):
+        export_for_deploy(model, next(iter(train)), tmp_path / "m.safetensors", **kwargs)
+    wrapped = torch.nn.Sequential(model)  # keys "0.stem..." where the factory's model has "stem..."
+    with pytest.raises(ConfigError, match=r"not in the weights: \['"):
+        export_for_deploy(wrapped, next(iter(train)), tmp_path / "m.safetensors", **{**kwargs, "factory_kwargs": {}})
+    with pytest.raises(ConfigError, match="factory 'nowhere:build' does not import"):
+        export_for_deploy(model, next(iter(train)), tmp_path / "m.safetensors", factory="nowhere:build")
+    assert not list(tmp_path.iterdir())  # refused before anything is written

@@ -160,6 +160,54 @@ def _spec(name: str, example: torch.Tensor, arrays: Iterable[np.ndarray], model:
     return {"name": name, "shape": ["batch", *[int(d) for d in example.shape[1:]]], "dtype": dtype, "range": rng}
 
 
+def rebuilt_state_keys(factory: str, factory_kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """State-dict key -> shape of ``factory(**factory_kwargs)``, imported as the deploy side imports it.
+
+    Raises:
+        ConfigError: the factory does not import here or does not return an ``nn.Module``.
+    """
+    import importlib
+
+    module_name, _, attr = factory.partition(":")
+    try:
+        build = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"export_for_deploy: factory {factory!r} does not import ({exc})",
+            hint="name a 'module:callable' importable from an installed package or your project's code",
+        ) from None
+    rebuilt = build(**factory_kwargs)
+    if not isinstance(rebuilt, nn.Module):
+        raise ConfigError(f"export_for_deploy: factory {factory!r} returned {type(rebuilt).__name__}, not a module")
+    return {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}
+
+
+def check_factory_rebuilds(factory: str, factory_kwargs: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """Refuse at export time, where the training code is at hand, a factory whose model cannot take ``state``
+    (``deploy build`` would fail loading the checkpoint much later).
+
+    Raises:
+        ConfigError: the keys or shapes differ (the first few of each are named).
+    """
+    rebuilt = rebuilt_state_keys(factory, factory_kwargs)
+    missing = sorted(set(rebuilt) - set(state))
+    unexpected = sorted(set(state) - set(rebuilt))
+    shapes = sorted(k for k in set(rebuilt) & set(state) if rebuilt[k] != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        found = [
+            f"{what} {keys[:3]}"
+            for what, keys in (("not in the weights:", missing), ("not in its model:", unexpected),
+                               ("other shapes:", shapes))
+            if keys
+        ]  # fmt: skip
+        raise ConfigError(
+            f"export_for_deploy: {factory}(**{factory_kwargs}) does not rebuild the model being exported "
+            f"({'; '.join(found)})",
+            hint="pass the factory and kwargs that build exactly this module (with Lightning, the network the "
+            "LightningModule holds, e.g. self.model)",
+        )
+
+
 def export_for_deploy(
     model: nn.Module,
     example_batch: Any,
@@ -192,12 +240,14 @@ def export_for_deploy(
     ``weights`` replaces ``model.state_dict()`` (e.g. EMA weights). Call on one process (rank 0).
 
     Raises:
-        ConfigError: the batch, names or outputs do not fit the model.
+        ConfigError: the batch, names or outputs do not fit the model, or ``factory(**factory_kwargs)`` does not
+            import or does not rebuild it (checked here, before anything is written).
         CheckpointError: the weights are not plain tensors.
     """
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ConfigError(f"export_for_deploy: {path} must end in .safetensors")
+    check_factory_rebuilds(factory, dict(factory_kwargs or {}), weights if weights is not None else model.state_dict())
     by_name = isinstance(example_batch, dict) or hasattr(example_batch, "keys")
     inputs = example_inputs(example_batch, input_names)
     if not by_name and not input_names:

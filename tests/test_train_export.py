@@ -4,6 +4,7 @@ Hugging Face Trainer callback, each into `deploy build --precision int8` without
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,7 +169,11 @@ INT8_OPS = ("QuantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInt
 
 
 def _check_bridge_build(out, run, trainer):
+    import jsonschema
+
     report = json.loads((out / "report.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "report.schema.json").read_text())
+    jsonschema.validate(report, schema)
     assert report["status"] == "passed" and report["precision"] == "int8", report.get("error")
     calib, held = run / "model.calib.npz", run / "model.validate.npz"
     assert report["data_sources"] == {
@@ -234,7 +239,7 @@ def test_lightning_bridge_folder_builds_int8_with_one_command(tmp_path, capsys, 
     assert f"calibration: written by export_for_deploy (lightning) at {run / 'model.calib.npz'}" in printed.out
 
 
-def test_hf_trainer_bridge_folder_builds_int8_with_one_command(tmp_path, capsys):
+def test_hf_trainer_bridge_folder_builds_int8_with_one_command(tmp_path, capsys, monkeypatch):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from hf_tiny import VOCAB, save_tokenizer
@@ -258,14 +263,14 @@ def test_hf_trainer_bridge_folder_builds_int8_with_one_command(tmp_path, capsys)
     trainer = transformers.Trainer(
         model=transformers.BertForSequenceClassification(config), args=args,
         train_dataset=_Texts(tokenizer, sentences[:32]), eval_dataset=_Texts(tokenizer, sentences[32:]),
-        callbacks=[deploy_callback(tmp_path / "run" / "model.safetensors")],
+        callbacks=[deploy_callback("run/model.safetensors")],
     )  # fmt: skip
+    monkeypatch.chdir(tmp_path)
     trainer.train()
-    run, out = tmp_path / "run", tmp_path / "out"
-    code = _deploy("build", "--checkpoint", str(run), "--target", "cpu", "--precision", "int8", "--out", str(out))
+    code = _deploy("build", "--checkpoint", "run/", "--target", "cpu", "--precision", "int8")
     printed = capsys.readouterr()
     assert code == 0, printed.err[-2000:]
-    _check_bridge_build(out, run, "hf_trainer")
+    _check_bridge_build(tmp_path / "build", tmp_path / "run", "hf_trainer")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ held-out samples an exporter (``edgedeploy.train.export_for_deploy`` and the tra
 lists under the sidecar's ``deploy_data`` become the default ``precision.calib`` (INT8) and
 ``validate.data``; the config's or the flags' own values win. The sidecar is data: it names sample files
 by bare file name next to the checkpoint (never a path elsewhere) and records their sha256, which the
-build checks before reading them (``edgedeploy.pipeline.early``).
+build checks before reading them (``edgedeploy.pipeline.early.check_exported_file``).
 """
 
 from __future__ import annotations
@@ -23,17 +23,21 @@ DATA_ROLES = {"calib": ("precision.calib", "calibration"), "validate": ("validat
 DATA_SUFFIXES = (".npz", ".npy")
 
 
+def checkpoints_in_folder(folder: Path) -> list[Path]:
+    """The ``.safetensors`` files of ``folder`` that have a ``.meta.json`` next to them, sorted."""
+    weights = (
+        meta.with_name(meta.name[: -len(META_SUFFIX)] + WEIGHTS_SUFFIX) for meta in folder.glob("*" + META_SUFFIX)
+    )
+    return sorted(w for w in weights if w.is_file())
+
+
 def checkpoint_in_folder(folder: Path, where: str) -> Path:
     """The one checkpoint of ``folder``: the ``.safetensors`` file that has a ``.meta.json`` next to it.
 
     Raises:
         ConfigError: the folder holds no such pair, or several.
     """
-    found = sorted(
-        meta.with_name(meta.name[: -len(META_SUFFIX)] + WEIGHTS_SUFFIX)
-        for meta in folder.glob("*" + META_SUFFIX)
-        if meta.with_name(meta.name[: -len(META_SUFFIX)] + WEIGHTS_SUFFIX).is_file()
-    )
+    found = checkpoints_in_folder(folder)
     if not found:
         raise ConfigError(
             f"{where}: model.checkpoint {folder} is a folder without a checkpoint "
@@ -55,10 +59,7 @@ def has_sidecar(checkpoint: str | Path | None) -> bool:
         return False
     path = Path(checkpoint).expanduser()
     if path.is_dir():
-        return any(
-            meta.with_name(meta.name[: -len(META_SUFFIX)] + WEIGHTS_SUFFIX).is_file()
-            for meta in path.glob("*" + META_SUFFIX)
-        )
+        return bool(checkpoints_in_folder(path))
     return path.with_suffix(META_SUFFIX).is_file()
 
 

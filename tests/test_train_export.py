@@ -404,3 +404,32 @@ def test_a_factory_that_cannot_rebuild_the_model_is_refused_at_export_time(tmp_p
     with pytest.raises(ConfigError, match="factory 'nowhere:build' does not import"):
         export_for_deploy(model, next(iter(train)), tmp_path / "m.safetensors", factory="nowhere:build")
     assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+def test_your_own_factory_is_named_by_you_and_keeps_the_sidecars_kwargs(tmp_path, monkeypatch, request):
+    import sys
+
+    from edgedeploy.cli import build_parser
+    from edgedeploy.commands._common import config_from_args
+    from edgedeploy.errors import ConfigError
+    from edgedeploy.train import export_for_deploy
+
+    (tmp_path / "mynet.py").write_text(
+        "from torch import nn\n\ndef build(hidden=8):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop("mynet", None))
+    monkeypatch.chdir(tmp_path)
+    import mynet
+
+    train, val = _digit_loaders()
+    export_for_deploy(mynet.build(hidden=16), next(iter(train)), "run/model.safetensors", factory="mynet:build",
+                      factory_kwargs={"hidden": 16}, data=train.dataset, validation=val)  # fmt: skip
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError, match="may not choose code to run") as refused:
+        config_from_args(parse(["build", "--checkpoint", "run/", "--precision", "int8"]))
+    assert "--factory mynet:build" in refused.value.one_line()
+    cfg = config_from_args(parse(["build", "--checkpoint", "run/", "--precision", "int8", "--factory", "mynet:build"]))
+    assert cfg.model.kwargs == {"hidden": 16} and [i.name for i in cfg.inputs] == ["input"]
+    assert cfg.precision.calib == str(tmp_path / "run" / "model.calib.npz")

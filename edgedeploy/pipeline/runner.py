@@ -99,6 +99,11 @@ def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> li
 
 
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
+    from edgedeploy.pipeline.early import check_exported_file
+
+    for key, origin in cfg.data_origins.items():  # samples the checkpoint's sidecar lists: named as such
+        if key != "precision.calib" or cfg.precision.mode == "int8":
+            check_exported_file(key, Path(origin["path"]), origin)
     ext: dict[str, Path] = {}
     ckpt = cfg.path(cfg.model.checkpoint)
     if ckpt is not None:

@@ -115,30 +115,33 @@ def test_tensorboard_logs_losses_lr_grad_norms_and_histograms(tmp_path):
     assert all(e.value > 0 for e in acc.Scalars("train/grad_norm"))
 
 
-def test_ddp_options_reach_distributed_data_parallel():
+def test_ddp_options_reach_distributed_data_parallel(monkeypatch):
+    import dataclasses
     import socket
 
     import torch.distributed as dist
 
-    from edgedeploy.train.config import DDPSection
-    from edgedeploy.train.distributed import DistInfo, wrap_model
+    from edgedeploy.train.distributed import cleanup, launch, unwrap, wrap_model
     from edgedeploy.train.models import mlp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    torchrun.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="options")
+    for key, value in torchrun.items():
+        monkeypatch.setenv(key, value)
+    info = launch(
+        torch.device("cpu"), 0, "gloo", find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True
+    )
     try:
-        opts = DDPSection(find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True)
-        ddp = wrap_model(
-            mlp(64, [8], 2), DistInfo(world_size=2), torch.device("cpu"),
-            find_unused_parameters=opts.find_unused_parameters, static_graph=opts.static_graph,
-            gradient_as_bucket_view=opts.gradient_as_bucket_view,
-        )  # fmt: skip
-        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+        assert dist.is_initialized() and dist.get_backend() == "gloo"  # Fabric joined torchrun's group
+        module = mlp(64, [8], 2)
+        wrapped = wrap_model(module, dataclasses.replace(info, world_size=2))
+        ddp = wrapped._forward_module
+        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and unwrap(wrapped) is module
         assert ddp.find_unused_parameters and ddp.static_graph and ddp.gradient_as_bucket_view
-        plain = wrap_model(mlp(64, [8], 2), DistInfo(world_size=2), torch.device("cpu"))
-        assert not plain.find_unused_parameters and not plain.static_graph
-        del ddp, plain
+        del ddp, wrapped
     finally:
-        dist.destroy_process_group()
+        cleanup(info)
+    assert not dist.is_initialized()

@@ -80,20 +80,21 @@ def launch(
     seed: int,
     backend: str = "auto",
     *,
+    strategy: str = "ddp",
     precision: Any = None,
     find_unused_parameters: bool = False,
     static_graph: bool = False,
     gradient_as_bucket_view: bool = False,
 ) -> DistInfo:
-    """Start Fabric on ``device`` (joining torchrun's process group, DDP with these options, ``precision``
-    as its plugin) and seed this rank with ``seed + rank``.
+    """Start Fabric on ``device`` (joining torchrun's process group; ``strategy`` ddp: DDP with these options,
+    fsdp: FSDP2 over all ranks; ``precision`` as its plugin) and seed this rank with ``seed + rank``.
 
     Ranks are seeded differently on purpose (dropout and augmentation noise must differ); DDP
     broadcasts rank 0's initial weights, so models still start identical.
 
     Raises:
         ConfigError: ``backend`` is not one of auto, gloo, nccl; nccl asked for on CPU; bad torchrun
-            environment; Lightning not installed.
+            environment; Lightning not installed; ``fsdp`` asked for but this torch has no ``fully_shard``.
     """
     if backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"distributed backend {backend!r} is not allowed", hint="use auto, gloo or nccl")
@@ -107,10 +108,16 @@ def launch(
             f"bad torchrun environment ({exc})", hint="launch with torchrun or unset RANK/WORLD_SIZE"
         ) from None
     fabric_pkg = lightning_fabric()
-    strategy: Any = "auto"
-    if world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, even with one rank
-        strategy = fabric_pkg.strategies.DDPStrategy(
-            process_group_backend=None if backend == "auto" else backend,
+    chosen: Any = "auto"
+    pg_backend = None if backend == "auto" else backend
+    if strategy == "fsdp" and world > 1:
+        _fully_shard_api()
+        chosen = fabric_pkg.strategies.ModelParallelStrategy(
+            _shard, data_parallel_size=world, tensor_parallel_size=1, process_group_backend=pg_backend
+        )
+    elif world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, even with one rank
+        chosen = fabric_pkg.strategies.DDPStrategy(
+            process_group_backend=pg_backend,
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
             gradient_as_bucket_view=gradient_as_bucket_view,
@@ -120,7 +127,7 @@ def launch(
         accelerator=device.type,
         devices=devices,
         num_nodes=max(1, world // max(local, 1)),
-        strategy=strategy,
+        strategy=chosen,
         plugins=[precision] if precision is not None else None,
     )
     quiet = logging.getLogger("lightning.fabric")  # its per-rank banner: rank 0 logs, in one line
@@ -150,20 +157,18 @@ def cleanup(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, info: DistInfo, *, strategy: str = "ddp") -> nn.Module:
-    """Wrap ``model`` for data-parallel training when distributed, else return it unchanged.
+def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
+    """Fabric's ``setup_module`` when distributed (DDP, or FSDP2 sharding in place: see :func:`launch`),
+    else ``model`` unchanged."""
+    return cast(nn.Module, info.fabric.setup_module(model)) if info.enabled else model
 
-    ``ddp``: Fabric's ``setup_module`` (DDP with the options :func:`launch` was given). ``fsdp``: FSDP2
-    ``fully_shard`` (each rank holds a shard of every parameter, gathered for forward/backward); the
-    model is sharded in place and returned.
+
+def _fully_shard_api() -> Any:
+    """``torch.distributed.fsdp.fully_shard``.
 
     Raises:
-        ConfigError: ``fsdp`` asked for but this torch has no ``fully_shard``.
+        ConfigError: this torch has none.
     """
-    if not info.enabled:
-        return model
-    if strategy != "fsdp":
-        return cast(nn.Module, info.fabric.setup_module(model))
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
@@ -171,14 +176,20 @@ def wrap_model(model: nn.Module, info: DistInfo, *, strategy: str = "ddp") -> nn
             "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
             hint="use strategy = 'ddp' or upgrade torch",
         ) from None
+    return fully_shard
+
+
+def _shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """FSDP2 over the data-parallel mesh: each rank holds a shard of every parameter, gathered for
+    forward/backward; one unit per top-level block, then the rest (overlapped gathers)."""
+    fully_shard = _fully_shard_api()
     with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=0)
-    for child in model.children():  # shard per top-level block, then the rest: overlapped gathers
+    for child in model.children():
         if any(p.requires_grad for p in child.parameters()):
-            fully_shard(child)
-    fully_shard(model)
-    return model
+            fully_shard(child, mesh=mesh["data_parallel"])
+    return cast(nn.Module, fully_shard(model, mesh=mesh["data_parallel"]))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -218,6 +218,7 @@ def run_training(
         device,
         cfg.run.seed,
         cfg.run.backend,
+        strategy=cfg.run.strategy,
         precision=amp.plugin,
         find_unused_parameters=o.find_unused_parameters,
         static_graph=o.static_graph,
@@ -297,9 +298,8 @@ def _run(
         graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
         say(f"graph: {graph}")
     r = cfg.run
-    wrap = functools.partial(D.wrap_model, info=info, strategy=r.strategy)
     # FSDP replaces the parameters with sharded ones: the optimizer must see those (no resume here)
-    train_model = wrap(model) if fsdp else model
+    train_model = D.wrap_model(model, info) if fsdp else model
     optimizer = _optimizer(cfg, model, loss_fn)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
     state = LoopState()
@@ -351,7 +351,7 @@ def _run(
         where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
     if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
-        train_model = wrap(model)
+        train_model = D.wrap_model(model, info)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
     compiled = False
     if r.compile:

@@ -121,6 +121,7 @@ def test_ddp_options_reach_distributed_data_parallel(monkeypatch):
 
     import torch.distributed as dist
 
+    from edgedeploy.train.config import DDPSection
     from edgedeploy.train.distributed import cleanup, launch, unwrap, wrap_model
     from edgedeploy.train.models import mlp
 
@@ -131,9 +132,8 @@ def test_ddp_options_reach_distributed_data_parallel(monkeypatch):
     torchrun.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="options")
     for key, value in torchrun.items():
         monkeypatch.setenv(key, value)
-    info = launch(
-        torch.device("cpu"), 0, "gloo", find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True
-    )
+    opts = DDPSection(find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True)
+    info = launch(torch.device("cpu"), 0, "gloo", ddp=vars(opts))  # as deploy train passes [run.ddp]
     try:
         assert dist.is_initialized() and dist.get_backend() == "gloo"  # Fabric joined torchrun's group
         module = mlp(64, [8], 2)

@@ -13,12 +13,10 @@ import hashlib
 import itertools
 import logging
 import os
-import random
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,13 +66,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def launch(
     device: torch.device,
     seed: int,
@@ -82,22 +73,17 @@ def launch(
     *,
     strategy: str = "ddp",
     precision: Any = None,
-    find_unused_parameters: bool = False,
-    static_graph: bool = False,
-    gradient_as_bucket_view: bool = False,
+    ddp: dict[str, bool] | None = None,
 ) -> DistInfo:
-    """Start Fabric on ``device`` (joining torchrun's process group; ``strategy`` ddp: DDP with these options,
-    fsdp: FSDP2 over all ranks; ``precision`` as its plugin) and seed this rank with ``seed + rank``.
+    """Start Fabric on ``device`` (joining torchrun's process group; ``strategy`` ddp: DDP with the ``ddp``
+    options, fsdp: FSDP2 over all ranks; ``precision`` as its plugin) and seed this rank with ``seed + rank``.
 
     Ranks are seeded differently on purpose (dropout and augmentation noise must differ); DDP
     broadcasts rank 0's initial weights, so models still start identical.
 
     Raises:
-        ConfigError: ``backend`` is not one of auto, gloo, nccl; nccl asked for on CPU; bad torchrun
-            environment; Lightning not installed; ``fsdp`` asked for but this torch has no ``fully_shard``.
+        ConfigError: nccl asked for on CPU; bad torchrun environment; Lightning not installed.
     """
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"distributed backend {backend!r} is not allowed", hint="use auto, gloo or nccl")
     if backend == "nccl" and device.type != "cuda":
         raise ConfigError("distributed backend 'nccl' needs CUDA devices", hint="use backend = 'gloo' on CPU")
     try:
@@ -111,17 +97,11 @@ def launch(
     chosen: Any = "auto"
     pg_backend = None if backend == "auto" else backend
     if strategy == "fsdp" and world > 1:
-        _fully_shard_api()
         chosen = fabric_pkg.strategies.ModelParallelStrategy(
             _shard, data_parallel_size=world, tensor_parallel_size=1, process_group_backend=pg_backend
         )
     elif world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, even with one rank
-        chosen = fabric_pkg.strategies.DDPStrategy(
-            process_group_backend=pg_backend,
-            find_unused_parameters=find_unused_parameters,
-            static_graph=static_graph,
-            gradient_as_bucket_view=gradient_as_bucket_view,
-        )
+        chosen = fabric_pkg.strategies.DDPStrategy(process_group_backend=pg_backend, **(ddp or {}))
     devices: Any = local if world > 1 else ([device.index] if device.index is not None else 1)
     fabric = fabric_pkg.Fabric(
         accelerator=device.type,
@@ -138,7 +118,7 @@ def launch(
     finally:
         quiet.setLevel(level)
     info = DistInfo(fabric.global_rank, fabric.local_rank, fabric.world_size, fabric)
-    seed_everything(seed + info.rank)
+    fabric_pkg.seed_everything((seed + info.rank) % 2**32, verbose=False)  # Python, NumPy, torch (CPU, CUDA)
     return info
 
 
@@ -163,11 +143,12 @@ def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
     return cast(nn.Module, info.fabric.setup_module(model)) if info.enabled else model
 
 
-def _fully_shard_api() -> Any:
-    """``torch.distributed.fsdp.fully_shard``.
+def _shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """FSDP2 over the data-parallel mesh: each rank holds a shard of every parameter, gathered for
+    forward/backward; one unit per top-level block, then the rest (overlapped gathers).
 
     Raises:
-        ConfigError: this torch has none.
+        ConfigError: this torch has no ``fully_shard``.
     """
     try:
         from torch.distributed.fsdp import fully_shard
@@ -176,13 +157,6 @@ def _fully_shard_api() -> Any:
             "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
             hint="use strategy = 'ddp' or upgrade torch",
         ) from None
-    return fully_shard
-
-
-def _shard(model: nn.Module, mesh: Any) -> nn.Module:
-    """FSDP2 over the data-parallel mesh: each rank holds a shard of every parameter, gathered for
-    forward/backward; one unit per top-level block, then the rest (overlapped gathers)."""
-    fully_shard = _fully_shard_api()
     with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t.data, src=0)
@@ -193,9 +167,9 @@ def _shard(model: nn.Module, mesh: Any) -> nn.Module:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a Fabric, DDP or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
+    """The plain module inside a Fabric or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
     while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel) or type(model).__name__ == "_FabricModule":
+        if type(model).__name__ == "_FabricModule":  # Fabric's wrapper around DDP / FSDP
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod

@@ -213,17 +213,8 @@ def run_training(
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     amp = MixedPrecision(device, cfg.run.precision)
-    o = cfg.run.ddp
-    info = D.launch(
-        device,
-        cfg.run.seed,
-        cfg.run.backend,
-        strategy=cfg.run.strategy,
-        precision=amp.plugin,
-        find_unused_parameters=o.find_unused_parameters,
-        static_graph=o.static_graph,
-        gradient_as_bucket_view=o.gradient_as_bucket_view,
-    )
+    r = cfg.run
+    info = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
         args = (stop_after, stop_after_steps, log, callbacks, find_lr)

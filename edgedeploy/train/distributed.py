@@ -8,7 +8,6 @@ Launch with e.g. ``torchrun --standalone --nproc_per_node 2 -m edgedeploy train 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -170,7 +169,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside a Fabric or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
     while True:
         if type(model).__name__ == "_FabricModule":  # Fabric's wrapper around DDP / FSDP
-            model = model.module
+            model = cast(nn.Module, model.module)
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         else:
@@ -332,14 +331,6 @@ def gather_digests(model: nn.Module, info: DistInfo, state: dict[str, torch.Tens
     out: list[Any] = [None] * info.world_size
     dist.all_gather_object(out, mine)
     return [str(d) for d in out]
-
-
-def no_sync(model: nn.Module, info: DistInfo, skip: bool) -> Any:
-    """Fabric's ``no_backward_sync`` for a DDP model when ``skip`` (an accumulation batch), else a no-op
-    (FSDP2 gathers every batch)."""
-    if not skip or not info.enabled or is_sharded(unwrap(model)):
-        return contextlib.nullcontext()
-    return info.fabric.no_backward_sync(model)
 
 
 def barrier(info: DistInfo) -> None:

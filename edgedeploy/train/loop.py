@@ -14,7 +14,7 @@ from torch import nn
 
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.clipping import GradClipper
-from edgedeploy.train.distributed import DistInfo, all_reduce_sum, no_sync, set_epoch, unwrap
+from edgedeploy.train.distributed import DistInfo, all_reduce_sum, set_epoch, unwrap
 
 
 class LoopCallback(Protocol):
@@ -133,7 +133,7 @@ def train_epoch(
     With ``accumulate = N`` the gradients of N batches are summed before one optimizer step; each
     batch's loss is divided by N, so N batches of B give the gradient of one batch of N*B (exactly,
     for a mean loss and no batch statistics). A shorter last group is rescaled to its own size. Under
-    DDP the gradient all-reduce runs only on the last batch of a group (Fabric's ``no_backward_sync``).
+    DDP and FSDP the gradient sync runs only on the last batch of a group (Fabric's ``no_backward_sync``).
     """
     model.train()
     part = state.partial or {}
@@ -141,6 +141,7 @@ def train_epoch(
     total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
     group = 0  # batches accumulated so far in this group
     consumed = 0  # batches of this call counted into state.batch
+    fabric = info.fabric if info is not None and info.enabled else None  # DDP / FSDP: Fabric's sync control
     batches = iter(loader)
     if start is not None:
         start()
@@ -150,7 +151,7 @@ def train_epoch(
             optimizer.zero_grad(set_to_none=True)
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
-        with no_sync(model, info or DistInfo(), skip=not last):
+        with fabric.no_backward_sync(model, enabled=not last) if fabric else contextlib.nullcontext():
             with amp.autocast():
                 loss = loss_fn(call_model(model, x), y)
             amp.backward(loss / accumulate if accumulate > 1 else loss)

@@ -65,6 +65,7 @@ class MixedPrecision:
             reset by a skipped step).
         skipped_steps: how many steps were skipped for non-finite gradients.
         steps: how many steps were attempted (taken = ``steps - skipped_steps``).
+        fabric: the Fabric whose plugin this is, once launched (backward then goes through it).
     """
 
     device: torch.device
@@ -75,6 +76,7 @@ class MixedPrecision:
     growth_interval: int = 2000
     skipped_steps: int = 0
     steps: int = 0
+    fabric: Any = None  # the Fabric running the model: its wrapped models take backward from it only
     scaler: torch.amp.GradScaler = field(init=False)
     plugin: Any = field(init=False)
     _unscaled: set[int] = field(init=False, default_factory=set)
@@ -109,10 +111,13 @@ class MixedPrecision:
         return cast(contextlib.AbstractContextManager[Any], self.plugin.forward_context())
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of the (scaled, when a scaler is on) loss."""
+        """Backward of the (scaled, when a scaler is on) loss, through ``fabric`` when set."""
         if self.scaler.is_enabled() and getattr(self.plugin, "scaler", None) is None:
             loss = self.scaler.scale(loss)  # fp32 with a scaler: Fabric's 32-bit plugin has none
-        self.plugin.backward(loss, None)
+        if self.fabric is not None:
+            self.fabric.backward(loss)
+        else:
+            self.plugin.backward(loss, None)
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true size (before clipping or monitoring). Idempotent per step."""

@@ -109,13 +109,15 @@ def launch(
         strategy=chosen,
         plugins=[precision] if precision is not None else None,
     )
-    quiet = logging.getLogger("lightning.fabric")  # its per-rank banner: rank 0 logs, in one line
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
+    quiet = [logging.getLogger(f"lightning.{pkg}") for pkg in ("fabric", "pytorch")]  # its rank banners
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.WARNING)
     try:
         fabric.launch()
     finally:
-        quiet.setLevel(level)
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     info = DistInfo(fabric.global_rank, fabric.local_rank, fabric.world_size, fabric)
     fabric_pkg.seed_everything((seed + info.rank) % 2**32, verbose=False)  # Python, NumPy, torch (CPU, CUDA)
     return info

@@ -215,6 +215,7 @@ def run_training(
     amp = MixedPrecision(device, cfg.run.precision)
     r = cfg.run
     info = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
+    amp.fabric = info.fabric
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
         args = (stop_after, stop_after_steps, log, callbacks, find_lr)

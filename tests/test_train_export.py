@@ -433,3 +433,35 @@ def test_your_own_factory_is_named_by_you_and_keeps_the_sidecars_kwargs(tmp_path
     cfg = config_from_args(parse(["build", "--checkpoint", "run/", "--precision", "int8", "--factory", "mynet:build"]))
     assert cfg.model.kwargs == {"hidden": 16} and [i.name for i in cfg.inputs] == ["input"]
     assert cfg.precision.calib == str(tmp_path / "run" / "model.calib.npz")
+
+
+def test_deploy_train_folder_builds_int8_with_one_command(tmp_path, capsys):
+    """`deploy train` keeps the same contract as the bridges: its sidecar lists the samples it wrote, with their
+    sha256, so the one command calibrates and judges on them."""
+    from sklearn.datasets import load_digits
+
+    from edgedeploy.train.config import train_config_from_dict
+    from edgedeploy.train.runner import run_training
+
+    digits = load_digits()
+    images = (digits.images[:600] / 16.0).astype(np.float32)[:, None]
+    np.savez(tmp_path / "d.npz", x=images, y=digits.target[:600])
+    raw = {
+        "model": {"factory": "edgedeploy.train.models:digits_cnn", "kwargs": {"channels": 4, "num_classes": 10}},
+        "data": {"dataset": "npz", "path": "d.npz"},
+        "optim": {"lr": 0.01},
+        "monitor": {"memory": False},
+        "run": {"epochs": 3, "device": "cpu", "threads": 1},
+    }
+    cfg = train_config_from_dict(raw, source=str(tmp_path / "train.toml"), base_dir=tmp_path)
+    run = tmp_path / "run"
+    run_training(cfg, run, log=lambda _line: None)
+    meta = json.loads((run / "model.meta.json").read_text())
+    assert meta["deploy_data"] == {"calib": "model.calib.npz", "validate": "model.validate.npz"}
+    out = tmp_path / "int8"
+    assert _deploy("build", "--checkpoint", str(run), "--target", "cpu", "--precision", "int8", "--out", str(out)) == 0
+    _check_bridge_build(out, run, "deploy train")
+    (run / "model.calib.npz").write_bytes((run / "model.calib.npz").read_bytes() + b"\0")  # changed after training
+    assert _deploy("build", "--checkpoint", str(run), "--target", "cpu", "--precision", "int8", "--out", str(out)) == 3
+    assert "changed after" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["status"] == "passed"  # the good build kept

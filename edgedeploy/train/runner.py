@@ -534,6 +534,11 @@ def _run(
             meta["frozen"] = frozen
         if ema is not None:
             meta["ema"] = {"decay": r.ema, "deployed": True}
+        # the samples first: the sidecar lists them with their sha256, the contract export_for_deploy keeps for
+        # every trainer, so `deploy build --checkpoint OUT --precision int8` calibrates and judges on them
+        written, hashes = _write_deploy_data(cfg, splits, out)
+        if written:
+            meta.update(trainer="deploy train", deploy_data=written, deploy_data_sha256=hashes)
         save_checkpoint(
             ckpt,
             model,
@@ -543,7 +548,6 @@ def _run(
             weights=weights,
             state_tensors=_ema_tensors(ema),
         )
-        _write_deploy_data(cfg, splits, out)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
     D.barrier(info)
     if len(set(digests)) > 1:
@@ -723,19 +727,28 @@ def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classe
         )
 
 
-def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> None:
+def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> tuple[dict[str, str], dict[str, str]]:
     """``<name>.calib.npz`` (training inputs, for precision.calib) and ``<name>.validate.npz`` (held-out
-    inputs, never trained or calibrated on, for validate.data), keyed by input name, in the deployed dims."""
+    inputs, never trained or calibrated on, for validate.data), keyed by input name, in the deployed dims.
+    Returns the file names written and their sha256, by role (``calib``, ``validate``), for the sidecar."""
     import numpy as np
+
+    from edgedeploy.fileio.hashing import sha256_file
 
     names = [spec["name"] for spec in _input_specs(cfg, splits)]
     most = cfg.deploy.batch[2]
     calib = splits.calibration or _inputs_of(splits.train, names, 128, plain=True)
     held = splits.validation or _inputs_of(splits.test, names, most)
-    if calib:
-        np.savez(out / f"{cfg.checkpoint.name}.calib.npz", **calib)  # type: ignore[arg-type]
-    if held:
-        np.savez(out / f"{cfg.checkpoint.name}.validate.npz", **{k: v[:most] for k, v in held.items()})  # type: ignore[arg-type]
+    written: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for role, arrays in (("calib", calib), ("validate", {k: v[:most] for k, v in held.items()})):
+        if arrays:
+            name = f"{cfg.checkpoint.name}.{role}.npz"
+            np.savez(out / name, **arrays)  # type: ignore[arg-type]
+            written[role] = name
+            hashes[role] = sha256_file(out / name)
+    return written, hashes
 
 
 def _inputs_of(dataset: Any, names: list[str], limit: int, plain: bool = False) -> dict[str, Any]:

@@ -397,7 +397,7 @@ def _int8(
             ladder["stop"] = "time budget: precision.time_budget_s spent before rung c"
         elif not cheap["result"].met:
             ladder["stop"] = f"{ladder['stop']}; rung c has {why}"
-        ladder["rungs"].append({"rung": "c", "ran": False, "why": why, "steps": ["cle", "adaround", "wide_search"]})
+        ladder["rungs"].append({"rung": "c", "ran": False, "why": why, "steps": expensive_left})
     q, float_model, equalized, rounding, result = (
         chosen["q"], chosen["model"], chosen["equalized"], chosen["rounding"], chosen["result"]
     )  # fmt: skip
@@ -529,21 +529,22 @@ def _ladder_note(result: Any) -> dict[str, Any]:
 
 
 def _expensive_steps(p: Any, model: Path, cheap: Any) -> list[str]:
-    """What the expensive rung c would add after rungs a and b missed: CLE measured (``equalize = auto`` on a
-    depthwise CNN), AdaRound (``weight_rounding = auto``), and the wide search (one quantization per node,
-    both float-set families) where more float sets than rung b tried are left."""
+    """What the expensive rung c would add after rungs a and b missed: ``cle`` (the CLE variants measured:
+    ``equalize = auto`` on a depthwise CNN), ``adaround`` (``weight_rounding = auto``), and ``wide_search``
+    (one quantization per node ranks them, both float-set families, timed) where rung b left float sets
+    untried."""
     import onnx
 
     from edgedeploy.precision.equalize import has_depthwise_conv
 
     steps = []
     if p.equalize == "auto" and has_depthwise_conv(onnx.load(str(model), load_external_data=False)):
-        steps.append("cross-layer equalization measured")
+        steps.append("cle")
     if p.weight_rounding == "auto":
-        steps.append("AdaRound")
+        steps.append("adaround")
     exhausted = cheap.stop.startswith("every ranked node float") or p.max_fallback_tries == 0
     if steps or not exhausted:
-        steps.append("the wide float-set search")
+        steps.append("wide_search")
     return steps
 
 

@@ -128,3 +128,25 @@ def test_layer_errors_rank_the_outlier_consumer_first_in_one_pass(tmp_path: Path
     stem = next(r for r in rows if r["node"] == "/c1/Conv")
     assert stem["output_error"] < 1e-3 and stem["sqnr_db"] > 30
     assert all(np.isfinite(r["output_error"]) for r in rows)
+
+
+def test_held_out_goldens_come_from_batched_reference_calls_equal_to_one_call_each() -> None:
+    from edgedeploy.precision.golden_feeds import _grouped_reference, batch_groups
+
+    rng = np.random.default_rng(0)
+    views = [{"image": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)} for _ in range(10)]
+    views.append({"image": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)})  # another shape: its own group
+    calls: list[int] = []
+
+    def reference(feeds: dict, point: str) -> dict:
+        calls.append(len(feeds["image"]))
+        x = feeds["image"]
+        return {"logits": x.reshape(len(x), -1)[:, :5] * 2.0, "pooled": x.mean(axis=(1, 2, 3))}
+
+    groups = batch_groups(views, 4)
+    assert [len(g) for g in groups] == [4, 4, 2, 1]  # at most the declared max batch a call
+    got = [out for g in groups for out in _grouped_reference(g, reference, "calib-heldout")]
+    assert calls == [4, 4, 2, 1]
+    for feeds, out in zip(views, got):
+        one = reference(feeds, "calib-heldout")
+        assert out.keys() == one.keys() and all(np.array_equal(out[k], one[k]) for k in one)

@@ -41,6 +41,35 @@ def _channel_means(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], values.shape[1], -1).mean(axis=(0, 2)).astype(np.float64)
 
 
+def joined(batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """``batches`` as one batch when they all hold the same number of samples of the same trailing shapes
+    (each mean then weighs every sample as before, in one ONNX Runtime call per measurement, not one per
+    batch); otherwise as they are."""
+    if len(batches) < 2:
+        return batches
+    first = batches[0]
+    rows = {len(v) for b in batches for v in b.values() if v.ndim > 0}
+    same = all(
+        b.keys() == first.keys() and all(v.ndim > 0 and v.shape[1:] == first[k].shape[1:] for k, v in b.items())
+        for b in batches
+    )
+    if not same or len(rows) != 1:
+        return batches
+    return [{k: np.concatenate([b[k] for b in batches]) for k in first}]
+
+
+def _dynamic_batch(model: ModelProto) -> bool:
+    """Every graph input has a leading dim that is not fixed (a batch of several samples can run)."""
+    inits = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        if not dims or dims[0].HasField("dim_value"):
+            return False
+    return True
+
+
 def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence[dict[str, np.ndarray]]):
     """Conv node name -> per-channel mean of its output in the float model over ``batches``."""
     import onnx
@@ -73,6 +102,8 @@ def output_mean_shifts(
 
     batches = list(batches)[:SAMPLES]
     model = onnx.load(str(qdq_path))
+    if _dynamic_batch(model):
+        batches = joined(batches)
     producers = {o: n for n in model.graph.node for o in n.output}
 
     def quantized(conv: NodeProto) -> bool:

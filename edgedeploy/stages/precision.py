@@ -282,7 +282,8 @@ def _int8(
     def rung(expensive: bool) -> dict[str, Any]:
         """One pass of the INT8 search: bias correction (CLE measured when ``expensive``), the weight width,
         the rounding (AdaRound learned when ``expensive`` or asked for), then the fewest float nodes that meet
-        the target (ranked in one pass; ``expensive``: ranked by one quantization per node, both families)."""
+        the target (the worst ranked in one pass, or the first in graph order; ``expensive``: ranked by one
+        quantization per node, the faster passing set timed)."""
         nonlocal probe
         work = tmp / ("rung_c" if expensive else "rung_a")  # each rung calibrates its own float model
         work.mkdir()
@@ -356,7 +357,6 @@ def _int8(
             on_try=progress,
             deadline=deadline,
             ranking=None if expensive else one_pass,
-            families=("sensitivity", "prefix") if expensive else ("sensitivity",),
         )
         if ctx.log:
             ctx.log(f"  {progress.summary(result.final)}")
@@ -517,8 +517,9 @@ def _ladder_note(result: Any) -> dict[str, Any]:
     b = {
         "rung": "b",
         "ran": len(result.tries) > 1,
-        "what": "nodes ranked in one pass by their own INT8 output error (precision/layer_error.py); the fewest "
-        "worst-ranked kept float, each try one quantization and one batched judgement",
+        "what": "the fewest nodes kept float: the worst ranked in one pass by their own INT8 output error "
+        "(precision/layer_error.py), or the first in graph order; each try one quantization and one batched "
+        "judgement",
         "tries": len(result.tries) - 1,
         "float_nodes": final.get("float_nodes", 0),
         "measured": {final.get("metric", "score"): round(float(final.get("score", 0.0)), 6)},

@@ -288,7 +288,7 @@ def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = Tr
 
 def _write(rows: list[dict], out: Path) -> None:
     doc = {
-        "command": "PYTHONPATH=$PWD python bench/build_times.py --int8 --json bench/build_times.json",
+        "command": "PYTHONPATH=$PWD python bench/build_times.py " + " ".join(sys.argv[1:]),
         "cores": os.cpu_count(),
         "note": "shared machine: other jobs ran at the same time (load_avg_1min before / after each row); ratios "
         "are edgedeploy / peer from the same run",

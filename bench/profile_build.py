@@ -1,9 +1,12 @@
 """Where a cold ``deploy build`` spends its time: per stage, and the functions under cProfile.
 
 Each model of bench/build_times.py's zoo (or the ones named) is built cold (empty stage cache) in this
-process under cProfile; the stage table and the most expensive functions by cumulative time (library
-internals folded into the edgedeploy / torch / onnx call that reached them) are printed and written
-as JSON. Imports are profiled too: the first model pays for them, as a user's first build does.
+process under cProfile; the stage table, wall and process CPU seconds, and the most expensive functions by
+cumulative time (library internals folded into the edgedeploy / torch / onnx call that reached them) are
+printed and written as JSON. Imports are profiled too: the first model pays for them, as a user's first build
+does. ``efficientnet_lite0`` and ``minilm_l6`` name the real-weight projects of the side-by-side run (the
+``bench`` extra). PyTorch's OpenMP threads wait as in a ``deploy build`` process (passively, unless
+``OMP_WAIT_POLICY`` is set: ``OMP_WAIT_POLICY=ACTIVE`` profiles the spinning default).
 
     PYTHONPATH=$PWD .venv/bin/python bench/profile_build.py [--json bench/profile_build.json] [--top 25] [name ...]
 """
@@ -38,7 +41,10 @@ def top_functions(profile: cProfile.Profile, top: int) -> list[dict]:
 
 
 def main() -> int:
-    from build_times import _toml, zoo
+    from edgedeploy.pipeline.threads import passive_thread_waits
+
+    policy = passive_thread_waits()  # before anything below imports torch, as a build's process does
+    from build_times import _toml, side_by_side_projects, zoo
 
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="*")
@@ -46,26 +52,32 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     doc: dict = {
-        "command": "PYTHONPATH=$PWD python bench/profile_build.py --json bench/profile_build.json "
-        + " ".join(args.names),
+        "command": "PYTHONPATH=$PWD python bench/profile_build.py " + " ".join(sys.argv[1:]),
         "cores": os.cpu_count(),
+        "omp_wait_policy": policy,
         "rows": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         models = zoo(folder)
+        real = {"efficientnet_lite0", "minilm_l6"} & set(args.names)
+        projects = side_by_side_projects(folder) if real else {}
         for name in args.names or list(models):
-            config = folder / f"{name}.toml"
-            config.write_text(_toml(models[name], folder / f"out_{name}"))
+            if name in real:
+                config = projects[name]["config"]
+                os.chdir(config.parent)  # the project's relative paths (checkpoint, model code)
+            else:
+                config = folder / f"{name}.toml"
+                config.write_text(_toml(models[name], folder / f"out_{name}"))
             os.environ["EDGEDEPLOY_CACHE_DIR"] = str(folder / f"cache_{name}")
             load = os.getloadavg()[0]
             profile = cProfile.Profile()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             profile.enable()
             try:
                 from edgedeploy.api import build
 
-                result = build(config, log=lambda _line: None)
+                result = build(config, log=lambda _line: None, build__out=str(folder / f"out_{name}"))
                 stages = {s.name: round(s.seconds, 2) for s in result.stages}
                 export = result.report["metrics"].get("export", {})
                 error = None
@@ -76,6 +88,7 @@ def main() -> int:
             row = {
                 "model": name,
                 "wall_s": round(time.perf_counter() - t0, 2),
+                "cpu_s": round(time.process_time() - cpu0, 2),
                 "load_avg_1min": round(load, 1),
                 "stages_s": stages,
                 "exporter": export.get("exporter"),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edgedeploy.config import DeployConfig, config_from_dict
+from edgedeploy.config import INTERNAL_FIELDS, DeployConfig, config_from_dict
 from edgedeploy.config import load_config as _load_config
 from edgedeploy.config_flags import check_override_keys
 from edgedeploy.pipeline.runner import BuildResult, run_build
@@ -55,11 +56,28 @@ def build(
     else:
         cfg = config
         if overrides:
-            raw = {k: v for k, v in cfg.to_dict().items() if k not in ("source", "base_dir")}
+            raw = {k: v for k, v in cfg.to_dict().items() if k not in INTERNAL_FIELDS}
+            given = cfg
             cfg = config_from_dict(
                 raw,
                 source=cfg.source,
                 base_dir=cfg.base_dir,
                 overrides=_dotted(overrides),
             )
+            kept = {  # exported samples the overrides left in place keep their origin
+                key: origin
+                for key, origin in given.data_origins.items()
+                if _value(cfg, key) == _value(given, key) and key not in cfg.data_origins
+            }
+            same_factory = cfg.model.factory == given.model.factory  # a sidecar's factory stays a sidecar's
+            cfg = dataclasses.replace(
+                cfg,
+                factory_origin=given.factory_origin if same_factory else cfg.factory_origin,
+                data_origins={**cfg.data_origins, **kept},
+            )
     return run_build(cfg, log=log)
+
+
+def _value(cfg: DeployConfig, dotted: str) -> Any:
+    section, _, name = dotted.partition(".")
+    return getattr(getattr(cfg, section), name)

@@ -70,7 +70,13 @@ class ModelSection:
     task: str = field(default="", metadata=_flag("--task", "Hugging Face task (with model.hf)"))
     kwargs: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = field(
-        default=None, metadata=_flag("--checkpoint", "safetensors or torch state-dict checkpoint", path=True)
+        default=None,
+        metadata=_flag(
+            "--checkpoint",
+            "safetensors or torch state-dict checkpoint, or the folder a trainer wrote (its .meta.json describes "
+            "the model)",
+            path=True,
+        ),
     )
     python_path: tuple[str, ...] = (".",)
     trust_sidecar_code: bool = field(
@@ -224,6 +230,9 @@ class DeployConfig:
     source: str = "<dict>"
     base_dir: str = "."
     factory_origin: str = "config"  # "config" | "sidecar" | "package": where model.factory came from
+    # config key (precision.calib, validate.data) -> the exporter's sample file it was filled with
+    # (edgedeploy.sidecar.exported_data): checked against its recorded sha256 and named in the report
+    data_origins: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # ---- derived views -------------------------------------------------
     def path(self, value: str | None) -> Path | None:
@@ -298,28 +307,44 @@ def module_file_in_roots(module_name: str, roots: list[Path]) -> Path | None:
     return None
 
 
-def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) -> str:
-    """Fill model factory, inputs, dims and outputs from a train-stage checkpoint's metadata.
+# Top-level DeployConfig fields set by code, never by a file, a flag or a keyword.
+INTERNAL_FIELDS = ("source", "base_dir", "factory_origin", "data_origins")
 
-    The config's own values win; metadata only fills what the config leaves out. A sidecar is
+
+def _merge_checkpoint_metadata(
+    raw: dict[str, Any], base_dir: Path, where: str
+) -> tuple[str, dict[str, dict[str, str]]]:
+    """Fill model factory, inputs, dims and outputs from a train-stage checkpoint's metadata, and
+    ``precision.calib`` / ``validate.data`` from the samples an exporter wrote next to it.
+
+    ``model.checkpoint`` may be the folder a trainer wrote (its one checkpoint is used,
+    :func:`edgedeploy.sidecar.checkpoint_in_folder`). The config's own values win; metadata only fills
+    what the config leaves out. A sidecar is
     untrusted data: the factory it names is taken only from the package's own model zoo, or,
     with ``model.trust_sidecar_code = true``, from a module file inside ``model.python_path``.
     Nothing is imported here.
 
     Returns:
-        Where ``model.factory`` comes from: ``config``, ``package`` or ``sidecar``.
+        Where ``model.factory`` comes from (``config``, ``package`` or ``sidecar``), and the exported sample
+        files used as data, by config key (:func:`edgedeploy.sidecar.fill_exported_data`).
 
     Raises:
-        ConfigError: unreadable sidecar, wrong format, or a factory the sidecar may not name.
+        ConfigError: unreadable sidecar, wrong format, a factory the sidecar may not name, a checkpoint
+            folder without exactly one checkpoint, or a malformed ``deploy_data``.
     """
+    from edgedeploy.sidecar import checkpoint_in_folder, fill_exported_data
+
     model = raw.get("model") or {}
     ckpt = model.get("checkpoint")
     if not ckpt:
-        return "config"
-    path = Path(ckpt) if Path(ckpt).is_absolute() else base_dir / ckpt
+        return "config", {}
+    path = resolve_path(base_dir, ckpt) or Path(ckpt)
+    if path.is_dir():
+        path = checkpoint_in_folder(path, where)
+        model["checkpoint"] = str(path)
     meta_path = checkpoint_metadata_path(path)
     if not meta_path.is_file():
-        return "config"
+        return "config", {}
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -349,7 +374,7 @@ def _merge_checkpoint_metadata(raw: dict[str, Any], base_dir: Path, where: str) 
     for key in ("inputs", "outputs", "dims"):
         if key in meta:
             raw.setdefault(key, meta[key])
-    return origin
+    return origin, fill_exported_data(raw, meta, meta_path)
 
 
 def _sidecar_factory_origin(factory: str, model: dict[str, Any], base_dir: Path, meta_path: Path) -> str:
@@ -361,8 +386,8 @@ def _sidecar_factory_origin(factory: str, model: dict[str, Any], base_dir: Path,
         raise ConfigError(
             f"{meta_path}: names model factory {factory!r}; "
             "a checkpoint sidecar is data and may not choose code to run",
-            hint=f"set model.factory = {factory!r} in your config if you trust it, "
-            "or model.trust_sidecar_code = true (--trust-checkpoint-code) for a factory inside model.python_path",
+            hint=f"if you trust it, name it yourself: --factory {factory} (model.factory in a config), "
+            "or --trust-checkpoint-code (model.trust_sidecar_code = true) for a factory inside model.python_path",
         )
     roots = [resolve_path(str(base_dir), p) for p in (model.get("python_path") or ["."])]
     if module_file_in_roots(module_name, [r for r in roots if r is not None]) is None:
@@ -399,11 +424,11 @@ def config_from_dict(
         from edgedeploy.onnxspec import fill_from_onnx  # reads the graph only; no onnxruntime import
 
         fill_from_onnx(raw, Path(base_dir), str(source))
-    origin = _merge_checkpoint_metadata(raw, Path(base_dir), source)
-    cfg: DeployConfig = dataclass_from_dict(
-        DeployConfig, raw, source, internal=("source", "base_dir", "factory_origin")
+    origin, data_origins = _merge_checkpoint_metadata(raw, Path(base_dir), source)
+    cfg: DeployConfig = dataclass_from_dict(DeployConfig, raw, source, internal=INTERNAL_FIELDS)
+    cfg = dataclasses.replace(
+        cfg, source=str(source), base_dir=str(base_dir), factory_origin=origin, data_origins=data_origins
     )
-    cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir), factory_origin=origin)
     _check_consistency(cfg)
     return cfg
 

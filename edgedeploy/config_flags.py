@@ -235,10 +235,9 @@ def _schema_keys(tp: Any, prefix: str) -> list[str]:
 
 def known_keys() -> list[str]:
     """Every dotted key of deploy.toml a flag or keyword may set (tables included, ``dims.*`` excepted)."""
-    from edgedeploy.config import DeployConfig
+    from edgedeploy.config import INTERNAL_FIELDS, DeployConfig
 
-    internal = ("source", "base_dir", "factory_origin")
-    return [k for k in _schema_keys(DeployConfig, "") if k.split(".")[0] not in internal]
+    return [k for k in _schema_keys(DeployConfig, "") if k.split(".")[0] not in INTERNAL_FIELDS]
 
 
 def _is_known(dotted: str, keys: list[str]) -> bool:

@@ -296,7 +296,7 @@ INPUT_LABELS = {
     "min": "seeded random inputs in inputs.range at the [dims] min shape",
     "opt": "the same at the opt shape",
     "max": "the same at the max shape",
-    "data": "the batches of validate.data",
+    "data": "the batches of validate.data (without it: calibration batches)",
     "calib-heldout": "calibration samples held out from INT8 calibration (judged on, never calibrated on)",
     "real": "top-1 agreement pooled over the real-data goldens (data, calib-heldout); its own verdict",
     "all": "top-1 agreement pooled over every golden (no real data given); its own verdict",

@@ -4,6 +4,7 @@ fresh process, as the CLI runs): the model code's files are remembered (pipeline
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from edgedeploy.pipeline.code_memo import CodeMemo, tree_digest
 
 DRIVER = """
-import json, sys, time
+import json, os, sys, time
 t0 = time.perf_counter()
 import edgedeploy
 result = edgedeploy.build(sys.argv[1], log=lambda line: None)
@@ -22,13 +23,15 @@ print(json.dumps({
     "user_module": any(name.startswith("edgedeploy_user_") for name in sys.modules),
     "stages": {s.name: s.status for s in result.stages},
     "seconds": time.perf_counter() - t0,
+    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
 }))
 """
 
 
 def _build(cfg: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # the build's own choice
     proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(cfg)], capture_output=True, text=True, cwd=cfg.parent, timeout=600
+        [sys.executable, "-c", DRIVER, str(cfg)], capture_output=True, text=True, cwd=cfg.parent, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -37,6 +40,8 @@ def _build(cfg: Path) -> dict:
 def test_a_fully_cached_build_imports_no_torch_and_a_new_project_module_imports_it_again(tiny_project: Path):
     cold = _build(tiny_project)
     assert cold["torch"] and set(cold["stages"].values()) <= {"ran", "skipped"}
+    # set before the model code imported torch (passive_thread_waits leaves it unset once torch is loaded)
+    assert cold["omp_wait_policy"] == "PASSIVE"
     cached = _build(tiny_project)
     assert not cached["torch"] and not cached["user_module"], "a fully cached build imported torch / the model"
     assert set(cached["stages"].values()) <= {"cached", "skipped"}, cached["stages"]

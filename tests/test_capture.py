@@ -203,3 +203,50 @@ def test_auto_capture_is_skipped_when_nothing_consumes_it(tmp_path: Path) -> Non
     assert result.stages[0].status == "skipped" and "nothing here consumes" in result.stages[0].reason
     explicit = make_config(tmp_path / "e", GOOD_MODEL, build={"target": "jetson-orin"}, export={"capture": "trace"})
     assert run_build(explicit, stages=[TorchScriptFromModel()], log=quiet).stages[0].status == "ran"
+
+
+# frames of 4 samples: a length that is not a multiple of 4 fails inside the user's forward
+FRAMED_MODEL = """
+import torch
+from torch import nn
+
+
+class Framed(nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0], -1, 4).mean(-1)
+
+
+def build():
+    return Framed()
+"""
+
+
+def test_model_failing_at_a_declared_size_is_one_named_error(tmp_path: Path) -> None:
+    # time 4..16: min, opt and max are multiples of 4, the probe's random size in between is not (seeded)
+    cfg = make_config(
+        tmp_path,
+        FRAMED_MODEL,
+        inputs=[{"name": "x", "shape": [1, "time"], "range": [-1.0, 1.0]}],
+        dims={"time": {"min": 4, "opt": 8, "max": 16}},
+    )
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
+    text = err.value.one_line()
+    assert "the PyTorch model fails at probe point time=" in text and "(random)" in text
+    assert "x [1, " in text and "invalid for input of size" in text  # the point's shape and torch's own reason
+    assert "[dims.time]" in err.value.hint and "pad inside forward" in err.value.hint
+
+
+def test_reference_outputs_failing_at_a_declared_shape_is_one_named_error(tmp_path: Path) -> None:
+    from edgedeploy.stages.reference import GoldensFromTorch
+
+    cfg = make_config(
+        tmp_path,
+        FRAMED_MODEL,
+        inputs=[{"name": "x", "shape": [1, "time"], "range": [-1.0, 1.0]}],
+        dims={"time": {"min": 4, "opt": 8, "max": 18}},  # max 18 is not a whole number of frames
+    )
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[GoldensFromTorch()], log=quiet)
+    text = err.value.one_line()
+    assert "the PyTorch model fails on the max goldens (inputs x [1, 18])" in text and "[dims]" in err.value.hint

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "config_flags": 0,
     "onnxspec": 0,
     "hfspec": 0,
+    "sidecar": 0,
     "hostenv": 0,
     "reportview": 0,
     "targets": 0,

@@ -257,3 +257,27 @@ def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp
         PrecisionFromOnnx().run(ctx)
     assert "tolerance.int8" in str(err.value)  # every try's veto is in the table
     assert "validate.data" in (err.value.hint or "") and "[tolerance.int8]" in err.value.hint
+
+
+def test_int8_calibration_file_heldout_batches_are_judged_once(tiny_project: Path, tmp_path: Path) -> None:
+    """A .npy calibration file without validate.data: its held-out quarter is the goldens' calib-heldout point,
+    judged once by the precision stage, never relabelled as validate.data (which would count it twice)."""
+    import numpy as np
+
+    from edgedeploy.modelio.goldens import load_goldens
+
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(3).uniform(-1, 1, (16, 3, 16, 16)).astype(np.float32))
+    result = edgedeploy.build(
+        tiny_project, log=lambda _: None, precision__mode="int8", precision__calib=str(calib), build__target="cpu"
+    )
+    assert result.ok
+    judged = json.loads((result.out / "precision.json").read_text())["judged_on"]
+    # 16 samples in batches of 2: 8 batches, the last 2 held out (4 samples), no validate.data
+    assert judged["heldout_batches"] == 2 and judged["validate_data_batches"] == 0
+    assert judged["samples"] == 4 and judged["independent_groups"] == 2
+    goldens = load_goldens(result.out / "goldens.npz")
+    assert "data" not in goldens and len(goldens["calib-heldout"]) == 2
+    rows = {c["name"]: c for c in result.report["parity"]["candidates"]}["onnxruntime-int8"]["checks"]
+    assert "data" not in {r["shape"] for r in rows}
+    assert "calib-heldout" in {r["shape"] for r in rows if r.get("agreement_judged")}

@@ -98,3 +98,24 @@ def test_adaround_setting_learns_without_scoring_nearest(tmp_path: Path, monkeyp
     )  # fmt: skip
     assert note["method"] == "adaround" and "measured" not in note and first is None
     assert q.weight_codes is not None and not runs
+
+
+def test_auto_says_adaround_has_nothing_to_learn_in_a_conv1d_model(tmp_path: Path) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv1d(8, 2, 1)).eval()
+    float_model = tmp_path / "conv1d.onnx"
+    torch.onnx.export(net, (torch.zeros(2, 4, 16),), str(float_model), input_names=["x"], dynamo=False)
+    rng = np.random.default_rng(0)
+    batches = [{"x": np.sin(rng.uniform(0, 6, (2, 4, 16))).astype(np.float32)} for _ in range(6)]
+    calib, judge = batches[:4], batches[4:]
+    (tmp_path / "q").mkdir()
+    q = Quantizer(float_model, tmp_path / "q", flavour_for("onnxruntime"), reduce_range=False)
+    note, first = choose_rounding(
+        "auto", q, calib, judge, analysis.run_model(float_model, judge), exclude=[], target=1.01,
+        classifier_outputs=[], workdir=tmp_path,
+    )  # fmt: skip
+    assert note["method"] == "nearest" and "adaround has no layer to learn" in note["why"]
+    assert "adaround learned" not in note["why"] and set(note["measured"]) == {"nearest"}
+    assert q.weight_codes is None and first is not None and first.exists()

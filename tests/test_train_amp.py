@@ -81,6 +81,31 @@ def test_cuda_device_is_not_silently_replaced():
         run_training(cfg, "unused")
 
 
+def test_training_without_lightning_names_the_extra_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from edgedeploy.train.config import train_config_from_dict
+    from edgedeploy.train.runner import run_training
+
+    monkeypatch.setitem(sys.modules, "lightning.fabric", None)  # what a missing package looks like to import
+    cfg = train_config_from_dict({"model": {"factory": "x:y"}, "run": {"device": "cpu", "precision": "bf16"}})
+    with pytest.raises(ConfigError, match="Lightning Fabric") as info:
+        run_training(cfg, tmp_path)
+    assert info.value.hint == "pip install 'edgedeploy[lightning]'"
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_fabric_plugin_carries_our_scaler_and_fp16_stays_fp16_on_cpu():
+    amp = MixedPrecision(torch.device("cpu"), "fp16", init_scale=256.0, growth_interval=3)
+    assert amp.plugin.scaler is amp.scaler and amp.scale == 256.0  # Fabric scales with the configured scaler
+    with amp.autocast():
+        assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16  # not swapped for bf16
+    model, opt = _model_and_opt()
+    amp.backward(model(torch.randn(3, 4)).sum())
+    grad = model[2].bias.grad.clone()
+    assert amp.step(opt) is True and grad.abs().max() > 100  # the backward was scaled (x256)
+
+
 def test_keep_fp32_runs_chosen_layers_in_fp32_inside_autocast():
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3), nn.Softmax(-1))
     x = torch.randn(2, 4)

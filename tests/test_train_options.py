@@ -115,30 +115,65 @@ def test_tensorboard_logs_losses_lr_grad_norms_and_histograms(tmp_path):
     assert all(e.value > 0 for e in acc.Scalars("train/grad_norm"))
 
 
-def test_ddp_options_reach_distributed_data_parallel():
+def _one_rank_torchrun(monkeypatch) -> None:
+    """The environment torchrun gives a job of one rank (Fabric then runs DDP over a group of one)."""
     import socket
-
-    import torch.distributed as dist
-
-    from edgedeploy.train.config import DDPSection
-    from edgedeploy.train.distributed import DistInfo, wrap_model
-    from edgedeploy.train.models import mlp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    torchrun.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="test")
+    for key, value in torchrun.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_ddp_options_reach_distributed_data_parallel(monkeypatch):
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from edgedeploy.train.config import DDPSection
+    from edgedeploy.train.distributed import cleanup, launch, unwrap, wrap_model
+    from edgedeploy.train.models import mlp
+
+    _one_rank_torchrun(monkeypatch)
+    opts = DDPSection(find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True)
+    info = launch(torch.device("cpu"), 0, "gloo", ddp=vars(opts))  # as deploy train passes [run.ddp]
     try:
-        opts = DDPSection(find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True)
-        ddp = wrap_model(
-            mlp(64, [8], 2), DistInfo(world_size=2), torch.device("cpu"),
-            find_unused_parameters=opts.find_unused_parameters, static_graph=opts.static_graph,
-            gradient_as_bucket_view=opts.gradient_as_bucket_view,
-        )  # fmt: skip
-        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+        assert dist.is_initialized() and dist.get_backend() == "gloo"  # Fabric joined torchrun's group
+        module = mlp(64, [8], 2)
+        wrapped = wrap_model(module, dataclasses.replace(info, world_size=2))
+        ddp = wrapped._forward_module
+        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and unwrap(wrapped) is module
         assert ddp.find_unused_parameters and ddp.static_graph and ddp.gradient_as_bucket_view
-        plain = wrap_model(mlp(64, [8], 2), DistInfo(world_size=2), torch.device("cpu"))
-        assert not plain.find_unused_parameters and not plain.static_graph
-        del ddp, plain
+        del ddp, wrapped
     finally:
-        dist.destroy_process_group()
+        cleanup(info)
+    assert not dist.is_initialized()
+
+
+def test_bf16_ddp_model_trains_through_fabrics_backward(monkeypatch):
+    import dataclasses
+
+    from edgedeploy.train.amp import MixedPrecision
+    from edgedeploy.train.distributed import cleanup, launch, wrap_model
+    from edgedeploy.train.models import mlp
+
+    _one_rank_torchrun(monkeypatch)
+    cpu = torch.device("cpu")
+    amp = MixedPrecision(cpu, "bf16")
+    info = launch(cpu, 0, "gloo", precision=amp.plugin)
+    amp.fabric = info.fabric  # as deploy train does: Fabric's DDP wrapper refuses a plain loss.backward()
+    try:
+        model = wrap_model(mlp(64, [8], 2), dataclasses.replace(info, world_size=2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = [p.detach().clone() for p in model.parameters()]
+        with amp.autocast():
+            logits = model(torch.randn(4, 64))
+        assert logits.dtype == torch.float32  # Fabric's forward ran in bf16 and handed fp32 back
+        amp.backward(torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 0, 1])))
+        assert amp.step(opt) is True
+        assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    finally:
+        cleanup(info)

@@ -281,3 +281,45 @@ def test_throughput_counts_the_timed_runs_not_the_median() -> None:
     assert row["p50_ms"] == pytest.approx(1.0)
     assert row["batches_per_s"] == pytest.approx(5 / 0.104)
     assert row["throughput"] == pytest.approx(4 * 5 / 0.104)  # 192 samples/s, not the 4000 that 1/p50 gives
+
+
+def test_each_onnx_backend_loads_one_session_and_runs_each_input_once(
+    tiny_build: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions are real ONNX Runtime ones, counted as they are made and run: one per ONNX model, and each golden
+    input, the repeated-row batch and the latency runs once each."""
+    import onnxruntime
+
+    from edgedeploy.modelio.goldens import load_goldens
+    from edgedeploy.stages.validate import ParityFromGoldens
+
+    made: list[str] = []
+    runs: dict[str, list[tuple[int, ...]]] = {}
+
+    class CountingSession(onnxruntime.InferenceSession):
+        def __init__(self, path: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(path, *args, **kwargs)
+            self.counted_as = Path(str(path)).name
+            made.append(self.counted_as)
+
+        def run(self, output_names: Any, input_feed: Any, *args: Any, **kwargs: Any) -> Any:
+            runs.setdefault(self.counted_as, []).append(tuple(np.asarray(input_feed["image"]).shape))
+            return super().run(output_names, input_feed, *args, **kwargs)
+
+    cfg, result = tiny_build
+    ctx = _context(cfg, result.out, tmp_path / "staging")
+    shutil.copy(ctx.staging / "model.onnx", ctx.staging / "model.fp16.onnx")  # a second ONNX candidate
+    monkeypatch.setattr(onnxruntime, "InferenceSession", CountingSession)
+    metrics = ParityFromGoldens().run(ctx).metrics
+    assert sorted(made) == ["model.fp16.onnx", "model.onnx"]
+    goldens = [
+        pair["in"]["image"].shape
+        for by_sample in load_goldens(ctx.path("goldens.npz")).values()
+        for pair in by_sample.values()
+    ]
+    v = cfg.validate
+    opt = (cfg.dims["batch"].opt, 3, 16, 16)
+    for name in ("model.onnx", "model.fp16.onnx"):
+        want = [*goldens, (cfg.dims["batch"].max, 3, 16, 16), *[opt] * (v.latency_warmup + v.latency_iters)]
+        assert runs[name] == want, name
+    assert {"onnxruntime-fp32", "onnxruntime-fp16"} <= set(metrics["latency"]["backends"])

@@ -2,7 +2,8 @@
 
 Every config section field has a flag (``edgedeploy.config_flags``); booleans are switches with a ``--no-``
 form. Without ``--config`` the flags alone describe the model: ``--factory MODULE:FN --input NAME:SHAPE``,
-``--onnx MODEL.onnx`` or ``--hf FOLDER``.
+``--onnx MODEL.onnx``, ``--hf FOLDER``, or ``--checkpoint`` naming a checkpoint (or a trainer's folder) whose
+``.meta.json`` sidecar describes it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from edgedeploy.config import DeployConfig, config_from_dict, load_config
 from edgedeploy.config_flags import FlagField, flag_fields, model_overrides, parse_flag_value, parse_set
 from edgedeploy.errors import ConfigError
+from edgedeploy.sidecar import has_sidecar
 
 QUICK_SOURCES = ("model.factory", "model.onnx", "model.hf")
 
@@ -128,13 +130,21 @@ def config_from_args(args: argparse.Namespace) -> DeployConfig:
     if args.config is not None:
         return load_config(args.config, overrides)
     given = [k for k in QUICK_SOURCES if overrides.get(k)]
-    if not given:
+    # a checkpoint (or the folder a trainer wrote) whose .meta.json sidecar describes the model
+    described = has_sidecar(overrides.get("model.checkpoint"))
+    if not given and not described:
+        if overrides.get("model.checkpoint"):
+            raise ConfigError(
+                f"--checkpoint {overrides['model.checkpoint']} has no .meta.json sidecar describing the model",
+                hint="add --factory MODULE:FN --input NAME:SHAPE, or write the checkpoint with "
+                "edgedeploy.train.export_for_deploy (or deploy train)",
+            )
         raise ConfigError(
             "no config: pass --config PATH to a deploy.toml",
             hint="or describe the model with flags: --factory MODULE:FN --input NAME:SHAPE, --onnx MODEL.onnx, "
-            "or --hf FOLDER",
+            "--hf FOLDER, or --checkpoint FOLDER written by export_for_deploy / deploy train",
         )
-    factory_only = given == ["model.factory"]  # several sources: config_from_dict names the conflict
+    factory_only = given == ["model.factory"] and not described  # several: config_from_dict names the conflict
     if factory_only and not overrides.get("inputs"):
         raise ConfigError(
             "--factory without --config needs the model's inputs",

@@ -59,6 +59,31 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
             _check_array_names(cfg, key, path)
 
 
+def check_exported_file(key: str, path: Path, origin: dict[str, str]) -> None:
+    """A sample file the checkpoint's sidecar lists (``deploy_data``): present and, when the sidecar records
+    its sha256, unchanged since the export wrote it.
+
+    Raises:
+        InputError: the file is missing or its bytes are not the ones the export wrote.
+    """
+    from edgedeploy.fileio.hashing import sha256_file
+
+    flag = "--calib" if key == "precision.calib" else "--validation-data"
+    sidecar = origin.get("sidecar", "the checkpoint's .meta.json")
+    if not path.is_file():
+        raise InputError(
+            f"{key}: {path} not found; {sidecar} lists it as the {origin.get('role', 'sample')} data "
+            "export_for_deploy wrote next to the checkpoint",
+            hint=f"copy it back next to the checkpoint, run the training export again, or pass {flag} FILE",
+        )
+    expected = origin.get("sha256")
+    if expected and sha256_file(path) != expected:
+        raise InputError(
+            f"{key}: {path} changed after export_for_deploy wrote it (its sha256 is not the one {sidecar} records)",
+            hint=f"run the training export again to rewrite it, or pass {flag} FILE to use other data",
+        )
+
+
 class _Header:
     """An array's shape as its file header states it (``np.shape`` reads ``.shape``); no data is read."""
 

@@ -11,6 +11,7 @@ from edgedeploy.artifacts import REPORT
 from edgedeploy.config import DeployConfig
 from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.reportview import CheckRow, ReportView, input_legend
+from edgedeploy.sidecar import origin_text
 from edgedeploy.targets import TargetProfile
 
 if TYPE_CHECKING:
@@ -52,12 +53,36 @@ def build_report(
         "summary": summarize(validate),
         "notes": [n for m in metrics.values() if isinstance(m, dict) for n in m.get("notes") or []],
     }
+    sources = data_sources(cfg)
+    if sources:
+        report["data_sources"] = sources
+        exported = [f"{role}: {text}" for role, text in sources.items() if text.startswith("written by ")]
+        report["notes"] = exported + report["notes"]  # printed under the verdict: data nobody passed by hand
     if cached:  # restored from the stage cache: figures of an earlier run, marked so no one reads them as new
         for key in ("parity", "latency"):
             report[key] = {**report[key], "cached": True}
     if error:
         report["error"] = error
     return report
+
+
+def data_sources(cfg: DeployConfig) -> dict[str, str]:
+    """Where the build's calibration (INT8) and validation data came from, in words: the samples an exporter
+    wrote next to the checkpoint (``written by export_for_deploy (lightning) at PATH``) or the config key."""
+    out: dict[str, str] = {}
+    p = cfg.precision
+    if p.mode == "int8" and (p.calib or p.calib_callable):
+        origin = cfg.data_origins.get("precision.calib")
+        if origin:
+            out["calibration"] = origin_text(origin)
+        elif p.calib:
+            out["calibration"] = f"precision.calib at {cfg.path(p.calib)}"
+        else:
+            out["calibration"] = f"precision.calib_callable {p.calib_callable}"
+    if cfg.validate.data:
+        origin = cfg.data_origins.get("validate.data")
+        out["validation"] = origin_text(origin) if origin else f"validate.data at {cfg.path(cfg.validate.data)}"
+    return out
 
 
 def summarize(validate: dict[str, Any]) -> dict[str, Any]:

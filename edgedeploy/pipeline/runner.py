@@ -25,6 +25,7 @@ from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_b
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
+from edgedeploy.pipeline.threads import passive_thread_waits
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.targets import TargetProfile
 
@@ -98,6 +99,11 @@ def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> li
 
 
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
+    from edgedeploy.pipeline.early import check_exported_file
+
+    for key, origin in cfg.data_origins.items():  # samples the checkpoint's sidecar lists: named as such
+        if key != "precision.calib" or cfg.precision.mode == "int8":
+            check_exported_file(key, Path(origin["path"]), origin)
     ext: dict[str, Path] = {}
     ckpt = cfg.path(cfg.model.checkpoint)
     if ckpt is not None:
@@ -205,6 +211,7 @@ def _run_build(
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
+    passive_thread_waits()  # before the model code imports torch: its OpenMP runtime reads the policy once
     # the user's code, once: every file it imported is an input of the model (none for a model given as ONNX)
     model_code, factory, loader = _model_code(cfg, cache) if cfg.model.factory else ((), None, None)
     calib_code = _calibration_code(cfg)

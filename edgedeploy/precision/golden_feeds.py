@@ -48,8 +48,11 @@ def golden_arrays(
 
     rng = np.random.default_rng(cfg.validate.seed)
     arrays: Feeds = {}
-    user = user_batches(cfg)
-    held = [] if calibration_file(cfg) is not None else heldout_calibration(cfg)  # else already "data"
+    held = heldout_calibration(cfg)
+    # held-out calibration batches are their own point (calib-heldout), whatever the calibration source: under
+    # "data" they would read as validate.data and be judged twice. "data" is validate.data, else (an FP32 build,
+    # or nothing held out) a calibration batch.
+    user = user_batches(cfg) if cfg.validate.data or not held else []
     held_groups = batch_groups(held, max_batch_rows(cfg))
     total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held_groups)
     done = 0
@@ -188,7 +191,7 @@ def check_finite(arrays: Feeds, stage: str, reference: str) -> None:
 
 def user_batches(cfg: DeployConfig) -> list[Feeds]:
     """Batches from ``validate.data`` (.npz with one array per input name, or .txt sentences with model.hf),
-    else one calibration batch; checked against the spec.
+    else calibration batches (:func:`calibration_samples`); checked against the spec.
 
     Raises:
         InputError: the file is unreadable or its arrays do not fit the input spec.
@@ -255,8 +258,8 @@ def heldout_key(cfg: DeployConfig) -> Any:
 
 
 def heldout_calibration(cfg: DeployConfig) -> list[Feeds]:
-    """For FP16/INT8 builds calibrated on a folder or callable: the held-out calibration batches (the precision
-    stage's split), so every later check, on the host and in the device bundle's own run, sees real inputs.
+    """For FP16/INT8 builds with calibration data: the held-out calibration batches (the precision stage's
+    split), so every later check, on the host and in the device bundle's own run, sees real inputs.
 
     Empty for FP32 builds and when no calibration data is configured (the precision stage reports that).
     """

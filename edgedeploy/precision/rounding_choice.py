@@ -79,6 +79,15 @@ def choose_rounding(
             f"{err['nearest']:.4g} -> {err['learned']:.4g}")  # fmt: skip
     if nearest is None:
         return note, None
+    if not note["layers"]:  # e.g. a Conv1d model: nothing learned, so nothing to score against nearest
+        q.weight_codes = None
+        q.output_shifts, q.output_shifts_for = nearest_shifts
+        return {
+            "method": "nearest",
+            "why": f"{why}; adaround has no layer to learn in this model (it learns 2-D Conv, Gemm and MatMul "
+            "weights): nearest kept",
+            "measured": {"nearest": round(nearest["score"], 6)},
+        }, models["nearest"]
     learned = held_out("learned")
     note["measured"] = {"nearest": round(nearest["score"], 6), "learned": round(learned["score"], 6)}
     if learned["score"] > nearest["score"]:

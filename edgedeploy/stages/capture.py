@@ -71,7 +71,7 @@ class TorchScriptFromModel(Stage):
         example = torch_args(cfg, feeds_with_dims(cfg, example_dims(cfg), rng))
         points = probe_points(cfg, seed=cfg.validate.seed + PROBE_SEED)
         feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + PROBE_SEED)
-        eager = [_run_with(cfg, model)(f) for f in feeds]
+        eager = _eager_at_points(cfg, model, points, feeds)
         ctx.probe_outputs = (feeds, eager)  # the export stage probes the same points: one eager pass each
         order = route_order(mode)
         tried: list[dict[str, str]] = []
@@ -137,7 +137,9 @@ class TorchScriptFromModel(Stage):
         """
         cfg = ctx.cfg
         try:
-            captured, runner, tw = capture_route(route, model, example, export_dynamic_shapes(cfg))
+            # only torch.export takes Dims (building them imports sympy: seconds, for trace and script nothing)
+            shapes = export_dynamic_shapes(cfg) if route == "export" else None
+            captured, runner, tw = capture_route(route, model, example, shapes)
         except Exception as exc:  # capture errors come from the user's model code
             raise StageError(
                 self.name,
@@ -168,6 +170,39 @@ class TorchScriptFromModel(Stage):
                 'shape-agnostic or try capture = "script" / "export"',
             )
         return captured, figures, tw.findings
+
+
+def _eager_at_points(
+    cfg: DeployConfig, model: Any, points: list[Any], feeds: list[dict[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """The eager model's outputs at each probe point.
+
+    Raises:
+        StageError: the model itself fails at a point (a size inside the declared [dims] range it does not
+            accept, e.g. a length that is not a multiple of its frame size): named, with the dim to fix.
+    """
+    run = _run_with(cfg, model)
+    outputs = []
+    for point, feed in zip(points, feeds):
+        try:
+            outputs.append(run(feed))
+        except Exception as exc:  # the user's model code, on an input the config says it accepts
+            dim = point.varied
+            sizes = ", ".join(f"{k}={v}" for k, v in point.dims.items())
+            shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feed.items())
+            raise StageError(
+                names.CAPTURE,
+                f"the PyTorch model fails at probe point {point.label} ({sizes}; inputs {shapes}): "
+                f"{root_cause(exc, 300)}",
+                hint=(
+                    f"every size in [dims.{dim}] min..max must work: make the model accept {dim}={point.dims[dim]} "
+                    "(e.g. pad inside forward to the size it needs), "
+                    f"or set [dims.{dim}] min = opt = max to a size it accepts"
+                )
+                if dim
+                else "fix the model so it runs on inputs of the declared shapes, dtypes and inputs.range",
+            ) from None
+    return outputs
 
 
 def _run_with(cfg: DeployConfig, fn: Any) -> Any:

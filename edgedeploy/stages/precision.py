@@ -257,7 +257,8 @@ def _int8(
     from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
 
     goldens = golden_cases(ctx.path(GOLDENS))
-    real_data = [feeds for point, feeds, _, _ in goldens if point == "data"]  # validate.data
+    # validate.data only: without it a "data" golden is a calibration batch (nothing held out), not new evidence
+    real_data = [feeds for point, feeds, _, _ in goldens if point == "data"] if cfg.validate.data else []
     evals = held + real_data
     if not evals:
         warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")

@@ -13,14 +13,16 @@ import numpy as np
 
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIB_CODE, GOLDENS, VALIDATION_DATA
+from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import torch_outputs
+from edgedeploy.modelio.torchutil import root_cause
 from edgedeploy.precision.golden_feeds import budget_bytes, check_finite, golden_arrays, goldens_config_key
 from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_inputs
 
 
 class GoldensFromTorch(Stage):
     name = names.REFERENCE
-    version = "2"
+    version = "3"
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
@@ -40,7 +42,16 @@ class GoldensFromTorch(Stage):
 
         def outputs(feeds: dict[str, np.ndarray], done: int, total: int, point: str) -> dict[str, np.ndarray]:
             ctx.status(f"PyTorch reference outputs: batch {done} of {total} ({point})", tick=True)
-            return torch_outputs(model, cfg, feeds)
+            try:
+                return torch_outputs(model, cfg, feeds)
+            except Exception as exc:  # the user's model code, on an input the config declares
+                shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+                raise StageError(
+                    self.name,
+                    f"the PyTorch model fails on the {point} goldens (inputs {shapes}): {root_cause(exc, 300)}",
+                    hint="make the model accept every shape the [dims] ranges declare (min, opt, max), "
+                    "or change [dims] to sizes it accepts",
+                ) from None
 
         arrays, metrics, warnings = golden_arrays(cfg, outputs, budget)
         # numpy's stubs type **kwds against its own allow_pickle flag; these are all arrays

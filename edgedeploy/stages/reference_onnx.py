@@ -23,7 +23,7 @@ ONNX_REFERENCE = "onnxruntime-fp32 (the given ONNX model)"
 
 class GoldensFromOnnx(Stage):
     name = names.REFERENCE
-    version = "1"
+    version = "2"
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:

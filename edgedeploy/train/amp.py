@@ -1,4 +1,4 @@
-"""Mixed precision with today's ``torch.amp`` API: autocast, gradient scaling and a safe optimizer step.
+"""Mixed precision on Lightning Fabric's precision plugins (autocast, loss scaling) and our safe optimizer step.
 
 ``auto`` precision means FP16 + ``GradScaler`` on CUDA and BF16 on CPU (BF16 keeps FP32's exponent
 range, so it needs no loss scaling). Asking for a precision the device cannot run is an error, never a
@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -52,7 +52,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 @dataclass
 class MixedPrecision:
-    """Autocast + optional ``torch.amp.GradScaler`` + a step that refuses non-finite gradients.
+    """Fabric's precision plugin (autocast, backward) + optional ``torch.amp.GradScaler`` + a step that
+    refuses non-finite gradients. ``plugin`` is handed to ``Fabric(plugins=...)``, so the DDP model's
+    forward and this object's autocast are one context; the scaler is the plugin's (fp16).
 
     Attributes:
         device: where the model runs.
@@ -63,6 +65,7 @@ class MixedPrecision:
             reset by a skipped step).
         skipped_steps: how many steps were skipped for non-finite gradients.
         steps: how many steps were attempted (taken = ``steps - skipped_steps``).
+        fabric: the Fabric whose plugin this is, once launched (backward then goes through it).
     """
 
     device: torch.device
@@ -73,7 +76,9 @@ class MixedPrecision:
     growth_interval: int = 2000
     skipped_steps: int = 0
     steps: int = 0
+    fabric: Any = None  # the Fabric running the model: its wrapped models take backward from it only
     scaler: torch.amp.GradScaler = field(init=False)
+    plugin: Any = field(init=False)
     _unscaled: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
@@ -89,6 +94,7 @@ class MixedPrecision:
             growth_interval=self.growth_interval,
             enabled=bool(self.use_scaler),
         )
+        self.plugin = _fabric_precision(self.precision, self.device, self.scaler)
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -101,14 +107,17 @@ class MixedPrecision:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """``torch.amp.autocast`` for this device and dtype (a no-op context in FP32)."""
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.amp.autocast(device_type=self.device.type, dtype=self.dtype)
+        """Fabric's autocast for this device and dtype (a no-op context in FP32)."""
+        return cast(contextlib.AbstractContextManager[Any], self.plugin.forward_context())
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of the (scaled, when a scaler is on) loss."""
-        self.scaler.scale(loss).backward()
+        """Backward of the (scaled, when a scaler is on) loss, through ``fabric`` when set."""
+        if self.scaler.is_enabled() and getattr(self.plugin, "scaler", None) is None:
+            loss = self.scaler.scale(loss)  # fp32 with a scaler: Fabric's 32-bit plugin has none
+        if self.fabric is not None:
+            self.fabric.backward(loss)
+        else:
+            self.plugin.backward(loss, None)
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true size (before clipping or monitoring). Idempotent per step."""
@@ -155,6 +164,19 @@ class MixedPrecision:
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.steps = int(state.get("steps", 0))
+
+
+def _fabric_precision(precision: str, device: torch.device, scaler: torch.amp.GradScaler) -> Any:
+    """Fabric's plugin for ``precision``: fp16 with our (configured) scaler, so Fabric never swaps fp16 on CPU
+    for bf16 as its ``precision="16-mixed"`` string would."""
+    from edgedeploy.train.distributed import lightning_fabric
+
+    plugins = lightning_fabric().plugins.precision
+    if precision == "fp32":
+        return plugins.Precision()
+    if precision == "bf16":
+        return plugins.MixedPrecision("bf16-mixed", device.type)
+    return plugins.MixedPrecision("16-mixed", device.type, scaler=scaler)  # a disabled scaler scales by 1
 
 
 def grads_are_finite(params: Iterable[nn.Parameter]) -> bool:

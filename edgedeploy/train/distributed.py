@@ -1,20 +1,21 @@
-"""DDP under ``torchrun``: process group setup, per-rank seeding, sharded loading, rank-0-only output.
+"""Data-parallel plumbing on Lightning Fabric under ``torchrun``: devices, the process group, DDP, collectives.
 
-Runs on CPU with the gloo backend (``nccl`` is used on CUDA). Launch with e.g.
-``torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run``.
+Fabric (``pip install 'edgedeploy[lightning]'``) joins the process group torchrun describes, picks each
+rank's device and wraps the model in DDP; what stays here is ours: per-rank seeding, FSDP2 sharding,
+samplers that resume mid-epoch exactly, and rank digests. Runs on CPU with gloo (``nccl`` on CUDA).
+Launch with e.g. ``torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
-import random
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -31,13 +32,29 @@ from torch.utils.data import (
 from edgedeploy.errors import ConfigError
 
 
+def lightning_fabric() -> Any:
+    """The ``lightning.fabric`` package, imported on first use.
+
+    Raises:
+        ConfigError: Lightning is not installed.
+    """
+    try:
+        import lightning.fabric as fabric_pkg
+    except ImportError:
+        raise ConfigError(
+            "deploy train runs on Lightning Fabric, which is not installed", hint="pip install 'edgedeploy[lightning]'"
+        ) from None
+    return fabric_pkg
+
+
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits in the job (world_size 1 when not launched by torchrun)."""
+    """Where this process sits in the job (world_size 1 when not launched by torchrun); ``fabric`` runs it."""
 
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    fabric: Any = None
 
     @property
     def enabled(self) -> bool:
@@ -48,122 +65,113 @@ class DistInfo:
         return self.rank == 0
 
 
-def dist_info_from_env() -> DistInfo:
-    """Read ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` as set by torchrun.
-
-    Raises:
-        ConfigError: the variables are present but not integers.
-    """
-    try:
-        return DistInfo(
-            rank=int(os.environ.get("RANK", "0")),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        )
-    except ValueError as exc:
-        raise ConfigError(
-            f"bad torchrun environment ({exc})", hint="launch with torchrun or unset RANK/WORLD_SIZE"
-        ) from None
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def setup(device: torch.device, seed: int, backend: str = "auto") -> DistInfo:
-    """Join the process group when launched by torchrun and seed this rank with ``seed + rank``.
+def launch(
+    device: torch.device,
+    seed: int,
+    backend: str = "auto",
+    *,
+    strategy: str = "ddp",
+    precision: Any = None,
+    ddp: dict[str, bool] | None = None,
+) -> DistInfo:
+    """Start Fabric on ``device`` (joining torchrun's process group; ``strategy`` ddp: DDP with the ``ddp``
+    options, fsdp: FSDP2 over all ranks; ``precision`` as its plugin) and seed this rank with ``seed + rank``.
 
     Ranks are seeded differently on purpose (dropout and augmentation noise must differ); DDP
     broadcasts rank 0's initial weights, so models still start identical.
 
     Raises:
-        ConfigError: ``backend`` is not one of auto, gloo, nccl; nccl asked for on CPU.
+        ConfigError: nccl asked for on CPU; bad torchrun environment; Lightning not installed.
     """
-    info = dist_info_from_env()
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"distributed backend {backend!r} is not allowed", hint="use auto, gloo or nccl")
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl" and device.type != "cuda":
         raise ConfigError("distributed backend 'nccl' needs CUDA devices", hint="use backend = 'gloo' on CPU")
-    if info.enabled and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend)
-    seed_everything(seed + info.rank)
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    except ValueError as exc:
+        raise ConfigError(
+            f"bad torchrun environment ({exc})", hint="launch with torchrun or unset RANK/WORLD_SIZE"
+        ) from None
+    fabric_pkg = lightning_fabric()
+    chosen: Any = "auto"
+    pg_backend = None if backend == "auto" else backend
+    if strategy == "fsdp" and world > 1:
+        chosen = fabric_pkg.strategies.ModelParallelStrategy(
+            _shard, data_parallel_size=world, tensor_parallel_size=1, process_group_backend=pg_backend
+        )
+    elif world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, even with one rank
+        chosen = fabric_pkg.strategies.DDPStrategy(process_group_backend=pg_backend, **(ddp or {}))
+    devices: Any = local if world > 1 else ([device.index] if device.index is not None else 1)
+    fabric = fabric_pkg.Fabric(
+        accelerator=device.type,
+        devices=devices,
+        num_nodes=max(1, world // max(local, 1)),
+        strategy=chosen,
+        plugins=[precision] if precision is not None else None,
+    )
+    quiet = [logging.getLogger(f"lightning.{pkg}") for pkg in ("fabric", "pytorch")]  # its rank banners
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.WARNING)
+    try:
+        fabric.launch()
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    info = DistInfo(fabric.global_rank, fabric.local_rank, fabric.world_size, fabric)
+    fabric_pkg.seed_everything((seed + info.rank) % 2**32, verbose=False)  # Python, NumPy, torch (CPU, CUDA)
     return info
 
 
-def cleanup() -> None:
+def cleanup(info: DistInfo) -> None:
     """Leave the process group in order: wait for every rank, then destroy it (no-op when not distributed).
 
     Without the barrier a fast rank could tear down its gloo/nccl threads while a slow one still
     talks to it; the slow rank then aborts at exit ("terminate called without an active exception")
-    and torchrun reports failure although the checkpoint was written.
+    and torchrun reports failure although the checkpoint was written. Fabric leaves the group up.
     """
-    if not (dist.is_available() and dist.is_initialized()):
+    if not dist.is_initialized():
         return
     try:
-        dist.barrier()
+        info.fabric.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def wrap_model(
-    model: nn.Module,
-    info: DistInfo,
-    device: torch.device,
-    *,
-    strategy: str = "ddp",
-    find_unused_parameters: bool = False,
-    static_graph: bool = False,
-    gradient_as_bucket_view: bool = False,
-) -> nn.Module:
-    """Wrap ``model`` for data-parallel training when distributed, else return it unchanged.
+def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
+    """Fabric's ``setup_module`` when distributed (DDP, or FSDP2 sharding in place: see :func:`launch`),
+    else ``model`` unchanged."""
+    return cast(nn.Module, info.fabric.setup_module(model)) if info.enabled else model
 
-    ``ddp``: ``DistributedDataParallel`` with the given options. ``fsdp``: FSDP2 ``fully_shard``
-    (each rank holds a shard of every parameter, gathered for forward/backward); the model is
-    sharded in place and returned.
+
+def _shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """FSDP2 over the data-parallel mesh: each rank holds a shard of every parameter, gathered for
+    forward/backward; one unit per top-level block, then the rest (overlapped gathers).
 
     Raises:
-        ConfigError: ``fsdp`` asked for but this torch has no ``fully_shard``.
+        ConfigError: this torch has no ``fully_shard``.
     """
-    if not info.enabled:
-        return model
-    if strategy == "fsdp":
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:
-            raise ConfigError(
-                "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
-                hint="use strategy = 'ddp' or upgrade torch",
-            ) from None
-        with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
-        for child in model.children():  # shard per top-level block, then the rest: overlapped gathers
-            if any(p.requires_grad for p in child.parameters()):
-                fully_shard(child)
-        fully_shard(model)
-        return model
-    ids = [device.index if device.index is not None else info.local_rank] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=ids,
-        find_unused_parameters=find_unused_parameters,
-        static_graph=static_graph,
-        gradient_as_bucket_view=gradient_as_bucket_view,
-    )
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        raise ConfigError(
+            "run.strategy = 'fsdp' needs torch.distributed.fsdp.fully_shard (torch >= 2.6)",
+            hint="use strategy = 'ddp' or upgrade torch",
+        ) from None
+    with torch.no_grad():  # ranks were seeded apart: start every shard from rank 0's weights, as DDP does
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t.data, src=0)
+    for child in model.children():
+        if any(p.requires_grad for p in child.parameters()):
+            fully_shard(child, mesh=mesh["data_parallel"])
+    return cast(nn.Module, fully_shard(model, mesh=mesh["data_parallel"]))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DDP or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
+    """The plain module inside a Fabric or ``torch.compile`` wrapper (state-dict keys without prefixes)."""
     while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
+        if type(model).__name__ == "_FabricModule":  # Fabric's wrapper around DDP / FSDP
+            model = cast(nn.Module, model.module)
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         else:
@@ -305,9 +313,7 @@ def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) ->
     """Sum scalars over ranks (identity when not distributed)."""
     if not info.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    return info.fabric.all_reduce(torch.tensor(values, dtype=torch.float64, device=device), reduce_op="sum").tolist()
 
 
 def param_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
@@ -331,4 +337,4 @@ def gather_digests(model: nn.Module, info: DistInfo, state: dict[str, torch.Tens
 
 def barrier(info: DistInfo) -> None:
     if info.enabled:
-        dist.barrier()
+        info.fabric.barrier()

@@ -6,6 +6,9 @@ hand-written loop):
   and value ranges, dims, outputs, normalization, class names, metrics), inputs derived from an example batch;
 - ``X.calib.npz``: up to ``calib_samples`` inputs from ``data`` (for ``precision.calib``);
 - ``X.validate.npz``: held-out inputs from ``validation`` (for ``validate.data``), at most the batch max.
+
+The sidecar lists the two sample files (``deploy_data``) with their sha256 (``deploy_data_sha256``), so
+``deploy build --checkpoint FOLDER`` calibrates and judges on them without being told (``edgedeploy.sidecar``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from torch import nn
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.train.checkpoint import checkpoint_metadata, save_checkpoint
 from edgedeploy.train.splits import outward_range
 
@@ -156,6 +160,54 @@ def _spec(name: str, example: torch.Tensor, arrays: Iterable[np.ndarray], model:
     return {"name": name, "shape": ["batch", *[int(d) for d in example.shape[1:]]], "dtype": dtype, "range": rng}
 
 
+def rebuilt_state_keys(factory: str, factory_kwargs: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """State-dict key -> shape of ``factory(**factory_kwargs)``, imported as the deploy side imports it.
+
+    Raises:
+        ConfigError: the factory does not import here or does not return an ``nn.Module``.
+    """
+    import importlib
+
+    module_name, _, attr = factory.partition(":")
+    try:
+        build = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"export_for_deploy: factory {factory!r} does not import ({exc})",
+            hint="name a 'module:callable' importable from an installed package or your project's code",
+        ) from None
+    rebuilt = build(**factory_kwargs)
+    if not isinstance(rebuilt, nn.Module):
+        raise ConfigError(f"export_for_deploy: factory {factory!r} returned {type(rebuilt).__name__}, not a module")
+    return {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}
+
+
+def check_factory_rebuilds(factory: str, factory_kwargs: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """Refuse at export time, where the training code is at hand, a factory whose model cannot take ``state``
+    (``deploy build`` would fail loading the checkpoint much later).
+
+    Raises:
+        ConfigError: the keys or shapes differ (the first few of each are named).
+    """
+    rebuilt = rebuilt_state_keys(factory, factory_kwargs)
+    missing = sorted(set(rebuilt) - set(state))
+    unexpected = sorted(set(state) - set(rebuilt))
+    shapes = sorted(k for k in set(rebuilt) & set(state) if rebuilt[k] != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        found = [
+            f"{what} {keys[:3]}"
+            for what, keys in (("not in the weights:", missing), ("not in its model:", unexpected),
+                               ("other shapes:", shapes))
+            if keys
+        ]  # fmt: skip
+        raise ConfigError(
+            f"export_for_deploy: {factory}(**{factory_kwargs}) does not rebuild the model being exported "
+            f"({'; '.join(found)})",
+            hint="pass the factory and kwargs that build exactly this module (with Lightning, the network the "
+            "LightningModule holds, e.g. self.model)",
+        )
+
+
 def export_for_deploy(
     model: nn.Module,
     example_batch: Any,
@@ -188,12 +240,14 @@ def export_for_deploy(
     ``weights`` replaces ``model.state_dict()`` (e.g. EMA weights). Call on one process (rank 0).
 
     Raises:
-        ConfigError: the batch, names or outputs do not fit the model.
+        ConfigError: the batch, names or outputs do not fit the model, or ``factory(**factory_kwargs)`` does not
+            import or does not rebuild it (checked here, before anything is written).
         CheckpointError: the weights are not plain tensors.
     """
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ConfigError(f"export_for_deploy: {path} must end in .safetensors")
+    check_factory_rebuilds(factory, dict(factory_kwargs or {}), weights if weights is not None else model.state_dict())
     by_name = isinstance(example_batch, dict) or hasattr(example_batch, "keys")
     inputs = example_inputs(example_batch, input_names)
     if not by_name and not input_names:
@@ -217,14 +271,15 @@ def export_for_deploy(
     held = collect_inputs(validation, names, bmax, by_name)
     specs = [_spec(n, inputs[n], [calib.get(n, np.zeros(0)), held.get(n, np.zeros(0))], model) for n in names]
     written: dict[str, str] = {}
+    hashes: dict[str, str] = {}
     stem = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if calib:
-        np.savez(stem.with_name(stem.name + ".calib.npz"), **calib)  # type: ignore[arg-type]
-        written["calib"] = stem.name + ".calib.npz"
-    if held:
-        np.savez(stem.with_name(stem.name + ".validate.npz"), **held)  # type: ignore[arg-type]
-        written["validate"] = stem.name + ".validate.npz"
+    for role, arrays in (("calib", calib), ("validate", held)):
+        if arrays:
+            name = f"{stem.name}.{role}.npz"
+            np.savez(path.parent / name, **arrays)  # type: ignore[arg-type]
+            written[role] = name
+            hashes[role] = sha256_file(path.parent / name)  # deploy build refuses a file changed since
     meta = checkpoint_metadata(
         factory=factory,
         factory_kwargs=dict(factory_kwargs or {}),
@@ -234,6 +289,6 @@ def export_for_deploy(
         normalization=normalization if normalization is not None else find_normalization(data),
         class_names=list(class_names) if class_names else find_class_names(model, data),
         metrics=metrics,
-        extra={"trainer": trainer, "deploy_data": written, **(extra or {})},
+        extra={"trainer": trainer, "deploy_data": written, "deploy_data_sha256": hashes, **(extra or {})},
     )
     return save_checkpoint(path, model, meta, weights=weights)

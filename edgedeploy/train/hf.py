@@ -27,9 +27,15 @@ def deploy_callback(
     class_names: list[str] | None = None,
     batch: tuple[int, int, int] = (1, 8, 64),
     calib_samples: int = 128,
+    validation: Any = None,
 ) -> Any:
     """A ``transformers.TrainerCallback`` writing ``path`` (.safetensors), its sidecar and calibration
-    (training batches) / validation (evaluation batches) samples when training ends, on the main process.
+    (training batches) / validation samples when training ends, on the main process.
+
+    The validation samples are ``validation`` (a Dataset, DataLoader or iterable of batches), else the
+    evaluation batches of the Trainer's last evaluation: the Trainer builds its eval dataloader only when it
+    evaluates (``eval_strategy``), so without one and without ``validation`` no validation file is written
+    and ``deploy build`` judges on calibration samples it holds out and generated inputs.
 
     Raises:
         ImportError: transformers is not installed (``pip install 'edgedeploy[hf]'``).
@@ -48,7 +54,8 @@ def deploy_callback(
             from edgedeploy.train.models import HFSequenceClassifier
 
             model = kw["model"]
-            train, held = kw.get("train_dataloader"), kw.get("eval_dataloader")
+            train = kw.get("train_dataloader")
+            held = validation if validation is not None else kw.get("eval_dataloader")
             source: Any = train if train is not None else held
             example = next(iter(source))
             names = input_names or [n for n in INPUT_ORDER if n in example]

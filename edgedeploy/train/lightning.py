@@ -101,14 +101,17 @@ def deploy_checkpoint_callback(
     """A Lightning ``Callback`` writing ``path`` (.safetensors), its sidecar and calibration / validation data
     at the end of ``fit`` through :func:`edgedeploy.train.export_for_deploy`.
 
-    The weights are the adapter's ``.model`` (or the LightningModule itself) with plain state-dict keys, so
-    ``factory(**factory_kwargs)`` loads them. Inputs are derived from the first training batch unless
-    ``inputs`` (sidecar specs) are given; calibration samples come from ``data`` (default: the trainer's
-    train dataloader), validation samples from ``validation`` (default: its val dataloaders).
+    The weights are those of the module ``factory(**factory_kwargs)`` rebuilds (:func:`deployed_module`: the
+    adapter's ``.model``, your LightningModule or its network attribute such as ``self.net``), with plain
+    state-dict keys; a factory that rebuilds none of them is refused when ``fit`` ends. Inputs are derived
+    from the first training batch unless ``inputs`` (sidecar specs) are given; calibration samples come from
+    ``data`` (default: the trainer's train dataloader), validation samples from ``validation`` (default: its
+    val dataloaders).
     ``metrics`` are the trainer's last logged values. Only global rank 0 writes.
 
     Raises:
         ImportError: Lightning is not installed.
+        ConfigError: (when ``fit`` ends) the factory does not import or rebuilds none of the modules.
     """
     pl = _lightning()
     path = Path(path)
@@ -119,7 +122,7 @@ def deploy_checkpoint_callback(
                 return
             from edgedeploy.train.export import export_for_deploy
 
-            model = getattr(pl_module, "model", pl_module)
+            model = deployed_module(pl_module, factory, factory_kwargs)
             metrics = {
                 k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1
             }
@@ -151,6 +154,26 @@ def deploy_checkpoint_callback(
             )
 
     return DeployCheckpoint()
+
+
+def deployed_module(pl_module: nn.Module, factory: str, factory_kwargs: dict[str, Any]) -> nn.Module:
+    """The module ``factory(**factory_kwargs)`` rebuilds: the LightningModule's ``.model``, the LightningModule
+    itself or one of its direct children (``self.net``), matched by state-dict keys and shapes; ``.model`` (or
+    the LightningModule) when none matches, for :func:`~edgedeploy.train.export.export_for_deploy` to refuse.
+
+    Raises:
+        ConfigError: the factory does not import.
+    """
+    from edgedeploy.train.export import rebuilt_state_keys
+
+    rebuilt = rebuilt_state_keys(factory, factory_kwargs)
+    candidates = [getattr(pl_module, "model", None), pl_module, *pl_module.children()]
+    for candidate in candidates:
+        if isinstance(candidate, nn.Module):
+            state = {k: tuple(v.shape) for k, v in candidate.state_dict().items()}
+            if state == rebuilt:
+                return candidate
+    return getattr(pl_module, "model", pl_module)
 
 
 def _first_loader(loaders: Any) -> Any:

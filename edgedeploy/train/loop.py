@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -120,6 +120,7 @@ def train_epoch(
     ema: Any = None,
     on_step: Callable[[LoopState], None] | None = None,
     start: Callable[[], None] | None = None,
+    info: DistInfo | None = None,
 ) -> dict[str, float]:
     """One pass over ``loader`` (or its rest, after a mid-epoch resume). Returns this rank's summed loss,
     sample count and skipped steps for the whole epoch (``state.partial`` carries them across a resume).
@@ -132,7 +133,7 @@ def train_epoch(
     With ``accumulate = N`` the gradients of N batches are summed before one optimizer step; each
     batch's loss is divided by N, so N batches of B give the gradient of one batch of N*B (exactly,
     for a mean loss and no batch statistics). A shorter last group is rescaled to its own size. Under
-    DDP the gradient all-reduce runs only on the last batch of a group (``no_sync``).
+    DDP and FSDP the gradient sync runs only on the last batch of a group (Fabric's ``no_backward_sync``).
     """
     model.train()
     part = state.partial or {}
@@ -140,6 +141,7 @@ def train_epoch(
     total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
     group = 0  # batches accumulated so far in this group
     consumed = 0  # batches of this call counted into state.batch
+    fabric = info.fabric if info is not None and info.enabled else None  # DDP / FSDP: Fabric's sync control
     batches = iter(loader)
     if start is not None:
         start()
@@ -149,8 +151,7 @@ def train_epoch(
             optimizer.zero_grad(set_to_none=True)
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else cast(Any, model).no_sync()
-        with sync:
+        with fabric.no_backward_sync(model, enabled=not last) if fabric else contextlib.nullcontext():
             with amp.autocast():
                 loss = loss_fn(call_model(model, x), y)
             amp.backward(loss / accumulate if accumulate > 1 else loss)
@@ -262,6 +263,7 @@ def fit(
                 ema=ema,
                 on_step=on_step,
                 start=rng_state if mid_epoch else None,
+                info=info,
             )
         except StopTraining:
             return state

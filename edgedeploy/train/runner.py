@@ -212,12 +212,16 @@ def run_training(
     device = _device(cfg)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
-    info = D.setup(device, cfg.run.seed, cfg.run.backend)
+    amp = MixedPrecision(device, cfg.run.precision)
+    r = cfg.run
+    info = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
+    amp.fabric = info.fabric
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
-        return _run(cfg, out, device, info, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
+        args = (stop_after, stop_after_steps, log, callbacks, find_lr)
+        return _run(cfg, out, info.fabric.device, amp, info, resume, *args)
     finally:
-        D.cleanup()
+        D.cleanup(info)
 
 
 def _probe_batch(loader: Any) -> Any:
@@ -230,6 +234,7 @@ def _run(
     cfg: TrainConfig,
     out: Path,
     device: torch.device,
+    amp: MixedPrecision,
     info: D.DistInfo,
     resume: bool,
     stop_after: int | None,
@@ -285,19 +290,9 @@ def _run(
         graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
         say(f"graph: {graph}")
     r = cfg.run
-    wrap = functools.partial(
-        D.wrap_model,
-        info=info,
-        device=device,
-        strategy=r.strategy,
-        find_unused_parameters=r.ddp.find_unused_parameters,
-        static_graph=r.ddp.static_graph,
-        gradient_as_bucket_view=r.ddp.gradient_as_bucket_view,
-    )
     # FSDP replaces the parameters with sharded ones: the optimizer must see those (no resume here)
-    train_model = wrap(model) if fsdp else model
+    train_model = D.wrap_model(model, info) if fsdp else model
     optimizer = _optimizer(cfg, model, loss_fn)
-    amp = MixedPrecision(device, cfg.run.precision)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
     state = LoopState()
     train_loader = D.make_loader(
@@ -348,7 +343,7 @@ def _run(
         where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
     if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
-        train_model = wrap(model)
+        train_model = D.wrap_model(model, info)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
     compiled = False
     if r.compile:
@@ -582,11 +577,7 @@ def _find_lr(
     result = lr_range_test(model, batches, optimizer, loss_fn, num_iter=cfg.optim.find_lr_iters)
     suggested = result.suggested_lr
     if info.enabled:
-        import torch.distributed as dist
-
-        box = [suggested]
-        dist.broadcast_object_list(box, src=0)
-        suggested = float(box[0])
+        suggested = float(info.fabric.broadcast(suggested, src=0))
     top = max(float(g["lr"]) for g in optimizer.param_groups)
     for group in optimizer.param_groups:
         group["lr"] = float(group["lr"]) / top * suggested

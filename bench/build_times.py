@@ -15,6 +15,7 @@ Ratios are edgedeploy / peer within one run; the 1-minute load average is record
 machine inflates every absolute figure; compare ratios).
 
     PYTHONPATH=$PWD .venv/bin/python bench/build_times.py [--json bench/build_times.json] [--int8] [name ...]
+    PYTHONPATH=$PWD .venv/bin/python bench/build_times.py --int8-only efficientnet_lite0   # the INT8 row alone
 """
 
 from __future__ import annotations
@@ -259,19 +260,22 @@ def _int8_row(name: str, p: dict, folder: Path) -> dict:
     if rc8 == 0:
         row["deploy_int8_top1_agreement"] = _top1_agreement(out8 / "model.onnx", out8 / "model.int8.onnx", held)
         info = json.loads((out8 / "precision.json").read_text())
-        row["deploy_int8_plan"] = {k: info.get(k) for k in ("equalize", "weight_rounding", "fallback_stop")}
+        keys = ("equalize", "weight_rounding", "fallback_stop", "search_ladder", "kept_float")
+        row["deploy_int8_plan"] = {k: info.get(k) for k in keys}
     row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
     return row
 
 
-def side_by_side(names: list[str], int8: bool, out: Path | None) -> list[dict]:
-    """FP32 rows first (each printed and saved as it finishes), then the INT8 row(s)."""
+def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = True) -> list[dict]:
+    """FP32 rows first (each printed and saved as it finishes; none when ``fp32`` is False), then the INT8
+    row(s)."""
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         projects = side_by_side_projects(folder)
         chosen = names or list(projects)
-        jobs = [("fp32", n) for n in chosen] + [("int8", n) for n in chosen if int8 and projects[n].get("int8")]
+        jobs = [("fp32", n) for n in chosen if fp32]
+        jobs += [("int8", n) for n in chosen if int8 and projects[n].get("int8")]
         for kind, name in jobs:
             row = (_fp32_row if kind == "fp32" else _int8_row)(name, projects[name], folder)
             row["kind"] = kind
@@ -343,8 +347,9 @@ def main() -> int:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--int8", action="store_true", help="also the INT8 build of EfficientNet-Lite0 and its peer")
+    ap.add_argument("--int8-only", action="store_true", help="only the INT8 row(s): no FP32 builds")
     args = ap.parse_args()
-    rows = side_by_side(args.names, args.int8, args.json)
+    rows = side_by_side(args.names, args.int8 or args.int8_only, args.json, fp32=not args.int8_only)
     return 0 if all(r.get("deploy_ok", r.get("deploy_int8_ok")) and r.get("peer_ok", True) for r in rows) else 1
 
 

@@ -218,7 +218,8 @@ def test_auto_learns_the_rounding_only_when_round_to_nearest_misses_the_target(
     assert main([*argv, "--out", str(tmp_path / "met")]) == 0  # "auto" is the default
     plan = json.loads((tmp_path / "met" / "precision.json").read_text())
     assert plan["weight_rounding"]["method"] == "nearest" and not calls
-    assert plan["weight_rounding"]["why"].startswith("auto: round-to-nearest met the target")
+    assert plan["weight_rounding"]["why"].startswith("auto: round-to-nearest first")
+    assert plan["search_ladder"]["stop"] == "target met at rung a"  # AdaRound is rung c's: not run
     # a target round-to-nearest cannot meet: the rounding is learned (whatever the build's outcome)
     cfg.write_text(cfg.read_text() + "\n[precision]\naccuracy_target = 0.99999999\nmax_fallback_tries = 1\n")
     main([*argv, "--out", str(tmp_path / "missed")])

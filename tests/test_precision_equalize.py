@@ -228,6 +228,21 @@ def test_output_bias_correction_matches_every_conv_output_mean_layer_by_layer(tm
         assert err_after < err_before / 5, (conv, err_before, err_after)
 
 
+def test_output_shifts_in_one_pass_equal_the_conv_by_conv_loop(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from edgedeploy.precision import bias_correction
+
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=16, batch=8)
+    q = Quantizer(float_model, tmp_path, flavour_for("onnxruntime"), reduce_range=False)
+    plain = q.quantize(tmp_path / "plain.int8.onnx", batches)
+    one_pass = bias_correction.output_mean_shifts(plain, float_model, batches)  # equal batches: joined, one run
+    monkeypatch.setattr(bias_correction, "joined", lambda b: b)  # two batches: one run per conv and batch
+    loop = bias_correction.output_mean_shifts(plain, float_model, batches)
+    assert set(one_pass) == set(loop) and len(loop) >= 2
+    for conv, shift in loop.items():
+        np.testing.assert_allclose(one_pass[conv], shift, rtol=1e-3, atol=1e-5 * (np.abs(shift).max() + 1))
+
+
 def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> None:
     from onnx import numpy_helper
 

@@ -87,7 +87,7 @@ def test_int8_report_has_the_search_float_layers_calibration_range_and_log_laten
     assert page.tables["calibration-range"] == 2  # the one float input
     assert page.tables["parity-all"] == 1 + sum(len(c["checks"]) for c in int8_build["first"]["parity"]["candidates"])
     text = int8_build["first_html"]
-    assert "INT8 sensitive: quantizing this" in text  # why each layer stayed float
+    assert "INT8 sensitive: " in text  # why each layer stayed float
     assert "batch consistency: opt sample 0 repeated into a batch of 4" in text  # the legend explains x4
     assert "cached" not in text.split("<h2>Parity")[1].split("<h2>Error")[0]
 

@@ -41,6 +41,35 @@ def _channel_means(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], values.shape[1], -1).mean(axis=(0, 2)).astype(np.float64)
 
 
+def joined(batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """``batches`` as one batch when they all hold the same number of samples of the same trailing shapes
+    (each mean then weighs every sample as before, in one ONNX Runtime call per measurement, not one per
+    batch); otherwise as they are."""
+    if len(batches) < 2:
+        return batches
+    first = batches[0]
+    rows = {len(v) for b in batches for v in b.values() if v.ndim > 0}
+    same = all(
+        b.keys() == first.keys() and all(v.ndim > 0 and v.shape[1:] == first[k].shape[1:] for k, v in b.items())
+        for b in batches
+    )
+    if not same or len(rows) != 1:
+        return batches
+    return [{k: np.concatenate([b[k] for b in batches]) for k in first}]
+
+
+def _dynamic_batch(model: ModelProto) -> bool:
+    """Every graph input has a leading dim that is not fixed (a batch of several samples can run)."""
+    inits = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        if not dims or dims[0].HasField("dim_value"):
+            return False
+    return True
+
+
 def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence[dict[str, np.ndarray]]):
     """Conv node name -> per-channel mean of its output in the float model over ``batches``."""
     import onnx
@@ -73,6 +102,8 @@ def output_mean_shifts(
 
     batches = list(batches)[:SAMPLES]
     model = onnx.load(str(qdq_path))
+    if _dynamic_batch(model):
+        batches = joined(batches)
     producers = {o: n for n in model.graph.node for o in n.output}
 
     def quantized(conv: NodeProto) -> bool:
@@ -84,6 +115,8 @@ def output_mean_shifts(
     convs = [c for c in convs if c.name in reference]
     if not convs or not batches:
         return {}
+    if len(batches) == 1:
+        return _shifts_in_one_pass(model, convs, reference, batches[0], qdq_path)
     graph = model.graph
     measured: dict[str, str] = {}
     for conv in convs:
@@ -112,6 +145,61 @@ def output_mean_shifts(
         mean = sum(_channel_means(sess.run([measured[conv.name]], feeds_for(b))[0]) for b in batches) / len(batches)
         shifts[conv.name] = shifts[conv.name] + (reference[conv.name] - mean)
     return shifts
+
+
+def _shifts_in_one_pass(
+    model: ModelProto,
+    convs: list[NodeProto],
+    reference: dict[str, np.ndarray],
+    batch: dict[str, np.ndarray],
+    qdq_path: Path,
+) -> dict[str, np.ndarray]:
+    """The layer-by-layer shifts of :func:`output_mean_shifts` from one run on one batch: after every conv the
+    graph itself subtracts its output's per-channel mean over the batch from the float model's and adds the
+    difference, so each later conv is measured with the earlier ones corrected, exactly as the conv-by-conv
+    loop does, in one pass instead of one pass per conv."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    fetch: dict[str, str] = {}
+    for conv in convs:
+        weights = producers[conv.input[1]]
+        rank = len(inits[weights.input[0]].dims) if weights.input[0] in inits else 4
+        axes = [0, *range(2, rank)]
+        raw, shifted = conv.output[0], f"{conv.output[0]}{SHIFT_SUFFIX}_out"
+        base = f"{conv.name}{SHIFT_SUFFIX}"
+        for node in graph.node:  # readers of the conv's output read the shifted tensor
+            for i, name in enumerate(node.input):
+                if name == raw:
+                    node.input[i] = shifted
+        for out in graph.output:
+            if out.name == raw:
+                out.name = shifted
+        target = reference[conv.name].astype(np.float32).reshape(1, -1, *([1] * (rank - 2)))
+        graph.initializer.append(numpy_helper.from_array(target, f"{base}_float_mean"))
+        if opset >= 18:
+            graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{base}_axes"))
+            mean = helper.make_node("ReduceMean", [raw, f"{base}_axes"], [f"{base}_mean"], keepdims=1)
+        else:
+            mean = helper.make_node("ReduceMean", [raw], [f"{base}_mean"], axes=axes, keepdims=1)
+        mean.name = f"{base}_mean"
+        graph.node.extend(
+            [
+                mean,
+                helper.make_node("Sub", [f"{base}_float_mean", f"{base}_mean"], [base], name=f"{base}_sub"),
+                helper.make_node("Add", [raw, base], [shifted], name=f"{base}_add"),
+            ]
+        )
+        graph.output.append(onnx.ValueInfoProto(name=base))
+        fetch[conv.name] = base
+    _topological_sort(graph)
+    sess = _session(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    values = sess.run(list(fetch.values()), batch)
+    return {name: np.asarray(v, np.float64).reshape(-1) for name, v in zip(fetch, values)}
 
 
 def _session(model: ModelProto, scratch: Path):

@@ -49,6 +49,7 @@ def choose_equalization(
     p: PrecisionSection,
     classes: Sequence[str],
     target: float | None = None,
+    measure: bool = True,
 ) -> tuple[Path, dict[str, Any], BiasSetup]:
     """Cross-layer equalization + bias correction per ``precision.equalize`` and ``precision.bias_correction``.
 
@@ -59,7 +60,9 @@ def choose_equalization(
     all-INT8 model with bias correction (per-channel weights) is scored on the held-out data and kept when it
     meets ``target``; otherwise it is also scored plain and with CLE + bias correction and the best kept (on
     EfficientNet-Lite0 with per-channel weights CLE scored *worse* and ran slower, see bench/README.md).
-    Plain and bias-corrected quantize the same float model from one calibration.
+    Plain and bias-corrected quantize the same float model from one calibration. ``measure`` False (the INT8
+    ladder's first rung): ``auto`` takes bias correction on the unmodified model unmeasured (the candidate the
+    held-out judge scores first anyway); CLE is measured only in a later rung, when that one misses.
     Returns the model to quantize, the note for precision.json and the bias correction to apply.
     """
     import onnx
@@ -75,12 +78,25 @@ def choose_equalization(
         on, why = bool(setting), f"precision.equalize = {str(setting).lower()}"
     if not on:
         return float_model, {"applied": False, "why": why}, BiasSetup()
-    out = tmp / "float.equalized.onnx"
-    report = eq.equalize(float_model, out)
     outputs = p.bias_correction == "outputs"
 
     def setup(model: Path) -> BiasSetup:
         return BiasSetup(outputs=True) if outputs else BiasSetup(means=eq.conv_input_means(model, calib))
+
+    if setting == "auto" and not measure:  # CLE not applied: measured only when this candidate misses
+        return (
+            float_model,
+            {
+                "applied": False,
+                "why": f"{why}: bias correction first (the cheapest rung); CLE measured only if the cheaper rungs "
+                "miss the target",
+                "chosen": "bias_corrected",
+                "bias_correction": {"applied": True, "method": p.bias_correction},
+            },
+            setup(float_model),
+        )
+    out = tmp / "float.equalized.onnx"
+    report = eq.equalize(float_model, out)
 
     method = {"method": p.bias_correction}
     note: dict[str, Any] = {
@@ -91,6 +107,7 @@ def choose_equalization(
     }
     if setting != "auto":
         return out, note, setup(out)
+
     # measured, not assumed: the naive all-INT8 model each way on the held-out data
     reference = analysis.run_model(float_model, evals)
     ways = {  # the cheapest accurate candidate first

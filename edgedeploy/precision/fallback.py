@@ -99,6 +99,8 @@ def quantize_with_fallback(
     on_try: Callable[[dict[str, Any], Path], None] | None = None,
     deadline: float | None = None,
     budget_name: str = "precision.time_budget_s",
+    ranking: Callable[[Path, list[str]], list[dict[str, Any]]] | None = None,
+    families: Sequence[str] = ("sensitivity", "prefix"),
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -124,6 +126,10 @@ def quantize_with_fallback(
     naive and the final model is measured in ONNX Runtime when ``latency_feeds`` is given. ``deadline``
     (``time.monotonic()`` seconds): no new try starts after it (``budget_name`` names the setting in the
     stop reason). The result's ``stop`` says why the search ended where it did.
+
+    ``ranking(naive_model, candidates)``, when given, ranks the candidates instead of
+    :func:`layer_sensitivity` (e.g. :func:`edgedeploy.precision.layer_error.layer_errors`: one pass, not one
+    quantization per node). ``families``: the float-set families searched (``sensitivity``, ``prefix``).
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -184,13 +190,16 @@ def quantize_with_fallback(
             + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")
             + f" misses target {accuracy_target}: measuring the sensitivity of {len(candidates)} quantized nodes"
         )
-        calib_ref = analysis.run_model(q.float_model, batches[:4])
-        sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
-        search = _FamilySearch(attempt, pinned, sensitivity, candidates, budget_left)
+        if ranking is not None:
+            sensitivity = ranking(naive, candidates)
+        else:
+            calib_ref = analysis.run_model(q.float_model, batches[:4])
+            sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
+        search = _FamilySearch(attempt, pinned, sensitivity, candidates, budget_left, tuple(families))
         won = search.grow_both()
         if won is not None:
             search.bisect(won)
-            if won == "sensitivity" and timer is not None:
+            if won == "sensitivity" and timer is not None and "prefix" in families:
                 # a longer float prefix may still run faster than scattered sensitive nodes: find it and time both
                 search.grow("prefix")
                 search.bisect("prefix")
@@ -211,7 +220,8 @@ def quantize_with_fallback(
                 if out_of_time()
                 else f"precision.max_fallback_tries = {max_tries} spent"
                 if len(tries) > max_tries
-                else f"every measured node float ({len(candidates)}) still misses: more tries cannot pass"
+                else f"every ranked node float ({len(candidates)}) still misses: more float nodes cannot change "
+                "the outcome"
             )
         say(f"INT8 fallback search stopped: {stop}")
     final = next((t for t in tries if set(t["excluded"]) == set(excluded)), tries[-1])
@@ -252,9 +262,11 @@ class _FamilySearch:
         sensitivity: list[dict[str, Any]],
         candidates: list[str],
         budget_left: Callable[[], bool],
+        families: tuple[str, ...] = ("sensitivity", "prefix"),
     ) -> None:
         self.attempt, self.pinned, self.sensitivity, self.candidates = attempt, pinned, sensitivity, candidates
         self.budget_left = budget_left
+        self.families = families
         self.models: dict[tuple[str, int], Path] = {}
         self.failed: dict[str, int] = {"sensitivity": 0, "prefix": 0}  # the largest k that failed
         self.passed: dict[str, int] = {}  # the smallest k that passed
@@ -265,14 +277,7 @@ class _FamilySearch:
         if family == "prefix":
             why = f"INT8 float prefix: the first {k} quantized nodes stay float (one float -> INT8 boundary)"
             return {**self.pinned, **{n: why for n in self.candidates[:k]}}
-        return {
-            **self.pinned,
-            **{
-                r["node"]: f"INT8 sensitive: quantizing this {r['op']} alone gives {r['output_error']:.3g} "
-                "relative output error"
-                for r in self.sensitivity[:k]
-            },
-        }
+        return {**self.pinned, **{r["node"]: sensitive_why(r) for r in self.sensitivity[:k]}}
 
     def _same(self, k: int) -> bool:
         return set(self.float_set("prefix", k)) == set(self.float_set("sensitivity", k))
@@ -295,7 +300,7 @@ class _FamilySearch:
         """k = 1, 2, 4, ...: both families at each size (sensitivity first) until one passes; which did."""
         k, last = 1, len(self.sensitivity)
         while self.budget_left() and k <= last:
-            for family in ("sensitivity", "prefix"):
+            for family in self.families:
                 if self.budget_left() and self._try(family, k):
                     return family
             if k == last:
@@ -339,6 +344,15 @@ class _FamilySearch:
             "faster (measured side by side, one thread)"
         )
         return pick[0], pick[1], {"rule": why, "family": pick[0], "float_nodes": pick[1], "measured": rows}
+
+
+def sensitive_why(row: dict[str, Any]) -> str:
+    """Why a ranked node stays float: what its quantization cost where it was ranked."""
+    err = row.get("output_error")
+    if "sqnr_db" in row:  # ranked in one pass (precision/layer_error.py): the node's own output error
+        figure = "not measurable" if err is None else f"{err:.3g} relative error (SQNR {row['sqnr_db']} dB)"
+        return f"INT8 sensitive: this {row['op']}'s own output on the calibration batches: {figure}"
+    return f"INT8 sensitive: quantizing this {row['op']} alone gives {err:.3g} relative output error"
 
 
 def _budget_word(out_of_time: bool) -> str:

@@ -53,7 +53,8 @@ def golden_arrays(
     # "data" they would read as validate.data and be judged twice. "data" is validate.data, else (an FP32 build,
     # or nothing held out) a calibration batch.
     user = user_batches(cfg) if cfg.validate.data or not held else []
-    total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held)
+    held_groups = batch_groups(held, max_batch_rows(cfg))
+    total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held_groups)
     done = 0
 
     def reference(feeds: Feeds, point: str) -> Feeds:
@@ -70,8 +71,9 @@ def golden_arrays(
             seeded += len(gens)
     for s, feeds in enumerate(user):
         store_goldens(arrays, "data", s, feeds, reference(feeds, "data"))
-    for s, feeds in enumerate(held):
-        store_goldens(arrays, HELDOUT_POINT, s, feeds, reference(feeds, HELDOUT_POINT))
+    held_outputs = [out for group in held_groups for out in _grouped_reference(group, reference, HELDOUT_POINT)]
+    for s, (feeds, outs) in enumerate(zip(held, held_outputs)):
+        store_goldens(arrays, HELDOUT_POINT, s, feeds, outs)
     fitted = fit_budget(arrays, budget, protect=["data", HELDOUT_POINT])
     metrics = {
         "points": list(SHAPE_POINTS),
@@ -93,6 +95,46 @@ def golden_arrays(
             "are kept whole): raise validate.goldens_budget_mb or give fewer validate.data samples"
         )
     return arrays, metrics, warnings
+
+
+def max_batch_rows(cfg: DeployConfig) -> int:
+    """The most samples one reference call may take: the smallest declared max batch over the inputs (1
+    when an input has no batch dim to grow)."""
+    most = [cfg.shape_for(spec, "max") for spec in cfg.inputs]
+    return max(1, min((int(shape[0]) for shape in most if shape), default=1))
+
+
+def batch_groups(batches: list[Feeds], rows: int) -> list[list[Feeds]]:
+    """Consecutive ``batches`` with the same input names, dtypes and trailing shapes, up to ``rows`` samples a
+    group: the held-out views are computed a group per reference call, not one call each."""
+    groups: list[list[Feeds]] = []
+    key: Any = None
+    count = 0
+    for b in batches:
+        this = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in b.items()))
+        n = len(next(iter(b.values()))) if b and all(v.ndim > 0 for v in b.values()) else rows + 1
+        if groups and this == key and count + n <= rows:
+            groups[-1].append(b)
+            count += n
+        else:
+            groups.append([b])
+            key, count = this, n
+    return groups
+
+
+def _grouped_reference(group: list[Feeds], reference: Callable[[Feeds, str], Feeds], point: str) -> list[Feeds]:
+    """The reference outputs of each batch in ``group``, from one call on their concatenation (split back by
+    rows); one call per batch where an output lacks the batch axis."""
+    if len(group) == 1:
+        return [reference(group[0], point)]
+    rows = [len(next(iter(b.values()))) for b in group]
+    joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
+    outs = reference(joined, point)
+    if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in outs.values()):
+        return [reference(b, point) for b in group]
+    cuts = np.cumsum(rows)[:-1]
+    parts = {k: np.split(v, cuts) for k, v in outs.items()}
+    return [{k: np.ascontiguousarray(p[i]) for k, p in parts.items()} for i in range(len(group))]
 
 
 def budget_bytes(cfg: DeployConfig, model_bytes: int) -> int:

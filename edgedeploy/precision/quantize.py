@@ -153,6 +153,9 @@ def ort_quantization(what: str, hint: str) -> Iterator[None]:
         logging.getLogger().setLevel(quiet)
 
 
+RANGES = "ort_ranges.json"  # the calibration's ranges in a quantizer's workdir (ORT's cache format)
+
+
 @dataclass
 class Quantizer:
     """Quantizes one float model repeatedly (different exclusions) from a single calibration pass.
@@ -181,7 +184,7 @@ class Quantizer:
     _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self._ranges_json = self.workdir / "ort_ranges.json"
+        self._ranges_json = self.workdir / RANGES
 
     def adopt_ranges(self, workdir: Path) -> None:
         """Reuse the ranges another quantizer of the same float model and batches chose (in ``workdir``): one

@@ -211,6 +211,8 @@ def calibration_ranges(ctx: BuildContext, calib: CalibrationSet) -> dict[str, di
 def _int8(
     ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list[str], *, kind: str = ""
 ) -> dict[str, Any]:
+    import shutil
+
     import onnx
 
     from edgedeploy.precision import analysis
@@ -218,6 +220,7 @@ def _int8(
     from edgedeploy.precision.data import split_for_judging, split_heldout
     from edgedeploy.precision.fallback import quantize_with_fallback
     from edgedeploy.precision.quantize import (
+        RANGES,
         Quantizer,
         calib_method_for,
         cpu_int8_flags,
@@ -266,83 +269,141 @@ def _int8(
     # the score is lowered by one standard error over these (groups under 8 samples are merged first)
     judged["independent_groups"] = len(groups)
     from edgedeploy.precision.equalize_choice import choose_equalization
-
-    float_model, equalized, bias = choose_equalization(
-        p.equalize, float_model, calib, evals or calib, tmp, flavour, p, cfg.validate.classifier_outputs,
-        target=accuracy_target,
-    )  # fmt: skip
-    if bias.calibrated is not None:  # the equalization choice calibrated this very model on these batches
-        Quantizer(float_model, tmp, flavour, method=p.calib_method).adopt_ranges(bias.calibrated)
-    choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
-    log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
-    reduce_range, rr_scores = choices[0], {}
-    reference = None  # the float model's outputs on the held-out data, computed once when needed
-    if len(choices) > 1:  # measured, not assumed: the naive model with each weight width on the held-out data
-        reference = analysis.run_model(float_model, evals or calib)
-        for choice in choices:
-            q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-            q.reduce_range = choice
-            bias.configure(q, fresh=True)
-            m = q.quantize(tmp / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
-            score = analysis.accuracy(reference, analysis.run_model(m, evals or calib), cfg.validate.classifier_outputs)
-            rr_scores["7-bit" if choice else "8-bit"] = score["score"]
-        reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
-    q = Quantizer(float_model, tmp, flavour, method=p.calib_method, per_channel=p.per_channel)
-    q.reduce_range = reduce_range
-    bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
-    pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
+    from edgedeploy.precision.layer_error import layer_errors
+    from edgedeploy.precision.rounding_choice import choose_rounding
+    from edgedeploy.precision.search_progress import SearchProgress
     from edgedeploy.precision.speed_probe import probe_when_set, side_by_side_timer
 
-    probe = probe_when_set(p.float_when_faster, q, calib, list(pinned), runtime=target.runtime, log=log)
-    pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
-    from edgedeploy.precision.rounding_choice import choose_rounding
+    log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
+    classes = cfg.validate.classifier_outputs
+    plain_model = float_model
+    pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
+    probe: Any = None
 
-    if reference is None and p.weight_rounding == "auto":
-        reference = analysis.run_model(float_model, evals or calib)
-    rounding, first_try = choose_rounding(
-        p.weight_rounding,
-        q,
-        calib,
-        evals or calib,
-        reference or [],
-        exclude=list(pinned),
-        target=accuracy_target,
-        classifier_outputs=cfg.validate.classifier_outputs,
-        workdir=tmp,
-        log=log,
-        groups=groups or None,
-    )
-    from edgedeploy.precision.search_progress import SearchProgress
+    def rung(expensive: bool) -> dict[str, Any]:
+        """One pass of the INT8 search: bias correction (CLE measured when ``expensive``), the weight width,
+        the rounding (AdaRound learned when ``expensive`` or asked for), then the fewest float nodes that meet
+        the target (the worst ranked in one pass, or the first in graph order; ``expensive``: ranked by one
+        quantization per node, the faster passing set timed)."""
+        nonlocal probe
+        work = tmp / ("rung_c" if expensive else "rung_a")  # each rung calibrates its own float model
+        work.mkdir()
+        if expensive and (tmp / "rung_a" / RANGES).is_file():  # the unmodified model's ranges: calibrated once
+            (work / "eq_float").mkdir()
+            shutil.copyfile(tmp / "rung_a" / RANGES, work / "eq_float" / RANGES)
+        model, equalized, bias = choose_equalization(
+            p.equalize, plain_model, calib, evals or calib, work, flavour, p, classes, target=accuracy_target,
+            measure=expensive,
+        )  # fmt: skip
+        if bias.calibrated is not None:  # the equalization choice calibrated this very model on these batches
+            Quantizer(model, work, flavour, method=p.calib_method).adopt_ranges(bias.calibrated)
+        choices, rr_why = reduce_range_choices(p.reduce_range, target.runtime, cpu_int8_flags())
+        reduce_range, rr_scores = choices[0], {}
+        reference = None  # the float model's outputs on the held-out data, computed once when needed
+        if len(choices) > 1:  # measured, not assumed: the naive model with each weight width on the held-out data
+            reference = analysis.run_model(model, evals or calib)
+            for choice in choices:
+                trial = Quantizer(model, work, flavour, method=p.calib_method, per_channel=p.per_channel)
+                trial.reduce_range = choice
+                bias.configure(trial, fresh=True)
+                m = trial.quantize(work / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
+                rr_scores["7-bit" if choice else "8-bit"] = analysis.accuracy(
+                    reference, analysis.run_model(m, evals or calib), classes
+                )["score"]
+            reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
+        q = Quantizer(model, work, flavour, method=p.calib_method, per_channel=p.per_channel)
+        q.reduce_range = reduce_range
+        bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
+        if probe is None:  # speed, not accuracy: measured once, on the first rung's quantizer
+            probe = probe_when_set(p.float_when_faster, q, calib, list(pinned), runtime=target.runtime, log=log)
+            pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
+        if reference is None:
+            reference = analysis.run_model(model, evals or calib)
+        # AdaRound is learned when asked for (weight_rounding = "adaround"), or by "auto" in the expensive rung
+        setting = p.weight_rounding if expensive or p.weight_rounding != "auto" else "nearest"
+        rounding, first_try = choose_rounding(
+            setting, q, calib, evals or calib, reference, exclude=list(pinned), target=accuracy_target,
+            classifier_outputs=classes, workdir=work, log=log, groups=groups or None,
+        )  # fmt: skip
+        if setting != p.weight_rounding:
+            rounding["why"] = "auto: round-to-nearest first (the cheapest rung); AdaRound only if it misses"
 
-    progress = SearchProgress(
-        max_tries=p.max_fallback_tries,
-        target=accuracy_target,
-        status=ctx.status,
-        latency_feeds=calib[0],
-        latency_iters=max(3, min(cfg.validate.latency_iters, 10)),
-    )
-    result = quantize_with_fallback(
-        q,
-        out=ctx.staging / deploy_model_name("int8"),
-        batches=calib,
-        eval_batches=evals or None,
-        classifier_outputs=cfg.validate.classifier_outputs,
-        accuracy_target=accuracy_target,
-        max_tries=p.max_fallback_tries,
-        keep_fp32=pinned,
-        first_try=first_try,
-        reference=reference,
-        extra_check=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
-        latency_feeds=calib[0],
-        latency_iters=max(cfg.validate.latency_iters, 3),
-        log=log,
-        groups=groups or None,
-        timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels else None,
-        on_try=progress,
-        deadline=deadline,
-    )
-    if ctx.log:
-        ctx.log(f"  {progress.summary(result.final)}")
+        def one_pass(naive: Path, candidates: list[str]) -> list[dict[str, Any]]:
+            return layer_errors(naive, q.float_model, calib, work, candidates)
+
+        progress = SearchProgress(
+            max_tries=p.max_fallback_tries,
+            target=accuracy_target,
+            status=ctx.status,
+            latency_feeds=calib[0],
+            latency_iters=max(3, min(cfg.validate.latency_iters, 10)),
+        )
+        result = quantize_with_fallback(
+            q,
+            out=ctx.staging / deploy_model_name("int8"),
+            batches=calib,
+            eval_batches=evals or None,
+            classifier_outputs=classes,
+            accuracy_target=accuracy_target,
+            max_tries=p.max_fallback_tries,
+            keep_fp32=pinned,
+            first_try=first_try,
+            reference=reference,
+            extra_check=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
+            latency_feeds=calib[0],
+            latency_iters=max(cfg.validate.latency_iters, 3),
+            log=log,
+            groups=groups or None,
+            timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels and expensive else None,
+            on_try=progress,
+            deadline=deadline,
+            ranking=None if expensive else one_pass,
+        )
+        if ctx.log:
+            ctx.log(f"  {progress.summary(result.final)}")
+        return {
+            "q": q, "model": model, "equalized": equalized, "rr": (reduce_range, rr_why, rr_scores),
+            "rounding": rounding, "result": result, "reference": reference,
+        }  # fmt: skip
+
+    cheap = rung(expensive=False)
+    ladder = _ladder_note(cheap["result"])
+    chosen = cheap
+    expensive_left = _expensive_steps(p, plain_model, cheap["result"])
+    out_of_time = deadline is not None and time.monotonic() >= deadline
+    if not cheap["result"].met and expensive_left and not out_of_time:
+        cheap_model = tmp / "cheap.int8.onnx"  # the staged model is overwritten by the expensive rung's search
+        shutil.copyfile(ctx.staging / deploy_model_name("int8"), cheap_model)
+        if ctx.log:
+            ctx.log(f"  INT8: the cheap rungs missed ({ladder['stop']}): {', '.join(expensive_left)}")
+        dear = rung(expensive=True)
+        ladder["rungs"].append(_rung_c_note(dear, expensive_left))
+        if dear["result"].met or not _better(cheap["result"], dear["result"]):
+            chosen = dear
+            ladder["stop"] = (
+                "target met at rung c" if dear["result"].met else f"rung c missed too: {dear['result'].stop}"
+            )
+        else:
+            shutil.copyfile(cheap_model, ctx.staging / deploy_model_name("int8"))
+            ladder["stop"] = f"rung c missed and scored lower than rung b: {dear['result'].stop}"
+    else:
+        why = (
+            "not needed: the target was met"
+            if cheap["result"].met
+            else "time budget: precision.time_budget_s spent"
+            if out_of_time
+            else f"nothing to add: {_nothing_expensive_why(p)}"
+        )
+        if not cheap["result"].met and out_of_time:
+            ladder["stop"] = "time budget: precision.time_budget_s spent before rung c"
+        elif not cheap["result"].met:
+            ladder["stop"] = f"{ladder['stop']}; rung c has {why}"
+        ladder["rungs"].append({"rung": "c", "ran": False, "why": why, "steps": expensive_left})
+    q, float_model, equalized, rounding, result = (
+        chosen["q"], chosen["model"], chosen["equalized"], chosen["rounding"], chosen["result"]
+    )  # fmt: skip
+    reduce_range, rr_why, rr_scores = chosen["rr"]
+    reference = chosen["reference"]
     from edgedeploy.precision.heldout import resolution_hint
 
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)
@@ -416,6 +477,7 @@ def _int8(
         "fallback_choice": result.choice,
         "recurrent_int8": recurrent,
         "fallback_stop": result.stop,
+        "search_ladder": ladder,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,
     }
@@ -433,6 +495,91 @@ def _int8(
         cache = write_trt_cache(ctx.staging / CALIB_CACHE, scales, trt_version=target.trt_version)
         plan["implicit_int8"] = {"calib_cache": CALIB_CACHE, "header": cache.header, "tensors": len(cache.scales)}
     return plan
+
+
+def _ladder_note(result: Any) -> dict[str, Any]:
+    """precision.json's account of the INT8 ladder's first two rungs (one search: its try 0 is rung a, its
+    fallback tries rung b) and why it stopped there."""
+    first = result.tries[0]
+    a = {
+        "rung": "a",
+        "ran": True,
+        "what": "every node INT8 as configured (per-channel weights, bias correction, round-to-nearest unless "
+        "precision.weight_rounding asks otherwise), calibrated once, judged once on the held-out data",
+        "measured": {first["metric"]: round(first["score"], 6)},
+        "met": bool(first["met"]),
+    }
+    if "vetoed" in first:
+        a["vetoed"] = first["vetoed"]
+    if first["met"]:
+        b: dict[str, Any] = {"rung": "b", "ran": False, "why": "not needed: rung a met the target"}
+        return {"rungs": [a, b], "stop": "target met at rung a"}
+    final = result.final
+    b = {
+        "rung": "b",
+        "ran": len(result.tries) > 1,
+        "what": "the fewest nodes kept float: the worst ranked in one pass by their own INT8 output error "
+        "(precision/layer_error.py), or the first in graph order; each try one quantization and one batched "
+        "judgement",
+        "tries": len(result.tries) - 1,
+        "float_nodes": final.get("float_nodes", 0),
+        "measured": {final.get("metric", "score"): round(float(final.get("score", 0.0)), 6)},
+        "met": bool(result.met),
+        "stop": result.stop,
+    }
+    return {"rungs": [a, b], "stop": "target met at rung b" if result.met else result.stop}
+
+
+def _expensive_steps(p: Any, model: Path, cheap: Any) -> list[str]:
+    """What the expensive rung c would add after rungs a and b missed: ``cle`` (the CLE variants measured:
+    ``equalize = auto`` on a depthwise CNN), ``adaround`` (``weight_rounding = auto``), and ``wide_search``
+    (one quantization per node ranks them, both float-set families, timed) where rung b left float sets
+    untried."""
+    import onnx
+
+    from edgedeploy.precision.equalize import has_depthwise_conv
+
+    steps = []
+    if p.equalize == "auto" and has_depthwise_conv(onnx.load(str(model), load_external_data=False)):
+        steps.append("cle")
+    if p.weight_rounding == "auto":
+        steps.append("adaround")
+    exhausted = cheap.stop.startswith("every ranked node float") or p.max_fallback_tries == 0
+    if steps or not exhausted:
+        steps.append("wide_search")
+    return steps
+
+
+def _nothing_expensive_why(p: Any) -> str:
+    return (
+        f"precision.equalize = {str(p.equalize).lower()}, precision.weight_rounding = {p.weight_rounding}, and "
+        "more float nodes cannot change the outcome"
+    )
+
+
+def _rung_c_note(dear: dict[str, Any], steps: list[str]) -> dict[str, Any]:
+    result = dear["result"]
+    final = result.final
+    note: dict[str, Any] = {
+        "rung": "c",
+        "ran": True,
+        "steps": steps,
+        "tries": len(result.tries) - 1,
+        "float_nodes": final.get("float_nodes", 0),
+        "measured": {final.get("metric", "score"): round(float(final.get("score", 0.0)), 6)},
+        "met": bool(result.met),
+        "stop": result.stop,
+    }
+    if dear["equalized"].get("measured"):
+        note["equalize_measured"] = dear["equalized"]["measured"]
+    if dear["rounding"].get("measured"):
+        note["rounding_measured"] = dear["rounding"]["measured"]
+    return note
+
+
+def _better(cheap: Any, dear: Any) -> bool:
+    """Whether rung b's (missing) result scored above rung c's (missing) one: then rung b's model is reported."""
+    return float(cheap.final.get("score", 0.0)) > float(dear.final.get("score", 0.0))
 
 
 def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool) -> str:

@@ -208,6 +208,29 @@ def _top1_agreement(float_model: Path, int8_model: Path, x: np.ndarray) -> float
     return float((top1(float_model) == top1(int8_model)).mean())
 
 
+def _speed_vs_fp32(float_model: Path, int8_models: dict[str, Path], x: np.ndarray, rounds: int = 7) -> dict:
+    """Each INT8 model's speed-up over ``float_model``: ONNX Runtime, one thread, batch 1, the models timed in
+    turn each round (so load moves all of them alike); the median of the per-round ratios."""
+    import onnxruntime as ort
+
+    def session(path: Path):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    sessions = {"fp32": session(float_model), **{k: session(v) for k, v in int8_models.items()}}
+    feed = {sessions["fp32"].get_inputs()[0].name: x[:1]}
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(rounds):
+        for key, sess in sessions.items():
+            sess.run(None, feed)  # warm
+            start = time.perf_counter()
+            for _ in range(10):
+                sess.run(None, feed)
+            times[key].append(time.perf_counter() - start)
+    return {key: round(float(np.median([f / t for f, t in zip(times["fp32"], times[key])])), 2) for key in int8_models}
+
+
 def _fp32_row(name: str, p: dict, folder: Path) -> dict:
     cfg: Path = p["config"]
     work = folder / f"work_{name}"
@@ -262,6 +285,8 @@ def _int8_row(name: str, p: dict, folder: Path) -> dict:
         info = json.loads((out8 / "precision.json").read_text())
         keys = ("equalize", "weight_rounding", "fallback_stop", "search_ladder", "kept_float")
         row["deploy_int8_plan"] = {k: info.get(k) for k in keys}
+        int8 = {"deploy": out8 / "model.int8.onnx", **({"peer": work / "peer.int8.onnx"} if qrc == 0 else {})}
+        row["speedup_vs_fp32"] = _speed_vs_fp32(out8 / "model.onnx", int8, held)
     row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
     return row
 

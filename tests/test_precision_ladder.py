@@ -1,6 +1,7 @@
 """The INT8 search as a ladder: the cheapest candidate first (all INT8, bias correction, round-to-nearest), then
-the fewest worst-ranked nodes float (ranked in one pass), the expensive steps (CLE measured, AdaRound, the wide
-search) only when those miss; explicit settings still run what they ask."""
+the fewest worst-ranked nodes float (ranked by one quantization per node, in one pass on large graphs), the
+expensive steps (CLE measured, AdaRound, the wide search) only when those miss; explicit settings still run what
+they ask."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def depthwise_net():
 
 @pytest.fixture
 def expensive_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How often the expensive steps ran: AdaRound, CLE, the one-quantization-per-node sensitivity."""
+    """How often these steps ran: AdaRound, CLE, the one-quantization-per-node sensitivity ranking."""
     calls = {"adaround": 0, "cle": 0, "trial_sensitivity": 0}
 
     def counted(name: str, real):  # type: ignore[no-untyped-def]
@@ -76,9 +77,12 @@ def test_a_model_the_cheapest_rung_serves_stops_there(tmp_path: Path, expensive_
     assert expensive_calls == {"adaround": 0, "cle": 0, "trial_sensitivity": 0}
 
 
-def test_a_model_that_misses_at_rung_a_meets_the_target_through_the_one_pass_ranking(
-    tmp_path: Path, expensive_calls: dict[str, int]
+@pytest.mark.parametrize("ranked", ["one quantization per node", "one pass"])
+def test_a_model_that_misses_at_rung_a_meets_the_target_through_the_ranking(
+    tmp_path: Path, expensive_calls: dict[str, int], monkeypatch: pytest.MonkeyPatch, ranked: str
 ) -> None:
+    if ranked == "one pass":  # what graphs past TRIAL_RANKING_MAX quantized nodes are ranked by
+        monkeypatch.setattr("edgedeploy.stages.precision.TRIAL_RANKING_MAX", 0)
     plan = _plan(tmp_path, outlier_net())  # one activation channel 1000x the rest: all-INT8 misses cosine 0.99
     ladder = plan["search_ladder"]
     a, b, c = ladder["rungs"]
@@ -87,10 +91,16 @@ def test_a_model_that_misses_at_rung_a_meets_the_target_through_the_one_pass_ran
     assert ladder["stop"] == "target met at rung b" and not c["ran"]
     kept = {k["node"] for k in plan["kept_float"]}
     assert "/c2/Conv" in kept and kept <= {"/c2/Conv", "/Mul"}  # the outlier tensor's consumer first
-    assert all("own output on the calibration batches" in k["why"] for k in plan["kept_float"])
-    assert plan["sensitivity"][0]["node"] == "/c2/Conv" and "sqnr_db" in plan["sensitivity"][0]
+    assert plan["sensitivity"][0]["node"] == "/c2/Conv"
+    if ranked == "one pass":
+        assert all("own output on the calibration batches" in k["why"] for k in plan["kept_float"])
+        assert "sqnr_db" in plan["sensitivity"][0]
+    else:
+        assert all("quantizing this" in k["why"] for k in plan["kept_float"]), plan["kept_float"]
+        assert "output_error" in plan["sensitivity"][0]
     assert plan["fallback_choice"]["rule"] == "first family to pass"  # nothing timed in rung b
-    assert expensive_calls == {"adaround": 0, "cle": 0, "trial_sensitivity": 0}
+    trials = 1 if ranked == "one quantization per node" else 0
+    assert expensive_calls == {"adaround": 0, "cle": 0, "trial_sensitivity": trials}
 
 
 def test_explicit_settings_still_run_what_they_ask(tmp_path: Path, expensive_calls: dict[str, int]) -> None:
@@ -110,7 +120,7 @@ def test_rung_c_runs_only_when_the_cheaper_rungs_miss_and_says_what_it_ran(
     with pytest.raises(StageError, match="INT8 misses"):
         _plan(tmp_path, depthwise_net(), {"accuracy_target": 0.99999999, "max_fallback_tries": 1})
     assert expensive_calls["adaround"] == 1 and expensive_calls["cle"] == 1
-    assert expensive_calls["trial_sensitivity"] == 1
+    assert expensive_calls["trial_sensitivity"] == 2  # rung b ranks the plain model, rung c the equalized one
 
 
 def test_layer_errors_rank_the_outlier_consumer_first_in_one_pass(tmp_path: Path) -> None:
@@ -150,3 +160,23 @@ def test_held_out_goldens_come_from_batched_reference_calls_equal_to_one_call_ea
     for feeds, out in zip(views, got):
         one = reference(feeds, "calib-heldout")
         assert out.keys() == one.keys() and all(np.array_equal(out[k], one[k]) for k in one)
+
+
+@pytest.mark.parametrize(("dear_speed", "ships"), [(1.5, "c"), (0.7, "b")])
+def test_a_rung_b_model_no_faster_than_fp32_sends_the_search_to_rung_c(
+    tmp_path: Path, expensive_calls: dict[str, int], monkeypatch: pytest.MonkeyPatch, dear_speed: float, ships: str
+) -> None:
+    """Rung b met the target but its float nodes left it no faster than FP32: rung c runs, and its model ships
+    only when it also meets the target and runs faster. (The speeds are set here: timings are not asserted.)"""
+    speeds = iter([0.8, dear_speed])
+    monkeypatch.setattr("edgedeploy.stages.precision._measured_speedup", lambda _latency: next(speeds))
+    plan = _plan(tmp_path, outlier_net())
+    ladder = plan["search_ladder"]
+    b, c = ladder["rungs"][1:]
+    assert b["met"] and c["ran"] and c["why"] == "rung b met the target but runs at 0.80x FP32 here"
+    assert expensive_calls["adaround"] == 1
+    if ships == "c":
+        assert ladder["stop"] == "target met at rung c, 1.50x FP32 where rung b ran 0.80x"
+    else:
+        assert ladder["stop"] == "target met at rung b; rung c found no faster model that meets it"
+        assert plan["accuracy"]["float_nodes"] == b["float_nodes"]

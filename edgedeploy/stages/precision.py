@@ -48,7 +48,7 @@ class PrecisionFromOnnx(Stage):
     # 8: calibration_range per input; each fallback try timed (p50_ms, in the report only)
     # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
     # 10: Q/DQ placed for TensorRT's fusions; equalization scores bias correction first; precision.time_budget_s
-    version = "10"
+    version = "11"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -115,6 +115,8 @@ class PrecisionFromOnnx(Stage):
 
 
 # FP32 faster than this: whether INT8 is faster is timer noise (speedup_vs_fp32 recorded, no line)
+# rung b ranks up to this many quantized nodes by one quantization each, larger graphs in one pass
+TRIAL_RANKING_MAX = 96
 MIN_MS = 1.0
 
 
@@ -328,7 +330,14 @@ def _int8(
         if setting != p.weight_rounding:
             rounding["why"] = "auto: round-to-nearest first (the cheapest rung); AdaRound only if it misses"
 
-        def one_pass(naive: Path, candidates: list[str]) -> list[dict[str, Any]]:
+        def ranking(naive: Path, candidates: list[str]) -> list[dict[str, Any]]:
+            # one quantization per node ranks by what each node costs at the model's outputs (on EfficientNet-Lite0
+            # it met the target with fewer, faster float sets than the one-pass ranking, whose per-node SQNR misses
+            # how error grows downstream); past TRIAL_RANKING_MAX nodes that costs too many quantizations
+            if len(candidates) <= TRIAL_RANKING_MAX:
+                from edgedeploy.precision.fallback import layer_sensitivity
+
+                return layer_sensitivity(q, calib[:4], analysis.run_model(q.float_model, calib[:4]), candidates)
             return layer_errors(naive, q.float_model, calib, work, candidates)
 
         progress = SearchProgress(
@@ -357,7 +366,7 @@ def _int8(
             timer=side_by_side_timer(calib[0]) if flavour.host_cpu_kernels and expensive else None,
             on_try=progress,
             deadline=deadline,
-            ranking=None if expensive else one_pass,
+            ranking=ranking,
         )
         if ctx.log:
             ctx.log(f"  {progress.summary(result.final)}")
@@ -371,14 +380,32 @@ def _int8(
     chosen = cheap
     expensive_left = _expensive_steps(p, plain_model, cheap["result"])
     out_of_time = deadline is not None and time.monotonic() >= deadline
-    if not cheap["result"].met and expensive_left and not out_of_time:
+    # a model that met the target only with so many float nodes that it runs no faster than FP32 here buys
+    # nothing: the expensive rung may meet it with fewer (measured where the artifact runs on this host's kernels)
+    cheap_speed = _measured_speedup(cheap["result"].latency) if flavour.host_cpu_kernels else None
+    slow = cheap["result"].met and cheap_speed is not None and cheap_speed <= 1.0
+    if (not cheap["result"].met or slow) and expensive_left and not out_of_time:
         cheap_model = tmp / "cheap.int8.onnx"  # the staged model is overwritten by the expensive rung's search
         shutil.copyfile(ctx.staging / deploy_model_name("int8"), cheap_model)
+        why_c = (
+            f"rung b met the target but runs at {cheap_speed:.2f}x FP32 here"
+            if slow
+            else f"the cheap rungs missed ({ladder['stop']})"
+        )
         if ctx.log:
-            ctx.log(f"  INT8: the cheap rungs missed ({ladder['stop']}): {', '.join(expensive_left)}")
+            ctx.log(f"  INT8: {why_c}: {', '.join(expensive_left)}")
         dear = rung(expensive=True)
-        ladder["rungs"].append(_rung_c_note(dear, expensive_left))
-        if dear["result"].met or not _better(cheap["result"], dear["result"]):
+        ladder["rungs"].append({**_rung_c_note(dear, expensive_left), "why": why_c})
+        dear_speed = _measured_speedup(dear["result"].latency)
+        if slow:
+            faster = dear["result"].met and dear_speed is not None and dear_speed > cheap_speed
+            if faster:
+                chosen = dear
+                ladder["stop"] = f"target met at rung c, {dear_speed:.2f}x FP32 where rung b ran {cheap_speed:.2f}x"
+            else:
+                shutil.copyfile(cheap_model, ctx.staging / deploy_model_name("int8"))
+                ladder["stop"] = "target met at rung b; rung c found no faster model that meets it"
+        elif dear["result"].met or not _better(cheap["result"], dear["result"]):
             chosen = dear
             ladder["stop"] = (
                 "target met at rung c" if dear["result"].met else f"rung c missed too: {dear['result'].stop}"
@@ -518,9 +545,9 @@ def _ladder_note(result: Any) -> dict[str, Any]:
     b = {
         "rung": "b",
         "ran": len(result.tries) > 1,
-        "what": "the fewest nodes kept float: the worst ranked in one pass by their own INT8 output error "
-        "(precision/layer_error.py), or the first in graph order; each try one quantization and one batched "
-        "judgement",
+        "what": "the fewest nodes kept float: the worst ranked by what quantizing each alone costs at the "
+        f"outputs (past {TRIAL_RANKING_MAX} nodes: in one pass by their own INT8 output error, "
+        "precision/layer_error.py), or the first in graph order; each try one quantization and one batched judgement",
         "tries": len(result.tries) - 1,
         "float_nodes": final.get("float_nodes", 0),
         "measured": {final.get("metric", "score"): round(float(final.get("score", 0.0)), 6)},
@@ -575,6 +602,16 @@ def _rung_c_note(dear: dict[str, Any], steps: list[str]) -> dict[str, Any]:
     if dear["rounding"].get("measured"):
         note["rounding_measured"] = dear["rounding"]["measured"]
     return note
+
+
+def _measured_speedup(latency: dict[str, Any]) -> float | None:
+    """FP32 p50 over the shipped INT8 model's p50 from a search's own timing; None when either is missing or FP32
+    runs under :data:`MIN_MS` (timer noise)."""
+    try:
+        fp32, int8 = float(latency["fp32"]["p50_ms"]), float(latency["int8_final"]["p50_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return fp32 / max(int8, 1e-9) if fp32 >= MIN_MS else None
 
 
 def _better(cheap: Any, dear: Any) -> bool:

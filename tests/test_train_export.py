@@ -105,19 +105,28 @@ class _Texts(torch.utils.data.Dataset):
         return self.items[i]
 
 
-@pytest.mark.slow
-def test_hf_trainer_callback_checkpoint_builds_int8_without_an_input_spec(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    from hf_tiny import VOCAB, save_tokenizer
-
-    from edgedeploy.train.hf import deploy_callback
+def _labelled_sentences(transformers, tmp_path, count):  # type: ignore[no-untyped-def]
+    """A tiny WordPiece tokenizer and ``count`` sentences whose label is the word "good" or "bad" in them."""
+    from hf_tiny import save_tokenizer
 
     save_tokenizer(tmp_path / "tok")
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
     rng = np.random.default_rng(0)
     words = ["the", "cat", "dog", "sat", "on", "mat", "is", "and"]
-    sentences = [" ".join([*rng.choice(words, 4), ["good", "bad"][i % 2], *rng.choice(words, 3)]) for i in range(96)]
+    return tokenizer, [
+        " ".join([*rng.choice(words, 4), ["good", "bad"][i % 2], *rng.choice(words, 3)]) for i in range(count)
+    ]
+
+
+@pytest.mark.slow
+def test_hf_trainer_callback_checkpoint_builds_int8_without_an_input_spec(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from hf_tiny import VOCAB
+
+    from edgedeploy.train.hf import deploy_callback
+
+    tokenizer, sentences = _labelled_sentences(transformers, tmp_path, 96)
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -242,15 +251,11 @@ def test_lightning_bridge_folder_builds_int8_with_one_command(tmp_path, capsys, 
 def test_hf_trainer_bridge_folder_builds_int8_with_one_command(tmp_path, capsys, monkeypatch):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from hf_tiny import VOCAB, save_tokenizer
+    from hf_tiny import VOCAB
 
     from edgedeploy.train.hf import deploy_callback
 
-    save_tokenizer(tmp_path / "tok")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
-    rng = np.random.default_rng(0)
-    words = ["the", "cat", "dog", "sat", "on", "mat", "is", "and"]
-    sentences = [" ".join([*rng.choice(words, 4), ["good", "bad"][i % 2], *rng.choice(words, 3)]) for i in range(48)]
+    tokenizer, sentences = _labelled_sentences(transformers, tmp_path, 48)
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,

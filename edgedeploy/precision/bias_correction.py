@@ -26,7 +26,7 @@ import numpy as np
 from edgedeploy.onnxtools.ort import ort_session
 
 if TYPE_CHECKING:
-    from onnx import ModelProto, NodeProto
+    from onnx import GraphProto, ModelProto, NodeProto
 
 SHIFT_SUFFIX = "__bias_shift"  # graph input added after each conv in the measurement model
 SAMPLES = 24  # calibration samples the means are taken over (each conv costs one pass over them)
@@ -80,7 +80,7 @@ def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence
     for tensor in outputs.values():
         if tensor not in have:
             model.graph.output.append(onnx.ValueInfoProto(name=tensor))
-    sess = _session(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
+    sess = session_from_proto(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
     fetch = list(outputs.values())
     sums: dict[str, np.ndarray] = {}
     for feeds in batches:
@@ -121,19 +121,13 @@ def output_mean_shifts(
     measured: dict[str, str] = {}
     for conv in convs:
         raw, shifted, shift = conv.output[0], f"{conv.output[0]}{SHIFT_SUFFIX}_out", f"{conv.name}{SHIFT_SUFFIX}"
-        for node in graph.node:  # readers of the conv's output read the shifted tensor
-            for i, name in enumerate(node.input):
-                if name == raw:
-                    node.input[i] = shifted
-        for out in graph.output:
-            if out.name == raw:
-                out.name = shifted
+        _read_shifted(graph, raw, shifted)
         graph.node.append(onnx.helper.make_node("Add", [raw, shift], [shifted], name=f"{conv.name}{SHIFT_SUFFIX}_add"))
         graph.input.append(onnx.helper.make_tensor_value_info(shift, onnx.TensorProto.FLOAT, None))
         graph.output.append(onnx.ValueInfoProto(name=shifted))
         measured[conv.name] = shifted
     _topological_sort(graph)
-    sess = _session(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
     channels = {c.name: len(reference[c.name]) for c in convs}
     shifts = {c.name: np.zeros(channels[c.name], np.float64) for c in convs}
 
@@ -172,13 +166,7 @@ def _shifts_in_one_pass(
         axes = [0, *range(2, rank)]
         raw, shifted = conv.output[0], f"{conv.output[0]}{SHIFT_SUFFIX}_out"
         base = f"{conv.name}{SHIFT_SUFFIX}"
-        for node in graph.node:  # readers of the conv's output read the shifted tensor
-            for i, name in enumerate(node.input):
-                if name == raw:
-                    node.input[i] = shifted
-        for out in graph.output:
-            if out.name == raw:
-                out.name = shifted
+        _read_shifted(graph, raw, shifted)
         target = reference[conv.name].astype(np.float32).reshape(1, -1, *([1] * (rank - 2)))
         graph.initializer.append(numpy_helper.from_array(target, f"{base}_float_mean"))
         if opset >= 18:
@@ -197,12 +185,23 @@ def _shifts_in_one_pass(
         graph.output.append(onnx.ValueInfoProto(name=base))
         fetch[conv.name] = base
     _topological_sort(graph)
-    sess = _session(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
     values = sess.run(list(fetch.values()), batch)
     return {name: np.asarray(v, np.float64).reshape(-1) for name, v in zip(fetch, values)}
 
 
-def _session(model: ModelProto, scratch: Path):
+def _read_shifted(graph: GraphProto, raw: str, shifted: str) -> None:
+    """Every reader of tensor ``raw`` (nodes and graph outputs) reads ``shifted`` instead."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == raw:
+                node.input[i] = shifted
+    for out in graph.output:
+        if out.name == raw:
+            out.name = shifted
+
+
+def session_from_proto(model: ModelProto, scratch: Path):
     """A session for ``model`` (graph outputs keep their names), saved to ``scratch`` and removed again."""
     import onnx
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgedeploy.onnxtools.ort import ort_session
+from edgedeploy.precision.bias_correction import session_from_proto
 
 # calibration batches the ranking measures on (each one's intermediates are held while the probe runs)
 SAMPLES = 8
@@ -63,8 +63,8 @@ def layer_errors(
         for name in wanted:
             if name not in have:
                 exposed.graph.output.append(onnx.ValueInfoProto(name=name))
-        float_sess = _session(exposed, workdir / "layer_error.float.onnx")
-        probe_sess = _session(probe, workdir / "layer_error.probe.onnx")
+        float_sess = session_from_proto(exposed, workdir / "layer_error.float.onnx")
+        probe_sess = session_from_proto(probe, workdir / "layer_error.probe.onnx")
         fetch = list(outputs)
         noise = dict.fromkeys(fetch, 0.0)
         power = dict.fromkeys(fetch, 0.0)
@@ -212,14 +212,3 @@ def _folded_activation(node: Any, float_by_name: dict[str, Any], float_producers
     if producer is None or own is None or producer.name == node.name:
         return None
     return producer if producer.input and producer.input[0] == own.output[0] else None
-
-
-def _session(model: Any, scratch: Path):
-    """A session for ``model`` saved to ``scratch`` (removed again once loaded)."""
-    import onnx
-
-    onnx.save(model, str(scratch))
-    try:
-        return ort_session(scratch, stage="precision")
-    finally:
-        scratch.unlink(missing_ok=True)

@@ -398,7 +398,9 @@ def _int8(
         ladder["rungs"].append({**_rung_c_note(dear, expensive_left), "why": why_c})
         dear_speed = _measured_speedup(dear["result"].latency)
         if slow:
-            faster = dear["result"].met and dear_speed is not None and dear_speed > cheap_speed
+            faster = dear["result"].met and None not in (dear_speed, cheap_speed)
+            if faster and dear_speed is not None and cheap_speed is not None:
+                faster = dear_speed > cheap_speed
             if faster:
                 chosen = dear
                 ladder["stop"] = f"target met at rung c, {dear_speed:.2f}x FP32 where rung b ran {cheap_speed:.2f}x"

@@ -161,5 +161,5 @@ def test_run_model_batches_single_feeds_into_one_call_with_the_same_outputs(tmp_
     assert [g["logits"].shape for g in got] == [o["logits"].shape for o in one_by_one]
     for g, o in zip(got, one_by_one):
         np.testing.assert_allclose(g["logits"], o["logits"], rtol=1e-5, atol=1e-6)
-    groups = analysis._row_groups(batches)
+    groups = analysis.batch_groups(batches, analysis.BATCH_ROWS)
     assert len(groups) < len(batches) and all(sum(len(b["image"]) for b in g) <= analysis.BATCH_ROWS for g in groups)

@@ -42,7 +42,7 @@ def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> lis
     if not _batchable(sess, batches):
         return [dict(zip(names, sess.run(names, b))) for b in batches]
     out: list[dict[str, np.ndarray]] = []
-    for group in _row_groups(batches):
+    for group in batch_groups(batches, BATCH_ROWS):
         if len(group) == 1:
             out.append(dict(zip(names, sess.run(names, group[0]))))
             continue
@@ -66,20 +66,21 @@ def _batchable(sess: Any, batches: Sequence[dict[str, np.ndarray]]) -> bool:
     return all(a.shape and not isinstance(a.shape[0], int) for a in args)
 
 
-def _row_groups(batches: Sequence[dict[str, np.ndarray]]) -> list[list[dict[str, np.ndarray]]]:
-    """Consecutive batches with the same names and trailing shapes, up to :data:`BATCH_ROWS` rows a group."""
+def batch_groups(batches: Sequence[dict[str, np.ndarray]], rows: int) -> list[list[dict[str, np.ndarray]]]:
+    """Consecutive ``batches`` with the same input names, dtypes and trailing shapes, up to ``rows`` samples a
+    group (a batch without a batch axis stands alone): one model call per group, not one per batch."""
     groups: list[list[dict[str, np.ndarray]]] = []
     key: Any = None
-    rows = 0
+    count = 0
     for b in batches:
         this = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in b.items()))
-        n = len(next(iter(b.values()))) if b else 0
-        if groups and this == key and rows + n <= BATCH_ROWS and all(v.ndim > 0 for v in b.values()):
+        n = len(next(iter(b.values()))) if b and all(v.ndim > 0 for v in b.values()) else rows + 1
+        if groups and this == key and count + n <= rows:
             groups[-1].append(b)
-            rows += n
+            count += n
         else:
             groups.append([b])
-            key, rows = this, n
+            key, count = this, n
     return groups
 
 

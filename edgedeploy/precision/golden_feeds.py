@@ -19,6 +19,7 @@ from edgedeploy.config import DeployConfig
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import store_goldens
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
+from edgedeploy.precision.analysis import batch_groups
 from edgedeploy.precision.data import HELDOUT_POINT
 
 Feeds = dict[str, np.ndarray]
@@ -102,24 +103,6 @@ def max_batch_rows(cfg: DeployConfig) -> int:
     when an input has no batch dim to grow)."""
     most = [cfg.shape_for(spec, "max") for spec in cfg.inputs]
     return max(1, min((int(shape[0]) for shape in most if shape), default=1))
-
-
-def batch_groups(batches: list[Feeds], rows: int) -> list[list[Feeds]]:
-    """Consecutive ``batches`` with the same input names, dtypes and trailing shapes, up to ``rows`` samples a
-    group: the held-out views are computed a group per reference call, not one call each."""
-    groups: list[list[Feeds]] = []
-    key: Any = None
-    count = 0
-    for b in batches:
-        this = tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in b.items()))
-        n = len(next(iter(b.values()))) if b and all(v.ndim > 0 for v in b.values()) else rows + 1
-        if groups and this == key and count + n <= rows:
-            groups[-1].append(b)
-            count += n
-        else:
-            groups.append([b])
-            key, count = this, n
-    return groups
 
 
 def _grouped_reference(group: list[Feeds], reference: Callable[[Feeds, str], Feeds], point: str) -> list[Feeds]:

@@ -9,10 +9,7 @@ from edgedeploy.precision import histogram
 
 
 def _hist(values: np.ndarray) -> histogram.TensorHistogram:
-    h = histogram.TensorHistogram(lo=float(values.min()), hi=float(values.max()))
-    h.counts += np.histogram(values, bins=histogram.BINS, range=(h.lo, h.hi))[0]
-    h.abs_counts += np.histogram(np.abs(values), bins=histogram.BINS, range=(0.0, h.absmax))[0]
-    return h
+    return histogram.TensorHistogram.of(values)
 
 
 def _int8_error(values: np.ndarray, lo: float, hi: float, symmetric: bool) -> float:

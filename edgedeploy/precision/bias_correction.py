@@ -70,23 +70,47 @@ def _dynamic_batch(model: ModelProto) -> bool:
     return True
 
 
+_MEANS_MEMO: dict[tuple[str, int, int, str], dict[str, np.ndarray]] = {}  # see float_output_means
+_MEANS_MEMO_SIZE = 4
+
+
 def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence[dict[str, np.ndarray]]):
-    """Conv node name -> per-channel mean of its output in the float model over ``batches``."""
+    """Conv node name -> per-channel mean of its output in the float model over ``batches``.
+
+    Every try of an INT8 search corrects its quantized model against the same float model on the same batches:
+    the means of all its convs are taken in one run and kept (keyed by the file's identity and the batches'
+    bytes), so later tries only read them.
+    """
+    import hashlib
+
     import onnx
 
-    model = onnx.load(str(float_path))
-    outputs = {n.name: n.output[0] for n in model.graph.node if n.name in set(names)}
-    have = {o.name for o in model.graph.output}
-    for tensor in outputs.values():
-        if tensor not in have:
-            model.graph.output.append(onnx.ValueInfoProto(name=tensor))
-    sess = session_from_proto(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
-    fetch = list(outputs.values())
-    sums: dict[str, np.ndarray] = {}
+    digest = hashlib.blake2b(digest_size=16)
     for feeds in batches:
-        for node, value in zip(outputs, sess.run(fetch, feeds)):
-            sums[node] = sums.get(node, 0) + _channel_means(value)
-    return {node: total / len(batches) for node, total in sums.items()}
+        for key in sorted(feeds):
+            digest.update(key.encode())
+            digest.update(np.ascontiguousarray(feeds[key]).tobytes())
+    stat = Path(float_path).stat()
+    memo_key = (str(Path(float_path).resolve()), stat.st_mtime_ns, stat.st_size, digest.hexdigest())
+    means = _MEANS_MEMO.get(memo_key)
+    if means is None:
+        model = onnx.load(str(float_path))
+        outputs = {n.name: n.output[0] for n in model.graph.node if n.op_type == "Conv" and n.name}
+        have = {o.name for o in model.graph.output}
+        for tensor in outputs.values():
+            if tensor not in have:
+                model.graph.output.append(onnx.ValueInfoProto(name=tensor))
+        sess = session_from_proto(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
+        fetch = list(outputs.values())
+        sums: dict[str, np.ndarray] = {}
+        for feeds in batches:
+            for node, value in zip(outputs, sess.run(fetch, feeds)):
+                sums[node] = sums.get(node, 0) + _channel_means(value)
+        means = {node: total / len(batches) for node, total in sums.items()}
+        while len(_MEANS_MEMO) >= _MEANS_MEMO_SIZE:
+            _MEANS_MEMO.pop(next(iter(_MEANS_MEMO)))
+        _MEANS_MEMO[memo_key] = means
+    return {name: means[name] for name in names if name in means}
 
 
 def output_mean_shifts(

@@ -2,8 +2,9 @@
 
 onnxruntime.quantization's ``Entropy`` calibrator gives ranges byte-identical to ``MinMax`` on real CNNs
 (onnxruntime 1.32, EfficientNet-Lite0 on photo crops: the same QDQ model), and its ``Percentile`` differs by
-a hair. Here every float tensor of the FP32 model is observed on the calibration batches (two passes:
-min/max, then a histogram over that span), and the range is chosen per method:
+a hair. Here every float tensor of the FP32 model is observed on the calibration batches in one pass (a
+histogram whose bin width doubles as the span grows, large tensors by an evenly strided subset), and the
+range is chosen per method:
 
 - ``minmax``: the observed min and max;
 - ``percentile``: the 0.01 % / 99.99 % quantiles (two-sided), so a few outliers do not set the scale;
@@ -20,58 +21,129 @@ instead of calibrating again, so the QDQ model is still made by onnxruntime.quan
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-BINS = 2048
+BINS = 2048  # bins of an exact histogram over [lo, hi] (TensorHistogram.of)
+SIDE_BINS = 2048  # bins on each side of zero while collecting (the width doubles as the span grows)
+SAMPLED_VALUES = 1 << 15  # values per tensor per batch whose bulk enters the histogram by a strided subset
+TAIL_SHARE = 0.002  # each tail of a large tensor counted value by value: beyond the subset's 0.2 / 99.8 % quantiles
 PERCENTILE = 99.99
 ENTROPY_LEVELS = 128  # quantized bins of the KL search (int8 magnitude levels)
-MSE_STRIDE = 4  # the MSE search tries every 4th bin edge per side (512 x 512 candidate ranges at 2048 bins)
+MSE_CANDIDATES = 512  # candidate range ends per side of the MSE search (every k-th bin edge)
 
 
 @dataclass
 class TensorHistogram:
-    """Two-pass statistics of one tensor: span, then a histogram over it."""
+    """One tensor's observed span and its histograms: signed values over ``edges`` (first edge ``lo``, last
+    ``hi``) and magnitudes over ``abs_edges`` (from 0 to ``absmax``)."""
 
-    lo: float = np.inf
-    hi: float = -np.inf
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
-    abs_counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
-
-    def edges(self) -> np.ndarray:
-        return np.linspace(self.lo, self.hi, BINS + 1)
+    lo: float
+    hi: float
+    edges: np.ndarray
+    counts: np.ndarray
+    abs_edges: np.ndarray
+    abs_counts: np.ndarray
 
     @property
     def absmax(self) -> float:
         return max(abs(self.lo), abs(self.hi))
 
+    @classmethod
+    def of(cls, values: np.ndarray, bins: int = BINS) -> TensorHistogram:
+        """The exact histograms of ``values`` (finite), ``bins`` uniform bins over each span."""
+        values = np.asarray(values, dtype=np.float64).ravel()
+        lo, hi = float(values.min()), float(values.max())
+        top = max(abs(lo), abs(hi))
+        counts, edges = np.histogram(values, bins=bins, range=(lo, hi) if hi > lo else (lo, lo + 1.0))
+        abs_counts, abs_edges = np.histogram(np.abs(values), bins=bins, range=(0.0, top if top > 0 else 1.0))
+        return cls(lo, hi, edges, counts.astype(np.float64), abs_edges, abs_counts.astype(np.float64))
+
+
+class _ZeroAnchored:
+    """Running counts of one tensor in ``2 * SIDE_BINS`` bins of one width whose edges are multiples of it
+    (``[-SIDE_BINS * width, SIDE_BINS * width)``): when a batch reaches past the span, the width doubles and
+    neighbouring bins merge exactly, so one pass over the batches suffices (no first pass for the span).
+
+    Tensors larger than :data:`SAMPLED_VALUES` enter the histogram by an evenly strided subset, each value
+    counted for the ones it stands for, except in the tails (:data:`TAIL_SHARE` each side), where every value
+    counts; every value sets ``lo`` and ``hi``.
+    """
+
+    def __init__(self) -> None:
+        self.lo, self.hi, self.width = np.inf, -np.inf, 0.0
+        self.counts = np.zeros(2 * SIDE_BINS)
+        self.zeros = 0.0  # values counted before any nonzero one set the width (all of them zero)
+
+    def add(self, v: np.ndarray) -> None:
+        lo, hi = float(v.min()), float(v.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN or inf somewhere (rare): only finite values count
+            v = v[np.isfinite(v)]
+            if not v.size:
+                return
+            lo, hi = float(v.min()), float(v.max())
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        top = max(-self.lo, self.hi)
+        flat = v.reshape(-1)
+        if top == 0.0:
+            self.zeros += flat.size
+            return
+        if self.width == 0.0:
+            self.width = top / (SIDE_BINS - 0.5)
+        while top >= SIDE_BINS * self.width:
+            merged = self.counts.reshape(-1, 2).sum(axis=1)
+            self.counts = np.zeros(2 * SIDE_BINS)
+            self.counts[SIDE_BINS // 2 : SIDE_BINS // 2 + SIDE_BINS] = merged
+            self.width *= 2.0
+        if flat.size <= SAMPLED_VALUES:
+            self._count(flat, 1.0)
+            return
+        # the bulk by an evenly strided subset, each value counted for its stride; the tails (where the ranges
+        # are decided, and where a subset is noisiest) by every value in them
+        stride = flat.size // SAMPLED_VALUES | 1  # odd: not in step with a power-of-two row length
+        subset = flat[stride // 2 :: stride]
+        t_lo, t_hi = np.quantile(subset, (TAIL_SHARE, 1.0 - TAIL_SHARE))
+        self._count(subset[(subset >= t_lo) & (subset <= t_hi)], float(stride))
+        self._count(flat[(flat < t_lo) | (flat > t_hi)], 1.0)
+
+    def _count(self, values: np.ndarray, weight: float) -> None:
+        index = np.floor(values / np.float32(self.width)).astype(np.int64) + SIDE_BINS
+        np.clip(index, 0, 2 * SIDE_BINS - 1, out=index)
+        self.counts += np.bincount(index, minlength=2 * SIDE_BINS) * weight
+
+    def finish(self) -> TensorHistogram:
+        """The span's histograms: signed over the bins from ``lo``'s to ``hi``'s, magnitudes up to ``absmax``."""
+        counts = self.counts.copy()
+        if self.width == 0.0:  # every value was zero
+            one = np.array([self.zeros])
+            return TensorHistogram(0.0, 0.0, np.array([0.0, 0.0]), one, np.array([0.0, 0.0]), one)
+        counts[SIDE_BINS] += self.zeros
+        first = int(np.clip(np.floor(self.lo / self.width), -SIDE_BINS, SIDE_BINS - 1)) + SIDE_BINS
+        last = int(np.clip(np.floor(self.hi / self.width), -SIDE_BINS, SIDE_BINS - 1)) + SIDE_BINS
+        edges = (np.arange(first, last + 2) - SIDE_BINS) * self.width
+        edges[0], edges[-1] = self.lo, self.hi
+        magnitudes = counts[SIDE_BINS:] + counts[:SIDE_BINS][::-1]  # [jw, (j+1)w) with (-(j+1)w, -jw]
+        top = max(-self.lo, self.hi)
+        n_abs = min(int(np.floor(top / self.width)) + 1, SIDE_BINS)
+        abs_edges = np.arange(n_abs + 1) * self.width
+        abs_edges[-1] = top
+        return TensorHistogram(self.lo, self.hi, edges, counts[first : last + 1], abs_edges, magnitudes[:n_abs])
+
 
 def collect(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path) -> dict[str, TensorHistogram]:
-    """Histograms of every float tensor of ``model_path`` (inputs, intermediates, outputs) over ``batches``."""
+    """Histograms of every float tensor of ``model_path`` (inputs, intermediates, outputs) over ``batches``, in
+    one pass of the model with ONNX Runtime's graph optimizations on (every tensor is a graph output there, so
+    each keeps its name and value)."""
     from edgedeploy.precision.analysis import intermediates
 
-    hists: dict[str, TensorHistogram] = {}
-    for values in intermediates(model_path, batches, workdir):
+    running: dict[str, _ZeroAnchored] = {}
+    for values in intermediates(model_path, batches, workdir, optimize=True):
         for name, v in values.items():
-            if v.dtype.kind != "f" or not v.size:
-                continue
-            v = v[np.isfinite(v)]
-            if v.size:
-                span = hists.setdefault(name, TensorHistogram())
-                span.lo, span.hi = min(span.lo, float(v.min())), max(span.hi, float(v.max()))
-    for values in intermediates(model_path, batches, workdir):
-        for name, v in values.items():
-            h = hists.get(name)
-            if h is None or v.dtype.kind != "f":
-                continue
-            v = v[np.isfinite(v)].astype(np.float64)
-            if h.hi > h.lo:
-                h.counts += np.histogram(v, bins=BINS, range=(h.lo, h.hi))[0]
-            if h.absmax > 0:
-                h.abs_counts += np.histogram(np.abs(v), bins=BINS, range=(0.0, h.absmax))[0]
-    return hists
+            if v.dtype.kind == "f" and v.size:
+                running.setdefault(name, _ZeroAnchored()).add(v)
+    return {name: r.finish() for name, r in running.items() if np.isfinite(r.lo)}
 
 
 def percentile_range(h: TensorHistogram, pct: float = PERCENTILE) -> tuple[float, float]:
@@ -80,22 +152,24 @@ def percentile_range(h: TensorHistogram, pct: float = PERCENTILE) -> tuple[float
     if total == 0 or h.hi <= h.lo:
         return h.lo, h.hi
     cdf = np.cumsum(h.counts) / total
-    edges = h.edges()
+    edges = h.edges
     lo = edges[int(np.searchsorted(cdf, (100.0 - pct) / 100.0))]
-    hi = edges[min(int(np.searchsorted(cdf, pct / 100.0)) + 1, BINS)]
+    hi = edges[min(int(np.searchsorted(cdf, pct / 100.0)) + 1, len(h.counts))]
     return float(min(lo, 0.0) if h.lo <= 0 else lo), float(max(hi, 0.0) if h.hi >= 0 else hi)
 
 
-def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTROPY_LEVELS) -> float:
+def entropy_threshold(abs_counts: np.ndarray, abs_edges: np.ndarray, levels: int = ENTROPY_LEVELS) -> float:
     """TensorRT's entropy calibration: the clip value ``t`` minimizing KL(P || Q), P the |x| histogram clipped
-    at ``t`` (outliers added to the last bin), Q that histogram merged into ``levels`` bins and expanded back."""
+    at ``t`` (outliers added to the last bin), Q that histogram merged into ``levels`` bins and expanded back.
+    ``abs_edges``: the bin edges of ``abs_counts``, from 0 to the largest magnitude."""
     hist = abs_counts.astype(np.float64)
     hist[0] = 0.0  # exact zeros (ReLU's dead half) would dominate the divergence and pull the threshold to 0
     n = len(hist)
+    absmax = float(abs_edges[-1])
     if hist.sum() == 0 or absmax <= 0:
         return absmax
     best_i, best_kl = n, np.inf
-    for i in range(levels, n + 1, 16):  # every 16th candidate: the curve is smooth at 2048 bins
+    for i in range(levels, n + 1, 16):  # every 16th candidate: the curve is smooth at a thousand bins
         p = hist[:i].copy()
         p[-1] += hist[i:].sum()
         nonzero = p > 0
@@ -111,7 +185,7 @@ def entropy_threshold(abs_counts: np.ndarray, absmax: float, levels: int = ENTRO
         kl = float(np.sum(p_n[mask] * np.log(p_n[mask] / q_n[mask]))) + float(np.sum(p_n[(p_n > 0) & (q_n == 0)]))
         if kl < best_kl:
             best_i, best_kl = i, kl
-    return absmax * best_i / n
+    return float(abs_edges[best_i])
 
 
 def _clip_and_round_error(
@@ -143,19 +217,23 @@ def mse_range(h: TensorHistogram, symmetric: bool = False) -> tuple[float, float
     if symmetric:
         if h.absmax <= 0 or h.abs_counts.sum() == 0:
             return h.lo, h.hi
-        edges = np.linspace(0.0, h.absmax, BINS + 1)
+        edges = h.abs_edges
         centers = (edges[:-1] + edges[1:]) / 2
-        hi_idx = np.arange(MSE_STRIDE, BINS + 1, MSE_STRIDE)
+        n = len(h.abs_counts)
+        stride = max(1, n // MSE_CANDIDATES)
+        hi_idx = np.unique(np.r_[np.arange(stride, n + 1, stride), n])
         err = _clip_and_round_error(h.abs_counts, centers, edges, np.zeros_like(hi_idx), hi_idx, 127)
         t = float(edges[hi_idx[int(np.argmin(err))]])
         return max(h.lo, -t), min(h.hi, t)
     if h.hi <= h.lo or h.counts.sum() == 0:
         return h.lo, h.hi
-    edges = h.edges()
+    edges = h.edges
     centers = (edges[:-1] + edges[1:]) / 2
-    zero = int(np.clip(np.searchsorted(edges, 0.0), 0, BINS))  # the range keeps zero: lo <= 0 <= hi
-    los = np.unique(np.r_[np.arange(0, zero + 1, MSE_STRIDE), zero])
-    his = np.unique(np.r_[np.arange(BINS, zero - 1, -MSE_STRIDE), max(zero, 1)])
+    n = len(h.counts)
+    stride = max(1, n // MSE_CANDIDATES)
+    zero = int(np.clip(np.searchsorted(edges, 0.0), 0, n))  # the range keeps zero: lo <= 0 <= hi
+    los = np.unique(np.r_[np.arange(0, zero + 1, stride), zero])
+    his = np.unique(np.r_[np.arange(n, zero - 1, -stride), max(zero, 1)])
     lo_idx, hi_idx = np.meshgrid(los, his[his > 0], indexing="ij")
     ok = hi_idx > lo_idx
     err = np.where(ok, _clip_and_round_error(h.counts, centers, edges, lo_idx, hi_idx, 255), np.inf)
@@ -182,7 +260,7 @@ def choose_ranges(
         elif method == "percentile":
             out[name] = percentile_range(h)
         elif method == "entropy":
-            t = entropy_threshold(h.abs_counts, h.absmax)
+            t = entropy_threshold(h.abs_counts, h.abs_edges)
             out[name] = (max(h.lo, -t), min(h.hi, t))
         elif method == "mse":
             out[name] = mse_range(h, symmetric)

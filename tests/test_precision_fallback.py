@@ -163,3 +163,64 @@ def test_run_model_batches_single_feeds_into_one_call_with_the_same_outputs(tmp_
         np.testing.assert_allclose(g["logits"], o["logits"], rtol=1e-5, atol=1e-6)
     groups = analysis.batch_groups(batches, analysis.BATCH_ROWS)
     assert len(groups) < len(batches) and all(sum(len(b["image"]) for b in g) <= analysis.BATCH_ROWS for g in groups)
+
+
+def _deep_outlier_net():  # type: ignore[no-untyped-def]
+    """outlier_net's first layers (the 1000x channel early) followed by three near-identity 1x1 convs: a float
+    prefix of three nodes fixes it, and that is under half the quantized nodes."""
+    import torch
+    from torch import nn
+
+    net = outlier_net()
+
+    class Deeper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = net
+            self.tail = nn.Sequential(*(m for _ in range(3) for m in (nn.Conv2d(8, 8, 1), nn.ReLU())))
+            with torch.no_grad():  # near-identity: c2's output (where the outlier hurts) reaches the logits
+                for conv in self.tail[::2]:
+                    conv.weight.copy_(torch.eye(8).view(8, 8, 1, 1) + 0.05 * torch.randn(8, 8, 1, 1))
+                    conv.bias.zero_()
+
+        def forward(self, image):  # type: ignore[no-untyped-def]
+            b = self.base
+            y = torch.relu(b.c1(image)) * b.gain
+            return b.fc(self.tail(torch.relu(b.c2(y))).mean((2, 3)))
+
+    torch.manual_seed(1)
+    return Deeper()
+
+
+def test_prefix_first_ships_a_passing_float_prefix_without_ranking_any_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgedeploy.precision import fallback
+
+    ranked: list[int] = []
+    monkeypatch.setattr(fallback, "layer_sensitivity", lambda *a, **k: ranked.append(1) or [])
+    batches = photo_batches(16, 8)
+    path = export_onnx(_deep_outlier_net(), batches[0]["image"], tmp_path / "deep.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
+        prefix_first=True,
+    )  # fmt: skip
+    assert result.met and result.final["family"] == "prefix" and result.sensitivity == [] and not ranked
+    assert {t.get("family") for t in result.tries[1:]} == {"prefix"}
+    assert result.stop.startswith("smallest passing float set found (prefix: ")
+    assert "/c2/Conv" in result.excluded and all("float prefix" in why for why in result.excluded.values())
+    assert result.choice["rule"].startswith("prefix first")
+    ref = analysis.run_model(q.float_model, batches)
+    assert analysis.accuracy(ref, analysis.run_model(tmp_path / "m.int8.onnx", batches), [])["score"] >= 0.99
+
+
+def test_prefix_first_ranks_the_nodes_when_no_prefix_up_to_half_of_them_passes(tmp_path: Path) -> None:
+    result, _, _ = _search(tmp_path, None, prefix_first=True)  # the outlier sits past half of outlier_net's nodes
+    families = [(t.get("family"), t["float_nodes"]) for t in result.tries[1:]]
+    half = max(1, result.candidates // 2)
+    prefix_tries = [k for f, k in families if f == "prefix"]
+    assert families[: len(prefix_tries)] == [("prefix", k) for k in prefix_tries] and max(prefix_tries) == half
+    assert not any(t["met"] for t in result.tries if t.get("family") == "prefix")
+    assert result.sensitivity and result.met and result.final["family"] == "sensitivity"
+    assert set(result.excluded) == {"/Mul", "/c2/Conv"}

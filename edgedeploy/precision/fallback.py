@@ -8,8 +8,9 @@ Two families of float sets are searched, each for its fewest nodes that meet the
 Each scattered float node costs a float <-> INT8 boundary at run time (in ONNX Runtime a re-layout and a
 re-quantization); a prefix costs one. So fewer float nodes is not the same as faster: on EfficientNet-Lite0
 (ONNX Runtime, one thread) 8 sensitive convs float ran 3.42 ms and the first 12 float 2.95 ms (FP32 5.38 ms).
-Where the artifact runs on this host's kernels the search therefore finds both families' smallest passing
-sets and ships the faster, measured; elsewhere (TensorRT targets) it ships the first family to pass.
+Where the artifact runs on this host's kernels the quick search (``prefix_first``) tries the prefix family
+alone first, with no ranking, and the wide search finds both families' smallest passing sets and ships the
+faster, measured; elsewhere (TensorRT targets) the first family to pass ships.
 
 Domain layer: imports the precision package's quantizer and analysis only.
 """
@@ -101,6 +102,7 @@ def quantize_with_fallback(
     budget_name: str = "precision.time_budget_s",
     ranking: Callable[[Path, list[str]], list[dict[str, Any]]] | None = None,
     families: Sequence[str] = ("sensitivity", "prefix"),
+    prefix_first: bool = False,
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -130,6 +132,9 @@ def quantize_with_fallback(
     ``ranking(naive_model, candidates)``, when given, ranks the candidates instead of
     :func:`layer_sensitivity` (e.g. :func:`edgedeploy.precision.layer_error.layer_errors`: one pass, not one
     quantization per node). ``families``: the float-set families searched (``sensitivity``, ``prefix``).
+    ``prefix_first`` (where the artifact runs on this host's kernels and the search should be quick): the
+    prefix family alone first, up to half the candidates, and bisected when one passes, with no ranking at
+    all; only when no prefix that long passes are the nodes ranked and both families searched.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -168,6 +173,7 @@ def quantize_with_fallback(
 
     met, naive = attempt(0, pinned, done=first_try)
     chosen, excluded, sensitivity = naive, dict(pinned), []
+    candidates: list[str] = []
     choice: dict[str, Any] = {}
     stop = "the all-INT8 candidate met the target: nothing to search" if met else ""
 
@@ -185,25 +191,37 @@ def quantize_with_fallback(
         import onnx
 
         candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
-        say(
-            f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f}"
-            + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")
-            + f" misses target {accuracy_target}: measuring the sensitivity of {len(candidates)} quantized nodes"
-        )
-        if ranking is not None:
-            sensitivity = ranking(naive, candidates)
-        else:
-            calib_ref = analysis.run_model(q.float_model, batches[:4])
-            sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
-        search = _FamilySearch(attempt, pinned, sensitivity, candidates, budget_left, tuple(families))
-        won = search.grow_both()
+        search = _FamilySearch(attempt, pinned, [], candidates, budget_left, tuple(families))
+        won = None
+        if prefix_first and "prefix" in families:
+            say(
+                f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f} misses target {accuracy_target}: keeping the "
+                "first quantized nodes float (one float -> INT8 boundary, the fastest fallback on this CPU)"
+            )
+            search.grow("prefix", limit=max(1, len(candidates) // 2))
+            won = "prefix" if "prefix" in search.passed else None
+        if won is None:
+            say(
+                f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f}"
+                + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")
+                + f" misses target {accuracy_target}: measuring the sensitivity of {len(candidates)} quantized nodes"
+            )
+            if ranking is not None:
+                sensitivity = ranking(naive, candidates)
+            else:
+                calib_ref = analysis.run_model(q.float_model, batches[:4])
+                sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
+            search.sensitivity = sensitivity
+            won = search.grow_both()
         if won is not None:
             search.bisect(won)
-            if won == "sensitivity" and timer is not None and "prefix" in families:
+            if won == "sensitivity" and timer is not None and "prefix" in families and not prefix_first:
                 # a longer float prefix may still run faster than scattered sensitive nodes: find it and time both
                 search.grow("prefix")
                 search.bisect("prefix")
             family, k, choice = search.choose(won, timer)
+            if prefix_first and won == "prefix":
+                choice["rule"] = "prefix first on this CPU's kernels (one float -> INT8 boundary): its smallest set"
             chosen, excluded = search.models[(family, k)], search.float_set(family, k)
             gap = search.passed[won] - search.failed[won]
             stop = (
@@ -246,7 +264,7 @@ def quantize_with_fallback(
         target=accuracy_target,
         latency=lat,
         final=final,
-        candidates=len(sensitivity),
+        candidates=len(candidates),
         choice=choice,
         stop=stop,
     )
@@ -284,6 +302,8 @@ class _FamilySearch:
 
     def _try(self, family: str, k: int) -> bool:
         twin = ("sensitivity", k)
+        if (family, k) in self.results:  # tried before (a prefix-first search, then both families)
+            return self.results[(family, k)]
         if family == "prefix" and twin in self.results and self._same(k):
             ok = self.results[twin]  # the same float set was tried as the sensitivity family's: no new try
             self.models[(family, k)] = self.models[twin]
@@ -308,9 +328,10 @@ class _FamilySearch:
             k = min(2 * k, last)
         return None
 
-    def grow(self, family: str) -> None:
-        """Double ``family``'s size from its largest failing one until it passes (or the budget ends)."""
-        last = len(self.candidates)
+    def grow(self, family: str, limit: int | None = None) -> None:
+        """Double ``family``'s size from its largest failing one until it passes, the budget ends, or (with
+        ``limit``) that many nodes failed."""
+        last = len(self.candidates) if limit is None else min(limit, len(self.candidates))
         k = max(1, 2 * self.failed[family])
         while family not in self.passed and self.budget_left() and self.failed[family] < last:
             k = min(k, last)

@@ -48,7 +48,8 @@ class PrecisionFromOnnx(Stage):
     # 8: calibration_range per input; each fallback try timed (p50_ms, in the report only)
     # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
     # 10: Q/DQ placed for TensorRT's fusions; equalization scores bias correction first; precision.time_budget_s
-    version = "11"
+    # 12: one-pass calibration histograms; on this host's kernels rung b searches a float prefix first
+    version = "12"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -367,6 +368,8 @@ def _int8(
             on_try=progress,
             deadline=deadline,
             ranking=ranking,
+            # the cheap rung on this host's kernels: a float prefix first (no ranking; the fastest fallback)
+            prefix_first=flavour.host_cpu_kernels and not expensive,
         )
         if ctx.log:
             ctx.log(f"  {progress.summary(result.final)}")

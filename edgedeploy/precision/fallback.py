@@ -34,6 +34,9 @@ from edgedeploy.precision.speed_probe import MARGIN, MIN_MS
 # interleaved rounds): the speed probe's timing-noise margin
 SPEED_MARGIN = MARGIN
 
+# the first float prefix a prefix-first search tries (then doubled until one passes, then bisected)
+PREFIX_FIRST_SIZE = 4
+
 Timer = Callable[[Sequence[Path]], list[float]]  # models -> median milliseconds, measured side by side
 
 
@@ -134,7 +137,8 @@ def quantize_with_fallback(
     quantization per node). ``families``: the float-set families searched (``sensitivity``, ``prefix``).
     ``prefix_first`` (where the artifact runs on this host's kernels and the search should be quick): the
     prefix family alone first, up to half the candidates, and bisected when one passes, with no ranking at
-    all; only when no prefix that long passes are the nodes ranked and both families searched.
+    all (``PREFIX_FIRST_SIZE`` nodes first, then doubled); only when no prefix that long passes are the nodes
+    ranked and both families searched.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -198,7 +202,9 @@ def quantize_with_fallback(
                 f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f} misses target {accuracy_target}: keeping the "
                 "first quantized nodes float (one float -> INT8 boundary, the fastest fallback on this CPU)"
             )
-            search.grow("prefix", limit=max(1, len(candidates) // 2))
+            # from PREFIX_FIRST_SIZE: one or two float nodes rarely decide a CNN (the speed probe already kept
+            # the first ones float where that is faster), and a passing size is bisected down anyway
+            search.grow("prefix", limit=max(1, len(candidates) // 2), first=PREFIX_FIRST_SIZE)
             won = "prefix" if "prefix" in search.passed else None
         if won is None:
             say(
@@ -321,6 +327,8 @@ class _FamilySearch:
         k, last = 1, len(self.sensitivity)
         while self.budget_left() and k <= last:
             for family in self.families:
+                if k <= self.failed[family]:  # a larger set of this family failed already (prefix first)
+                    continue
                 if self.budget_left() and self._try(family, k):
                     return family
             if k == last:
@@ -328,11 +336,11 @@ class _FamilySearch:
             k = min(2 * k, last)
         return None
 
-    def grow(self, family: str, limit: int | None = None) -> None:
-        """Double ``family``'s size from its largest failing one until it passes, the budget ends, or (with
-        ``limit``) that many nodes failed."""
+    def grow(self, family: str, limit: int | None = None, first: int = 1) -> None:
+        """Double ``family``'s size from its largest failing one (or from ``first``) until it passes, the budget
+        ends, or (with ``limit``) that many nodes failed."""
         last = len(self.candidates) if limit is None else min(limit, len(self.candidates))
-        k = max(1, 2 * self.failed[family])
+        k = max(first, 2 * self.failed[family])
         while family not in self.passed and self.budget_left() and self.failed[family] < last:
             k = min(k, last)
             self._try(family, k)

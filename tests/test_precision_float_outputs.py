@@ -36,6 +36,9 @@ def test_quantized_model_writes_its_outputs_from_the_last_layer_in_float(tmp_pat
         # classifier head stays float, where TensorRT would run it (precision/qdq_placement.py)
         assert reads_int8 == (runtime == "onnxruntime"), (runtime, last.op_type)
         onnx.checker.check_model(model)
+        # the removed pair's scale and zero point go too: every initializer left is read by a node
+        read = {i for n in model.graph.node for i in n.input}
+        assert [i.name for i in model.graph.initializer if i.name not in read] == []
         got = analysis.run_model(out, batches)  # loads and runs in ONNX Runtime with all optimizations
         assert all(np.isfinite(g[names[0]]).all() for g in got)
     q = Quantizer(float_model, tmp_path / "q", flavour_for("onnxruntime"), reduce_range=False)

@@ -281,6 +281,7 @@ class Quantizer:
             apply_bias_shifts(out, self.output_shifts)
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
+        drop_unread_initializers(out)
         return out
 
     def float_for_runtime(self) -> dict[str, str]:
@@ -309,6 +310,38 @@ class Quantizer:
 
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def drop_unread_initializers(path: Path) -> list[str]:
+    """Remove the initializers of the model at ``path`` that no node reads (the scales and zero points of the
+    Q/DQ pairs the placement, the float outputs and the float fallback took out): ONNX Runtime warns about
+    each on every load. Returns their names (the file is rewritten only when there are any)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    read = _names_read(model.graph) | {o.name for o in model.graph.output}
+    unread = [init for init in model.graph.initializer if init.name not in read]
+    for init in unread:
+        model.graph.initializer.remove(init)
+    if unread:
+        onnx.save(model, str(path))
+    return [init.name for init in unread]
+
+
+def _names_read(graph: Any) -> set[str]:
+    """Every tensor name a node of ``graph`` or of a subgraph in it reads (subgraphs read outer names too)."""
+    import onnx
+
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= _names_read(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    names |= _names_read(g)
+    return names
 
 
 def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:

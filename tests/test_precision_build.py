@@ -269,9 +269,13 @@ def test_int8_calibration_file_heldout_batches_are_judged_once(tiny_project: Pat
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(3).uniform(-1, 1, (16, 3, 16, 16)).astype(np.float32))
     result = edgedeploy.build(
-        tiny_project, log=lambda _: None, precision__mode="int8", precision__calib=str(calib), build__target="cpu"
-    )
+        tiny_project, log=lambda _: None, precision__mode="int8", precision__calib=str(calib), build__target="cpu",
+        validate__goldens_budget_mb=0.001,
+    )  # fmt: skip
     assert result.ok
+    # over budget: the fix named is the one that shrinks what this file holds (no validate.data here)
+    over = next(w for w in result.report["warnings"] if "goldens.npz is" in w)
+    assert "lower precision.calib_samples" in over and "validate.data" not in over
     judged = json.loads((result.out / "precision.json").read_text())["judged_on"]
     # 16 samples in batches of 2: 8 batches, the last 2 held out (4 samples), no validate.data
     assert judged["heldout_batches"] == 2 and judged["validate_data_batches"] == 0

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.clipping import GradClipper
-from edgedeploy.train.distributed import DistInfo, all_reduce_sum, set_epoch, unwrap
-
-
-class LoopCallback(Protocol):
-    """What the loop calls; implement any subset (missing methods are skipped)."""
-
-    def on_after_backward(self, step: int, model: nn.Module, grad_scale: float = 1.0) -> Any: ...
+from edgedeploy.train.distributed import set_epoch, unwrap
 
 
 @dataclass
@@ -35,14 +30,7 @@ class LoopState:
     partial: dict[str, float] = field(default_factory=dict)  # that epoch's running loss sum, samples, skips
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "step": self.step,
-            "history": self.history,
-            "optimizer_steps": self.optimizer_steps,
-            "batch": self.batch,
-            "partial": self.partial,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopState:
@@ -70,30 +58,17 @@ def call_model(model: nn.Module, x: Any) -> torch.Tensor:
     return model(x)
 
 
-def to_device(x: Any, device: torch.device) -> Any:
-    """Move a tensor, or the tensors of a tuple/list/dict batch, to ``device``."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, dict):
-        return {k: to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(to_device(v, device) for v in x)
-    return x
-
-
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, loader: Iterable[Any], device: torch.device, amp: MixedPrecision | None = None
-) -> dict[str, float]:
+def evaluate(model: nn.Module, loader: Iterable[Any], fabric: Any, amp: MixedPrecision) -> dict[str, float]:
     """Top-1 accuracy and mean cross-entropy over ``loader`` (model in eval mode, restored afterwards)."""
     was_training = model.training
     model.eval()
     correct = total = 0
     loss_sum = 0.0
     try:
-        for x, y in loader:
-            x, y = to_device(x, device), y.to(device, non_blocking=True)
-            with amp.autocast() if amp is not None else contextlib.nullcontext():
+        for batch in loader:
+            x, y = fabric.to_device(batch)
+            with amp.autocast():
                 logits = call_model(model, x)
             loss_sum += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
@@ -110,7 +85,7 @@ def train_epoch(
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     amp: MixedPrecision,
-    device: torch.device,
+    fabric: Any,
     state: LoopState,
     clipper: GradClipper | None = None,
     scheduler: Any = None,
@@ -120,7 +95,6 @@ def train_epoch(
     ema: Any = None,
     on_step: Callable[[LoopState], None] | None = None,
     start: Callable[[], None] | None = None,
-    info: DistInfo | None = None,
 ) -> dict[str, float]:
     """One pass over ``loader`` (or its rest, after a mid-epoch resume). Returns this rank's summed loss,
     sample count and skipped steps for the whole epoch (``state.partial`` carries them across a resume).
@@ -141,17 +115,17 @@ def train_epoch(
     total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
     group = 0  # batches accumulated so far in this group
     consumed = 0  # batches of this call counted into state.batch
-    fabric = info.fabric if info is not None and info.enabled else None  # DDP / FSDP: Fabric's sync control
+    synced = fabric.world_size > 1  # DDP / FSDP reduce gradients in backward: Fabric's no_backward_sync holds it
     batches = iter(loader)
     if start is not None:
         start()
-    for i, (x, y) in enumerate(batches):
-        x, y = to_device(x, device), y.to(device, non_blocking=True)
+    for i, batch in enumerate(batches):
+        x, y = fabric.to_device(batch)
         if group == 0:
             optimizer.zero_grad(set_to_none=True)
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
-        with fabric.no_backward_sync(model, enabled=not last) if fabric else contextlib.nullcontext():
+        with fabric.no_backward_sync(model, enabled=not last) if synced else contextlib.nullcontext():
             with amp.autocast():
                 loss = loss_fn(call_model(model, x), y)
             amp.backward(loss / accumulate if accumulate > 1 else loss)
@@ -200,11 +174,10 @@ def fit(
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     amp: MixedPrecision,
-    device: torch.device,
+    fabric: Any,
     epochs: int,
     stop_after: int | None = None,
     seed: int = 0,
-    info: DistInfo | None = None,
     eval_loader: Iterable[Any] | None = None,
     val_loader: Iterable[Any] | None = None,
     state: LoopState | None = None,
@@ -235,14 +208,13 @@ def fit(
     after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
     selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
     """
-    info = info or DistInfo()
     state = state or LoopState()
-    log = log if (log is not None and info.is_main) else (lambda _line: None)
+    log = log if (log is not None and fabric.is_global_zero) else (lambda _line: None)
     end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
     for epoch in range(state.epoch, end):
         mid_epoch = state.batch > 0
         if not mid_epoch:
-            torch.manual_seed(seed + info.rank + 1_000_003 * (epoch + 1))
+            torch.manual_seed(seed + fabric.global_rank + 1_000_003 * (epoch + 1))
             state.partial = {}
         set_epoch(train_loader, epoch, seed, skip_batches=state.batch)
         t0 = time.perf_counter()
@@ -253,7 +225,7 @@ def fit(
                 optimizer=optimizer,
                 loss_fn=loss_fn,
                 amp=amp,
-                device=device,
+                fabric=fabric,
                 state=state,
                 clipper=clipper,
                 scheduler=scheduler,
@@ -263,13 +235,13 @@ def fit(
                 ema=ema,
                 on_step=on_step,
                 start=rng_state if mid_epoch else None,
-                info=info,
             )
         except StopTraining:
             return state
         state.batch, state.partial = 0, {}
-        loss_sum, samples, skipped = all_reduce_sum([part["loss_sum"], part["samples"], part["skipped"]], info, device)
-        broadcast_buffers(model, info)
+        summed = torch.tensor([part["loss_sum"], part["samples"], part["skipped"]], dtype=torch.float64)
+        loss_sum, samples, skipped = fabric.all_reduce(summed, reduce_op="sum").tolist()
+        broadcast_buffers(model, fabric)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float] = {
             "epoch": epoch + 1,
@@ -282,10 +254,10 @@ def fit(
             metrics["temperature"] = temperature
         judged = ema.module if ema is not None else unwrap(model)  # what the checkpoint deploys
         if val_loader is not None:
-            ev = evaluate(judged, val_loader, device, amp)
+            ev = evaluate(judged, val_loader, fabric, amp)
             metrics.update(val_accuracy=ev["accuracy"], val_loss=ev["loss"])
         if eval_loader is not None:
-            ev = evaluate(judged, eval_loader, device, amp)
+            ev = evaluate(judged, eval_loader, fabric, amp)
             metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
         state.epoch = epoch + 1
         state.history.append(metrics)
@@ -312,9 +284,9 @@ def fit(
     return state
 
 
-def broadcast_buffers(model: nn.Module, info: DistInfo) -> None:
+def broadcast_buffers(model: nn.Module, fabric: Any) -> None:
     """Copy rank 0's buffers to every rank (DDP syncs them before forwards, not after the last one)."""
-    if not info.enabled:
+    if fabric.world_size == 1:
         return
     import torch.distributed as dist
 

@@ -128,7 +128,7 @@ def train_epoch(
         with fabric.no_backward_sync(model, enabled=not last) if synced else contextlib.nullcontext():
             with amp.autocast():
                 loss = loss_fn(call_model(model, x), y)
-            amp.backward(loss / accumulate if accumulate > 1 else loss)
+            fabric.backward(loss / accumulate if accumulate > 1 else loss)  # scaled by the precision plugin
         loss_sum += float(loss.detach()) * len(y)
         samples += len(y)
         if not last:

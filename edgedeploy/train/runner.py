@@ -213,7 +213,6 @@ def run_training(
     amp = MixedPrecision(device, cfg.run.precision)
     r = cfg.run
     fabric = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
-    amp.fabric = fabric
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
         return _run(cfg, out, amp, fabric, resume, stop_after, stop_after_steps, log, callbacks, find_lr)

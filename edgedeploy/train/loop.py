@@ -78,23 +78,29 @@ def evaluate(model: nn.Module, loader: Iterable[Any], fabric: Any, amp: MixedPre
     return {"accuracy": correct / max(total, 1), "loss": loss_sum / max(total, 1)}
 
 
+@dataclass
+class StepParts:
+    """What each optimizer step of :func:`fit` uses: the model (Fabric's wrapper under DDP / FSDP), its
+    optimizer and loss, precision, the Fabric running them, and the optional clipper, LR schedule, loop
+    callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``), profiler, gradient accumulation,
+    EMA and ``on_step`` hook."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    amp: MixedPrecision
+    fabric: Any
+    clipper: GradClipper | None = None
+    scheduler: Any = None
+    callbacks: Sequence[Any] = ()
+    profiler: Any = None
+    accumulate: int = 1
+    ema: Any = None
+    on_step: Callable[[LoopState], None] | None = None
+
+
 def train_epoch(
-    model: nn.Module,
-    loader: Iterable[Any],
-    *,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    amp: MixedPrecision,
-    fabric: Any,
-    state: LoopState,
-    clipper: GradClipper | None = None,
-    scheduler: Any = None,
-    callbacks: Sequence[Any] = (),
-    profiler: Any = None,
-    accumulate: int = 1,
-    ema: Any = None,
-    on_step: Callable[[LoopState], None] | None = None,
-    start: Callable[[], None] | None = None,
+    parts: StepParts, loader: Iterable[Any], state: LoopState, start: Callable[[], None] | None = None
 ) -> dict[str, float]:
     """One pass over ``loader`` (or its rest, after a mid-epoch resume). Returns this rank's summed loss,
     sample count and skipped steps for the whole epoch (``state.partial`` carries them across a resume).
@@ -109,6 +115,7 @@ def train_epoch(
     for a mean loss and no batch statistics). A shorter last group is rescaled to its own size. Under
     DDP and FSDP the gradient sync runs only on the last batch of a group (Fabric's ``no_backward_sync``).
     """
+    model, optimizer, fabric, accumulate = parts.model, parts.optimizer, parts.fabric, parts.accumulate
     model.train()
     part = state.partial or {}
     loss_sum, samples, skipped = part.get("loss_sum", 0.0), int(part.get("samples", 0)), int(part.get("skipped", 0))
@@ -126,8 +133,8 @@ def train_epoch(
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
         with fabric.no_backward_sync(model, enabled=not last) if synced else contextlib.nullcontext():
-            with amp.autocast():
-                loss = loss_fn(call_model(model, x), y)
+            with parts.amp.autocast():
+                loss = parts.loss_fn(call_model(model, x), y)
             fabric.backward(loss / accumulate if accumulate > 1 else loss)  # scaled by the precision plugin
         loss_sum += float(loss.detach()) * len(y)
         samples += len(y)
@@ -138,58 +145,50 @@ def train_epoch(
                 if p.grad is not None:
                     p.grad.mul_(accumulate / group)
         group = 0
-        for cb in callbacks:
-            hook = getattr(cb, "on_after_backward", None)
-            if hook is not None:
-                hook(state.step, unwrap(model), grad_scale=amp.scale)  # hooks saw scaled gradients
+        _call(parts.callbacks, "on_after_backward", state.step, unwrap(model), grad_scale=parts.amp.scale)
         lr = float(optimizer.param_groups[0]["lr"])
-        stepped = amp.step(optimizer, clip=clipper)
+        stepped = parts.amp.step(optimizer, clip=parts.clipper)
         if stepped:
             state.optimizer_steps += 1
-            if scheduler is not None:
-                scheduler.step()  # the schedule counts steps taken (its state is saved, not replayed)
-            if ema is not None:
-                ema.update(unwrap(model))
+            if parts.scheduler is not None:
+                parts.scheduler.step()  # the schedule counts steps taken (its state is saved, not replayed)
+            if parts.ema is not None:
+                parts.ema.update(unwrap(model))
         else:
             skipped += 1
-        for cb in callbacks:
-            hook = getattr(cb, "on_step_end", None)
-            if hook is not None:
-                hook(state.step, {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)})
+        step_metrics = {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)}
+        _call(parts.callbacks, "on_step_end", state.step, step_metrics)
         state.step += 1
         state.batch = state.batch + (i + 1 - consumed)
         consumed = i + 1
         state.partial = {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
-        if profiler is not None:
-            profiler.step()
-        if on_step is not None:
-            on_step(state)
+        if parts.profiler is not None:
+            parts.profiler.step()
+        if parts.on_step is not None:
+            parts.on_step(state)
     return {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
 
 
+def _call(callbacks: Sequence[Any], hook: str, *args: Any, **kwargs: Any) -> None:
+    """Each callback's ``hook`` (a callback implements any subset), as ``fabric.call`` does for Fabric's own."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args, **kwargs)
+
+
 def fit(
-    model: nn.Module,
+    parts: StepParts,
     train_loader: Iterable[Any],
     *,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    amp: MixedPrecision,
-    fabric: Any,
     epochs: int,
     stop_after: int | None = None,
     seed: int = 0,
     eval_loader: Iterable[Any] | None = None,
     val_loader: Iterable[Any] | None = None,
     state: LoopState | None = None,
-    clipper: GradClipper | None = None,
-    scheduler: Any = None,
-    callbacks: Sequence[Any] = (),
     on_epoch_end: Callable[[LoopState, dict[str, float]], None] | None = None,
     log: Callable[[str], None] | None = None,
-    profiler: Any = None,
-    accumulate: int = 1,
-    ema: Any = None,
-    on_step: Callable[[LoopState], None] | None = None,
     rng_state: Callable[[], None] | None = None,
 ) -> LoopState:
     """Train from ``state.epoch`` up to ``epochs`` (at most ``stop_after`` of them in this call).
@@ -208,6 +207,7 @@ def fit(
     after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
     selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
     """
+    fabric, ema = parts.fabric, parts.ema
     state = state or LoopState()
     log = log if (log is not None and fabric.is_global_zero) else (lambda _line: None)
     end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
@@ -219,29 +219,13 @@ def fit(
         set_epoch(train_loader, epoch, seed, skip_batches=state.batch)
         t0 = time.perf_counter()
         try:
-            part = train_epoch(
-                model,
-                train_loader,
-                optimizer=optimizer,
-                loss_fn=loss_fn,
-                amp=amp,
-                fabric=fabric,
-                state=state,
-                clipper=clipper,
-                scheduler=scheduler,
-                callbacks=callbacks,
-                profiler=profiler,
-                accumulate=accumulate,
-                ema=ema,
-                on_step=on_step,
-                start=rng_state if mid_epoch else None,
-            )
+            part = train_epoch(parts, train_loader, state, start=rng_state if mid_epoch else None)
         except StopTraining:
             return state
         state.batch, state.partial = 0, {}
         summed = torch.tensor([part["loss_sum"], part["samples"], part["skipped"]], dtype=torch.float64)
         loss_sum, samples, skipped = fabric.all_reduce(summed, reduce_op="sum").tolist()
-        broadcast_buffers(model, fabric)
+        broadcast_buffers(parts.model, fabric)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float] = {
             "epoch": epoch + 1,
@@ -249,15 +233,15 @@ def fit(
             "samples_per_s": samples / max(seconds, 1e-9),
             "skipped_steps": skipped,
         }
-        temperature = getattr(loss_fn, "temperature", None)
+        temperature = getattr(parts.loss_fn, "temperature", None)
         if isinstance(temperature, float):
             metrics["temperature"] = temperature
-        judged = ema.module if ema is not None else unwrap(model)  # what the checkpoint deploys
+        judged = ema.module if ema is not None else unwrap(parts.model)  # what the checkpoint deploys
         if val_loader is not None:
-            ev = evaluate(judged, val_loader, fabric, amp)
+            ev = evaluate(judged, val_loader, fabric, parts.amp)
             metrics.update(val_accuracy=ev["accuracy"], val_loss=ev["loss"])
         if eval_loader is not None:
-            ev = evaluate(judged, eval_loader, fabric, amp)
+            ev = evaluate(judged, eval_loader, fabric, parts.amp)
             metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
         state.epoch = epoch + 1
         state.history.append(metrics)
@@ -272,10 +256,7 @@ def fit(
         log(line)
         if not math.isfinite(metrics["train_loss"]):
             log("warning: training loss is not finite")
-        for cb in callbacks:
-            hook = getattr(cb, "on_epoch_end", None)
-            if hook is not None:
-                hook(epoch + 1, metrics)
+        _call(parts.callbacks, "on_epoch_end", epoch + 1, metrics)
         if on_epoch_end is not None:
             try:
                 on_epoch_end(state, metrics)

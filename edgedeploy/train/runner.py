@@ -28,7 +28,7 @@ from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
 from edgedeploy.train.ema import WeightEMA
-from edgedeploy.train.loop import LoopState, StopTraining, call_model, fit
+from edgedeploy.train.loop import LoopState, StepParts, StopTraining, call_model, fit
 from edgedeploy.train.losses import TemperatureCrossEntropy
 from edgedeploy.train.monitors import GradientFlowMonitor
 from edgedeploy.train.options import (
@@ -307,7 +307,6 @@ def _run(
             hint="use strategy = 'ddp' with EMA",
         )
     ema = WeightEMA(model, r.ema) if r.ema else None
-    folded: dict[str, Any] = {}
     restore_rng_state: Callable[[], None] | None = None
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
@@ -391,16 +390,16 @@ def _run(
         rng = D.gather_objects(capture_rng(device), fabric)
         if fabric.is_global_zero:
             meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": fabric.world_size})
-            save_checkpoint(
-                ckpt,
-                model,
-                meta,
-                optimizer=None if fsdp else optimizer,
-                train_state=_train_state(state, amp, loss_fn, scheduler, rng),
-                weights=weights,
-                state_tensors=_ema_tensors(ema),
-            )
+            save_resumable(meta, _train_state(state, amp, loss_fn, scheduler, rng), weights)
         fabric.barrier()
+
+    def save_resumable(meta: dict[str, Any], train_state: dict[str, Any], weights: dict[str, Any] | None) -> None:
+        """The checkpoint with its resumable state (under FSDP: gathered weights, no optimizer state)."""
+        optim = None if fsdp else optimizer
+        ema_tensors = _ema_tensors(ema)
+        save_checkpoint(
+            ckpt, model, meta, optimizer=optim, train_state=train_state, weights=weights, state_tensors=ema_tensors
+        )
 
     c = cfg.checkpoint
     mode = resolve_mode(c.monitor, c.mode)
@@ -454,28 +453,31 @@ def _run(
     memory = PeakMemory(device) if cfg.monitor.memory else contextlib.nullcontext()
     try:
         with memory, anomaly_detection(cfg.monitor.anomaly_detection), profiler or contextlib.nullcontext():
-            state = fit(
+            parts = StepParts(
                 train_model,
+                optimizer,
+                loss_fn,
+                amp,
+                fabric,
+                clipper=clipper,
+                scheduler=scheduler,
+                callbacks=callbacks,
+                profiler=profiler,
+                accumulate=r.accumulate,
+                ema=ema,
+                on_step=on_step,
+            )
+            state = fit(
+                parts,
                 train_loader,
-                optimizer=optimizer,
-                loss_fn=loss_fn,
-                amp=amp,
-                fabric=fabric,
                 epochs=r.epochs,
                 stop_after=stop_after,
                 seed=r.seed,
                 eval_loader=eval_loader,
                 val_loader=val_loader,
                 state=state,
-                clipper=clipper,
-                scheduler=scheduler,
-                callbacks=callbacks,
                 on_epoch_end=save,
                 log=say,
-                profiler=profiler,
-                accumulate=r.accumulate,
-                ema=ema,
-                on_step=on_step,
                 rng_state=restore_rng_state,
             )
     finally:
@@ -521,15 +523,7 @@ def _run(
         written, hashes = _write_deploy_data(cfg, splits, out)
         if written:
             meta.update(trainer="deploy train", deploy_data=written, deploy_data_sha256=hashes)
-        save_checkpoint(
-            ckpt,
-            model,
-            meta,
-            optimizer=None if fsdp else optimizer,
-            train_state=train_state,
-            weights=weights,
-            state_tensors=_ema_tensors(ema),
-        )
+        save_resumable(meta, train_state, weights)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
     fabric.barrier()
     if len(set(digests)) > 1:

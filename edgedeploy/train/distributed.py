@@ -153,15 +153,10 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """True when FSDP2 ``fully_shard`` was applied to ``model``."""
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on CPU (a collective under FSDP: every rank must call it)."""
     model = unwrap(model)
-    if not is_sharded(model):
+    if not any(type(p).__name__ == "DTensor" for p in model.parameters()):  # FSDP2's fully_shard was not applied
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -172,11 +167,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def local_param_numel(model: nn.Module) -> int:
     """Parameter elements this rank holds (its shards under FSDP, everything otherwise)."""
-    total = 0
-    for p in unwrap(model).parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        total += local.numel()
-    return total
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in unwrap(model).parameters())
 
 
 class SkippingSampler(Sampler[int]):

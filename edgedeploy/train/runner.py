@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from edgedeploy.config import checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
@@ -268,12 +269,9 @@ def _run(
         use_channels_last(model)
     loss_fn = _loss(cfg, splits, device)
     d = cfg.data
-    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
-    val_loader = (
-        None
-        if val_set is None
-        else torch.utils.data.DataLoader(val_set, batch_size=d.eval_batch_size, num_workers=d.num_workers)
-    )
+    eval_loader_of = functools.partial(DataLoader, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    eval_loader = eval_loader_of(splits.test)
+    val_loader = None if val_set is None else eval_loader_of(val_set)
     probe = fabric.to_device(next(iter(eval_loader))[0])  # inputs for graph dumps, compile trials, folding
     _check_model_fits(cfg, model, probe, splits.num_classes)
     if cfg.run.graph and fabric.is_global_zero:  # before any wrapping: a plain module, no collectives

@@ -203,11 +203,6 @@ class EpochLoader:
     def __iter__(self) -> Any:
         return itertools.islice(iter(self.loader), self.skip, self.batches)
 
-    def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(epoch)
-
 
 def make_loader(
     dataset: Dataset,
@@ -244,7 +239,8 @@ def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None
     """Reseed the :func:`make_loader` loader's shuffling for ``epoch`` (sharded, streaming or not) and start
     it after ``skip_batches`` batches (a mid-epoch resume; the epoch's order is drawn in full, then cut)."""
     if isinstance(loader, EpochLoader):
-        loader.set_epoch(epoch)
+        if hasattr(loader.loader.dataset, "set_epoch"):  # a stream that reshuffles its shards per epoch
+            loader.loader.dataset.set_epoch(epoch)
         loader.skip = skip_batches
         return
     sampler = cast(SkippingSampler, loader.sampler)

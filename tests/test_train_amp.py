@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +11,13 @@ from torch import nn
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 from edgedeploy.train.amp import FP32Softmax, MixedPrecision, keep_fp32, resolve_precision
 from edgedeploy.train.clipping import GradClipper
+
+
+def _fabric(amp: MixedPrecision) -> Any:
+    """Fabric with ``amp``'s precision plugin, launched as deploy train does: backward goes through it."""
+    from edgedeploy.train.distributed import launch
+
+    return launch(amp.device, 0, precision=amp.plugin)
 
 
 def _model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -19,10 +28,11 @@ def _model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def test_safe_step_skips_on_injected_inf_and_backs_off_the_scale():
     model, opt = _model_and_opt()
-    amp = MixedPrecision(torch.device("cpu"), "fp32", use_scaler=True, init_scale=1024.0)
+    amp = MixedPrecision(torch.device("cpu"), "fp16", init_scale=1024.0)
+    fabric = _fabric(amp)
     assert amp.scaler.is_enabled()
     before = [p.detach().clone() for p in model.parameters()]
-    amp.backward(model(torch.randn(3, 4)).sum())
+    fabric.backward(model(torch.randn(3, 4)).sum())
     model[0].weight.grad[0, 0] = float("inf")
     assert amp.step(opt) is False
     assert amp.skipped_steps == 1
@@ -30,7 +40,7 @@ def test_safe_step_skips_on_injected_inf_and_backs_off_the_scale():
     assert all(p.grad is None for p in model.parameters())  # zeroed
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # not stepped
     # the next, finite step goes through and changes the weights
-    amp.backward(model(torch.randn(3, 4)).sum())
+    fabric.backward(model(torch.randn(3, 4)).sum())
     assert amp.step(opt) is True
     assert amp.skipped_steps == 1 and amp.steps == 2
     assert not torch.equal(before[0], model[0].weight)
@@ -39,8 +49,9 @@ def test_safe_step_skips_on_injected_inf_and_backs_off_the_scale():
 def test_safe_step_without_scaler_also_refuses_nan():
     model, opt = _model_and_opt()
     amp = MixedPrecision(torch.device("cpu"), "bf16")
+    fabric = _fabric(amp)
     assert not amp.scaler.is_enabled() and amp.scale == 1.0
-    amp.backward(model(torch.randn(3, 4)).sum())
+    fabric.backward(model(torch.randn(3, 4)).sum())
     model[2].bias.grad[0] = float("nan")
     w = model[2].weight.detach().clone()
     assert amp.step(opt) is False and amp.skipped_steps == 1
@@ -53,9 +64,10 @@ def test_scaled_gradients_are_unscaled_before_clipping():
     reference(x).sum().backward()
     expected = torch.cat([p.grad.flatten() for p in reference.parameters()]).norm().item()
     model, opt = _model_and_opt()
-    amp = MixedPrecision(torch.device("cpu"), "fp32", use_scaler=True, init_scale=2.0**10)
+    amp = MixedPrecision(torch.device("cpu"), "fp16", init_scale=2.0**10)
+    fabric = _fabric(amp)
     seen = []
-    amp.backward(model(x).sum())
+    fabric.backward(model(x).sum())
     amp.step(opt, clip=lambda ps: seen.append(torch.cat([p.grad.flatten() for p in ps]).norm().item()))
     assert seen == [pytest.approx(expected, rel=1e-5)]  # the clipper saw true, not 1024x, gradients
 
@@ -64,7 +76,7 @@ def test_auto_precision_and_cpu_autocast_dtype():
     cpu = torch.device("cpu")
     assert resolve_precision("auto", cpu) == "bf16"
     amp = MixedPrecision(cpu, "auto")
-    assert amp.precision == "bf16" and amp.dtype == torch.bfloat16 and not amp.use_scaler
+    assert amp.precision == "bf16" and not amp.scaler.is_enabled()
     with amp.autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="fp64"):
@@ -97,11 +109,12 @@ def test_training_without_lightning_names_the_extra_to_install(monkeypatch, tmp_
 
 def test_fabric_plugin_carries_our_scaler_and_fp16_stays_fp16_on_cpu():
     amp = MixedPrecision(torch.device("cpu"), "fp16", init_scale=256.0, growth_interval=3)
+    fabric = _fabric(amp)
     assert amp.plugin.scaler is amp.scaler and amp.scale == 256.0  # Fabric scales with the configured scaler
     with amp.autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float16  # not swapped for bf16
     model, opt = _model_and_opt()
-    amp.backward(model(torch.randn(3, 4)).sum())
+    fabric.backward(model(torch.randn(3, 4)).sum())
     grad = model[2].bias.grad.clone()
     assert amp.step(opt) is True and grad.abs().max() > 100  # the backward was scaled (x256)
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from edgedeploy.train.amp import MixedPrecision, keep_fp32
 from edgedeploy.train.config import train_config_from_dict
+from edgedeploy.train.distributed import launch
 from edgedeploy.train.losses import UncertaintyWeightedLoss
 from edgedeploy.train.lr_finder import lr_range_test
 from edgedeploy.train.runner import run_training
@@ -87,10 +88,11 @@ def test_skipped_step_restarts_the_scaler_growth_counter():
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    amp = MixedPrecision(torch.device("cpu"), "fp32", use_scaler=True, init_scale=1024.0, growth_interval=2)
+    amp = MixedPrecision(torch.device("cpu"), "fp16", init_scale=1024.0, growth_interval=2)
+    fabric = launch(amp.device, 0, precision=amp.plugin)  # as deploy train does: backward goes through Fabric
 
     def step(inf: bool) -> bool:
-        amp.backward(model(torch.randn(3, 4)).sum())
+        fabric.backward(model(torch.randn(3, 4)).sum())
         if inf:
             model.weight.grad[0, 0] = float("inf")
         return amp.step(opt)

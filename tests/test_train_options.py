@@ -129,51 +129,47 @@ def _one_rank_torchrun(monkeypatch) -> None:
 
 
 def test_ddp_options_reach_distributed_data_parallel(monkeypatch):
-    import dataclasses
-
     import torch.distributed as dist
 
     from edgedeploy.train.config import DDPSection
-    from edgedeploy.train.distributed import cleanup, launch, unwrap, wrap_model
+    from edgedeploy.train.distributed import cleanup, launch, unwrap
     from edgedeploy.train.models import mlp
 
     _one_rank_torchrun(monkeypatch)
     opts = DDPSection(find_unused_parameters=True, static_graph=True, gradient_as_bucket_view=True)
-    info = launch(torch.device("cpu"), 0, "gloo", ddp=vars(opts))  # as deploy train passes [run.ddp]
+    fabric = launch(torch.device("cpu"), 0, "gloo", ddp=vars(opts))  # as deploy train passes [run.ddp]
     try:
         assert dist.is_initialized() and dist.get_backend() == "gloo"  # Fabric joined torchrun's group
         module = mlp(64, [8], 2)
-        wrapped = wrap_model(module, dataclasses.replace(info, world_size=2))
+        wrapped = fabric.setup_module(module)  # as deploy train wraps the model on 2+ ranks
         ddp = wrapped._forward_module
         assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and unwrap(wrapped) is module
         assert ddp.find_unused_parameters and ddp.static_graph and ddp.gradient_as_bucket_view
         del ddp, wrapped
     finally:
-        cleanup(info)
+        cleanup(fabric)
     assert not dist.is_initialized()
 
 
 def test_bf16_ddp_model_trains_through_fabrics_backward(monkeypatch):
-    import dataclasses
-
     from edgedeploy.train.amp import MixedPrecision
-    from edgedeploy.train.distributed import cleanup, launch, wrap_model
+    from edgedeploy.train.distributed import cleanup, launch
     from edgedeploy.train.models import mlp
 
     _one_rank_torchrun(monkeypatch)
     cpu = torch.device("cpu")
     amp = MixedPrecision(cpu, "bf16")
-    info = launch(cpu, 0, "gloo", precision=amp.plugin)
-    amp.fabric = info.fabric  # as deploy train does: Fabric's DDP wrapper refuses a plain loss.backward()
+    fabric = launch(cpu, 0, "gloo", precision=amp.plugin)
     try:
-        model = wrap_model(mlp(64, [8], 2), dataclasses.replace(info, world_size=2))
+        model = fabric.setup_module(mlp(64, [8], 2))  # as deploy train wraps the model on 2+ ranks
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         before = [p.detach().clone() for p in model.parameters()]
         with amp.autocast():
             logits = model(torch.randn(4, 64))
         assert logits.dtype == torch.float32  # Fabric's forward ran in bf16 and handed fp32 back
-        amp.backward(torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 0, 1])))
+        # as deploy train does: Fabric's DDP wrapper refuses a plain loss.backward()
+        fabric.backward(torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 0, 1])))
         assert amp.step(opt) is True
         assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     finally:
-        cleanup(info)
+        cleanup(fabric)

@@ -11,15 +11,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from edgedeploy.errors import ConfigError, TargetCapabilityError
 
-TrainPrecision = Literal["auto", "fp32", "bf16", "fp16"]
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Modules whose maths is range-sensitive; ``keep_fp32`` runs them in FP32 by default.
 FP32_SENSITIVE: tuple[type[nn.Module], ...] = (
     nn.Softmax,
@@ -52,54 +50,43 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 @dataclass
 class MixedPrecision:
-    """Fabric's precision plugin (autocast, backward) + optional ``torch.amp.GradScaler`` + a step that
-    refuses non-finite gradients. ``plugin`` is handed to ``Fabric(plugins=...)``, so the DDP model's
-    forward and this object's autocast are one context; the scaler is the plugin's (fp16).
+    """Fabric's precision plugin (autocast; loss scaling in ``fabric.backward``) with our fp16
+    ``torch.amp.GradScaler`` and a step that refuses non-finite gradients. ``plugin`` is handed to
+    ``Fabric(plugins=...)``, so the DDP model's forward and this object's autocast are one context.
 
     Attributes:
         device: where the model runs.
-        precision: ``fp32``, ``bf16`` or ``fp16`` (resolve ``auto`` with :func:`resolve_precision`).
-        use_scaler: scale the loss; defaults to on for fp16 only (bf16/fp32 do not underflow the same way).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (resolve ``auto`` with :func:`resolve_precision`);
+            fp16 scales the loss (bf16/fp32 do not underflow the same way).
         backoff: factor the scale is multiplied by when a step is skipped.
         growth_interval: finite steps in a row before the scale doubles (GradScaler's own counter,
             reset by a skipped step).
         skipped_steps: how many steps were skipped for non-finite gradients.
         steps: how many steps were attempted (taken = ``steps - skipped_steps``).
-        fabric: the Fabric whose plugin this is, once launched (backward then goes through it).
     """
 
     device: torch.device
     precision: str = "fp32"
-    use_scaler: bool | None = None
     init_scale: float = 2.0**16
     backoff: float = 0.5
     growth_interval: int = 2000
     skipped_steps: int = 0
     steps: int = 0
-    fabric: Any = None  # the Fabric running the model: its wrapped models take backward from it only
     scaler: torch.amp.GradScaler = field(init=False)
     plugin: Any = field(init=False)
-    _unscaled: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
         if self.precision not in ("fp32", "bf16", "fp16"):
             self.precision = resolve_precision(self.precision, self.device)
-        if self.use_scaler is None:
-            self.use_scaler = self.precision == "fp16"
         self.scaler = torch.amp.GradScaler(
             self.device.type,
             init_scale=self.init_scale,
             backoff_factor=self.backoff,
             growth_interval=self.growth_interval,
-            enabled=bool(self.use_scaler),
+            enabled=self.precision == "fp16",
         )
         self.plugin = _fabric_precision(self.precision, self.device, self.scaler)
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        """Autocast dtype, or ``None`` for plain FP32."""
-        return _DTYPES.get(self.precision)
 
     @property
     def scale(self) -> float:
@@ -110,25 +97,10 @@ class MixedPrecision:
         """Fabric's autocast for this device and dtype (a no-op context in FP32)."""
         return cast(contextlib.AbstractContextManager[Any], self.plugin.forward_context())
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of the (scaled, when a scaler is on) loss, through ``fabric`` when set."""
-        if self.scaler.is_enabled() and getattr(self.plugin, "scaler", None) is None:
-            loss = self.scaler.scale(loss)  # fp32 with a scaler: Fabric's 32-bit plugin has none
-        if self.fabric is not None:
-            self.fabric.backward(loss)
-        else:
-            self.plugin.backward(loss, None)
-
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Bring gradients back to their true size (before clipping or monitoring). Idempotent per step."""
-        if self.scaler.is_enabled() and id(optimizer) not in self._unscaled:
-            self.scaler.unscale_(optimizer)  # GradScaler raises if called twice in one step
-            self._unscaled.add(id(optimizer))
-
     def step(
         self, optimizer: torch.optim.Optimizer, clip: Callable[[Iterable[nn.Parameter]], Any] | None = None
     ) -> bool:
-        """Unscale, check every gradient is finite, clip, step and update the scale.
+        """Unscale, check every gradient is finite, clip, step and update the scale (after ``fabric.backward``).
 
         On any non-finite gradient the step is skipped: the scale is multiplied by ``backoff``,
         gradients are zeroed and ``skipped_steps`` grows. With a scaler, the skip goes through
@@ -137,22 +109,18 @@ class MixedPrecision:
         Returns whether the optimizer stepped.
         """
         self.steps += 1
-        self.unscale(optimizer)
-        self._unscaled.discard(id(optimizer))
+        self.scaler.unscale_(optimizer)  # true gradients for the check and the clipper (no-op without a scaler)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not grads_are_finite(params):
             self.skipped_steps += 1
-            if self.scaler.is_enabled():
-                # unscale_ recorded the inf: step() skips the update and update() backs off + resets growth
-                self.scaler.step(optimizer)
-                self.scaler.update()
+            if self.scaler.is_enabled():  # unscale_ saw the inf: GradScaler skips the step, backs off, resets growth
+                self.plugin.optimizer_step(optimizer)
             optimizer.zero_grad(set_to_none=True)
             log.warning("non-finite gradient: step %d skipped (scale now %g)", self.steps, self.scale)
             return False
         if clip is not None:
             clip(params)
-        self.scaler.step(optimizer)
-        self.scaler.update()
+        self.plugin.optimizer_step(optimizer)  # GradScaler step + update under fp16, a plain step otherwise
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -176,7 +144,7 @@ def _fabric_precision(precision: str, device: torch.device, scaler: torch.amp.Gr
         return plugins.Precision()
     if precision == "bf16":
         return plugins.MixedPrecision("bf16-mixed", device.type)
-    return plugins.MixedPrecision("16-mixed", device.type, scaler=scaler)  # a disabled scaler scales by 1
+    return plugins.MixedPrecision("16-mixed", device.type, scaler=scaler)
 
 
 def grads_are_finite(params: Iterable[nn.Parameter]) -> bool:

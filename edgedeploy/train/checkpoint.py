@@ -127,15 +127,13 @@ def save_checkpoint(
     state_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the resumable state (when ``optimizer`` is given), the weights and the metadata sidecar, each
-    atomically.
+    atomically (see the module docstring). Call on one rank only.
 
-    The resumable state is one self-contained file, ``X.resume.safetensors``: the training weights
-    (``model.*``: ``model.state_dict()``, whatever ``weights`` deploys), optimizer tensors
-    (``optimizer.*``), ``state_tensors`` (e.g. ``ema.*``) and, in its header, the JSON document
-    (param groups, ``train_state``: epoch, step, scheduler, scaler, RNG, ...). A kill between two of
-    the files never pairs a state with other weights; ``X.resume.json`` is a readable copy.
+    ``X.resume.safetensors`` is self-contained: the training weights (``model.*``, whatever ``weights``
+    deploys), optimizer tensors, ``state_tensors`` (e.g. ``ema.*``) and the JSON document (param groups,
+    ``train_state``), so a kill between two of the files never pairs a state with other weights.
     ``weights`` replaces ``model.state_dict()`` in ``X.safetensors`` (a gathered FSDP state, EMA or
-    folded weights). Call on one rank only.
+    folded weights).
 
     Raises:
         CheckpointError: the state holds something that is neither a tensor nor JSON data.
@@ -160,22 +158,6 @@ def save_checkpoint(
     atomic_write_bytes(path, blob)
     atomic_write_json(checkpoint_metadata_path(path), {**meta, "weights_sha256": weights_sha})
     return path
-
-
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The metadata sidecar of checkpoint ``path``.
-
-    Raises:
-        CheckpointError: missing, unreadable, or not this format.
-    """
-    meta_path = checkpoint_metadata_path(Path(path))
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint metadata unreadable: {meta_path} ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path}: format {meta.get('format')!r} is not {FORMAT!r}")
-    return meta
 
 
 def load_resume_state(

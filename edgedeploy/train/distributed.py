@@ -1,8 +1,9 @@
 """Data-parallel plumbing on Lightning Fabric under ``torchrun``: devices, the process group, DDP, collectives.
 
 Fabric (``pip install 'edgedeploy[lightning]'``) joins the process group torchrun describes, picks each
-rank's device and wraps the model in DDP; what stays here is ours: per-rank seeding, FSDP2 sharding,
-samplers that resume mid-epoch exactly, and rank digests. Runs on CPU with gloo (``nccl`` on CUDA).
+rank's device, wraps the model in DDP and holds the rank, world size and collectives; what stays here is
+ours: per-rank seeding, FSDP2 sharding, samplers that resume mid-epoch exactly, and rank digests. Runs on
+CPU with gloo (``nccl`` on CUDA).
 Launch with e.g. ``torchrun --standalone --nproc_per_node 2 -m edgedeploy train --config train.toml --out run``.
 """
 
@@ -13,7 +14,6 @@ import itertools
 import logging
 import os
 from collections.abc import Iterator, Sized
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -26,7 +26,6 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
-    SequentialSampler,
 )
 
 from edgedeploy.errors import ConfigError
@@ -47,24 +46,6 @@ def lightning_fabric() -> Any:
     return fabric_pkg
 
 
-@dataclass(frozen=True)
-class DistInfo:
-    """Where this process sits in the job (world_size 1 when not launched by torchrun); ``fabric`` runs it."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    fabric: Any = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
 def launch(
     device: torch.device,
     seed: int,
@@ -73,7 +54,7 @@ def launch(
     strategy: str = "ddp",
     precision: Any = None,
     ddp: dict[str, bool] | None = None,
-) -> DistInfo:
+) -> Any:
     """Start Fabric on ``device`` (joining torchrun's process group; ``strategy`` ddp: DDP with the ``ddp``
     options, fsdp: FSDP2 over all ranks; ``precision`` as its plugin) and seed this rank with ``seed + rank``.
 
@@ -118,12 +99,12 @@ def launch(
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    info = DistInfo(fabric.global_rank, fabric.local_rank, fabric.world_size, fabric)
-    fabric_pkg.seed_everything((seed + info.rank) % 2**32, verbose=False)  # Python, NumPy, torch (CPU, CUDA)
-    return info
+    # Python, NumPy, torch (CPU, CUDA); not Fabric.seed_everything, which would also set PL_SEED_WORKERS
+    fabric_pkg.seed_everything((seed + fabric.global_rank) % 2**32, verbose=False)
+    return fabric
 
 
-def cleanup(info: DistInfo) -> None:
+def cleanup(fabric: Any) -> None:
     """Leave the process group in order: wait for every rank, then destroy it (no-op when not distributed).
 
     Without the barrier a fast rank could tear down its gloo/nccl threads while a slow one still
@@ -133,15 +114,9 @@ def cleanup(info: DistInfo) -> None:
     if not dist.is_initialized():
         return
     try:
-        info.fabric.barrier()
+        fabric.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
-    """Fabric's ``setup_module`` when distributed (DDP, or FSDP2 sharding in place: see :func:`launch`),
-    else ``model`` unchanged."""
-    return cast(nn.Module, info.fabric.setup_module(model)) if info.enabled else model
 
 
 def _shard(model: nn.Module, mesh: Any) -> nn.Module:
@@ -178,15 +153,10 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """True when FSDP2 ``fully_shard`` was applied to ``model``."""
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on CPU (a collective under FSDP: every rank must call it)."""
     model = unwrap(model)
-    if not is_sharded(model):
+    if not any(type(p).__name__ == "DTensor" for p in model.parameters()):  # FSDP2's fully_shard was not applied
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -197,11 +167,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def local_param_numel(model: nn.Module) -> int:
     """Parameter elements this rank holds (its shards under FSDP, everything otherwise)."""
-    total = 0
-    for p in unwrap(model).parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        total += local.numel()
-    return total
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in unwrap(model).parameters())
 
 
 class SkippingSampler(Sampler[int]):
@@ -230,8 +196,6 @@ class EpochLoader:
         self.loader = loader
         self.batches = batches
         self.skip = 0  # batches of this epoch already trained on (a mid-epoch resume reads past them)
-        self.sampler = None
-        self.generator = None
 
     def __len__(self) -> int:
         return max(0, self.batches - self.skip)
@@ -239,81 +203,52 @@ class EpochLoader:
     def __iter__(self) -> Any:
         return itertools.islice(iter(self.loader), self.skip, self.batches)
 
-    def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(epoch)
-
 
 def make_loader(
     dataset: Dataset,
     batch_size: int,
     *,
-    shuffle: bool,
     seed: int,
-    info: DistInfo,
-    drop_last: bool = False,
+    fabric: Any,
     num_workers: int = 0,
     pin_memory: bool = False,
     stream_samples: int | None = None,
 ) -> DataLoader | EpochLoader:
-    """A loader over this rank's shard (``DistributedSampler``) or, single-process, the whole set.
+    """A shuffling loader over this rank's shard (``DistributedSampler``) or, single-process, the whole set.
 
     Shuffling is seeded per epoch: call :func:`set_epoch` before each epoch so order is reproducible
     and resumable without saving RNG state. An ``IterableDataset`` splits itself by rank and worker;
     ``stream_samples`` (its total size) sets the batches per epoch, equal on every rank.
     """
     extra: dict[str, Any] = {"num_workers": num_workers, "pin_memory": pin_memory}
-    if num_workers:
-        extra["persistent_workers"] = False
     if isinstance(dataset, IterableDataset):
-        total = stream_samples or 0
-        batches = max(1, total // (batch_size * info.world_size))
+        batches = max(1, (stream_samples or 0) // (batch_size * fabric.world_size))
         return EpochLoader(DataLoader(dataset, batch_size=batch_size, **extra), batches)
-    if info.enabled:
+    generator = None
+    if fabric.world_size > 1:
         sampler: Sampler[int] = DistributedSampler(
-            dataset, num_replicas=info.world_size, rank=info.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+            dataset, num_replicas=fabric.world_size, rank=fabric.global_rank, shuffle=True, seed=seed
         )
-        return DataLoader(
-            dataset, batch_size=batch_size, sampler=SkippingSampler(sampler), drop_last=drop_last, **extra
-        )
-    generator = torch.Generator().manual_seed(seed)
-    sized = cast(Sized, dataset)
-    sampler = RandomSampler(sized, generator=generator) if shuffle else SequentialSampler(sized)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=SkippingSampler(sampler),
-        generator=generator,
-        drop_last=drop_last,
-        **extra,
-    )
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        sampler = RandomSampler(cast(Sized, dataset), generator=generator)
+    return DataLoader(dataset, batch_size=batch_size, sampler=SkippingSampler(sampler), generator=generator, **extra)
 
 
 def set_epoch(loader: Any, epoch: int, seed: int, skip_batches: int = 0) -> None:
-    """Reseed the loader's shuffling for ``epoch`` (sharded, streaming or not) and start it after
-    ``skip_batches`` batches (a mid-epoch resume; the epoch's order is drawn in full, then cut)."""
+    """Reseed the :func:`make_loader` loader's shuffling for ``epoch`` (sharded, streaming or not) and start
+    it after ``skip_batches`` batches (a mid-epoch resume; the epoch's order is drawn in full, then cut)."""
     if isinstance(loader, EpochLoader):
-        loader.set_epoch(epoch)
+        if hasattr(loader.loader.dataset, "set_epoch"):  # a stream that reshuffles its shards per epoch
+            loader.loader.dataset.set_epoch(epoch)
         loader.skip = skip_batches
         return
-    sampler = loader.sampler
-    if isinstance(sampler, SkippingSampler):
-        sampler.skip = skip_batches * int(loader.batch_size or 1)
-        sampler = sampler.sampler
-    elif skip_batches:
-        raise ValueError("this loader cannot start mid-epoch: build it with make_loader")
-    if isinstance(sampler, DistributedSampler):
-        sampler.set_epoch(epoch)
+    sampler = cast(SkippingSampler, loader.sampler)
+    sampler.skip = skip_batches * int(loader.batch_size or 1)
+    if isinstance(sampler.sampler, DistributedSampler):
+        sampler.sampler.set_epoch(epoch)
     elif loader.generator is not None:
         loader.generator.manual_seed(seed + 1000003 * epoch)
-
-
-def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
-    """Sum scalars over ranks (identity when not distributed)."""
-    if not info.enabled:
-        return values
-    return info.fabric.all_reduce(torch.tensor(values, dtype=torch.float64, device=device), reduce_op="sum").tolist()
 
 
 def param_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
@@ -325,16 +260,13 @@ def param_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None)
     return h.hexdigest()
 
 
-def gather_digests(model: nn.Module, info: DistInfo, state: dict[str, torch.Tensor] | None = None) -> list[str]:
-    """Every rank's :func:`param_digest`, in rank order (one entry when not distributed)."""
-    mine = param_digest(model, state)
-    if not info.enabled:
-        return [mine]
-    out: list[Any] = [None] * info.world_size
-    dist.all_gather_object(out, mine)
-    return [str(d) for d in out]
+def gather_objects(obj: Any, fabric: Any) -> list[Any]:
+    """Every rank's ``obj`` (JSON-like data), in rank order: a collective under DDP, ``[obj]`` otherwise.
 
-
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        info.fabric.barrier()
+    ``fabric.all_gather`` takes tensors only; strings and RNG states go through torch's pickling gather.
+    """
+    if fabric.world_size == 1:
+        return [obj]
+    out: list[Any] = [None] * fabric.world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.clipping import GradClipper
-from edgedeploy.train.distributed import DistInfo, all_reduce_sum, set_epoch, unwrap
-
-
-class LoopCallback(Protocol):
-    """What the loop calls; implement any subset (missing methods are skipped)."""
-
-    def on_after_backward(self, step: int, model: nn.Module, grad_scale: float = 1.0) -> Any: ...
+from edgedeploy.train.distributed import set_epoch, unwrap
 
 
 @dataclass
@@ -35,14 +30,7 @@ class LoopState:
     partial: dict[str, float] = field(default_factory=dict)  # that epoch's running loss sum, samples, skips
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "step": self.step,
-            "history": self.history,
-            "optimizer_steps": self.optimizer_steps,
-            "batch": self.batch,
-            "partial": self.partial,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoopState:
@@ -70,30 +58,17 @@ def call_model(model: nn.Module, x: Any) -> torch.Tensor:
     return model(x)
 
 
-def to_device(x: Any, device: torch.device) -> Any:
-    """Move a tensor, or the tensors of a tuple/list/dict batch, to ``device``."""
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, dict):
-        return {k: to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(to_device(v, device) for v in x)
-    return x
-
-
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, loader: Iterable[Any], device: torch.device, amp: MixedPrecision | None = None
-) -> dict[str, float]:
+def evaluate(model: nn.Module, loader: Iterable[Any], fabric: Any, amp: MixedPrecision) -> dict[str, float]:
     """Top-1 accuracy and mean cross-entropy over ``loader`` (model in eval mode, restored afterwards)."""
     was_training = model.training
     model.eval()
     correct = total = 0
     loss_sum = 0.0
     try:
-        for x, y in loader:
-            x, y = to_device(x, device), y.to(device, non_blocking=True)
-            with amp.autocast() if amp is not None else contextlib.nullcontext():
+        for batch in loader:
+            x, y = fabric.to_device(batch)
+            with amp.autocast():
                 logits = call_model(model, x)
             loss_sum += float(nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
@@ -103,24 +78,29 @@ def evaluate(
     return {"accuracy": correct / max(total, 1), "loss": loss_sum / max(total, 1)}
 
 
+@dataclass
+class StepParts:
+    """What each optimizer step of :func:`fit` uses: the model (Fabric's wrapper under DDP / FSDP), its
+    optimizer and loss, precision, the Fabric running them, and the optional clipper, LR schedule, loop
+    callbacks (``on_after_backward``, ``on_step_end``, ``on_epoch_end``), profiler, gradient accumulation,
+    EMA and ``on_step`` hook."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    amp: MixedPrecision
+    fabric: Any
+    clipper: GradClipper | None = None
+    scheduler: Any = None
+    callbacks: Sequence[Any] = ()
+    profiler: Any = None
+    accumulate: int = 1
+    ema: Any = None
+    on_step: Callable[[LoopState], None] | None = None
+
+
 def train_epoch(
-    model: nn.Module,
-    loader: Iterable[Any],
-    *,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    amp: MixedPrecision,
-    device: torch.device,
-    state: LoopState,
-    clipper: GradClipper | None = None,
-    scheduler: Any = None,
-    callbacks: Sequence[Any] = (),
-    profiler: Any = None,
-    accumulate: int = 1,
-    ema: Any = None,
-    on_step: Callable[[LoopState], None] | None = None,
-    start: Callable[[], None] | None = None,
-    info: DistInfo | None = None,
+    parts: StepParts, loader: Iterable[Any], state: LoopState, start: Callable[[], None] | None = None
 ) -> dict[str, float]:
     """One pass over ``loader`` (or its rest, after a mid-epoch resume). Returns this rank's summed loss,
     sample count and skipped steps for the whole epoch (``state.partial`` carries them across a resume).
@@ -135,26 +115,27 @@ def train_epoch(
     for a mean loss and no batch statistics). A shorter last group is rescaled to its own size. Under
     DDP and FSDP the gradient sync runs only on the last batch of a group (Fabric's ``no_backward_sync``).
     """
+    model, optimizer, fabric, accumulate = parts.model, parts.optimizer, parts.fabric, parts.accumulate
     model.train()
     part = state.partial or {}
     loss_sum, samples, skipped = part.get("loss_sum", 0.0), int(part.get("samples", 0)), int(part.get("skipped", 0))
     total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
     group = 0  # batches accumulated so far in this group
     consumed = 0  # batches of this call counted into state.batch
-    fabric = info.fabric if info is not None and info.enabled else None  # DDP / FSDP: Fabric's sync control
+    synced = fabric.world_size > 1  # DDP / FSDP reduce gradients in backward: Fabric's no_backward_sync holds it
     batches = iter(loader)
     if start is not None:
         start()
-    for i, (x, y) in enumerate(batches):
-        x, y = to_device(x, device), y.to(device, non_blocking=True)
+    for i, batch in enumerate(batches):
+        x, y = fabric.to_device(batch)
         if group == 0:
             optimizer.zero_grad(set_to_none=True)
         group += 1
         last = group == accumulate or (total is not None and i == total - 1)
-        with fabric.no_backward_sync(model, enabled=not last) if fabric else contextlib.nullcontext():
-            with amp.autocast():
-                loss = loss_fn(call_model(model, x), y)
-            amp.backward(loss / accumulate if accumulate > 1 else loss)
+        with fabric.no_backward_sync(model, enabled=not last) if synced else contextlib.nullcontext():
+            with parts.amp.autocast():
+                loss = parts.loss_fn(call_model(model, x), y)
+            fabric.backward(loss / accumulate if accumulate > 1 else loss)  # scaled by the precision plugin
         loss_sum += float(loss.detach()) * len(y)
         samples += len(y)
         if not last:
@@ -164,59 +145,50 @@ def train_epoch(
                 if p.grad is not None:
                     p.grad.mul_(accumulate / group)
         group = 0
-        for cb in callbacks:
-            hook = getattr(cb, "on_after_backward", None)
-            if hook is not None:
-                hook(state.step, unwrap(model), grad_scale=amp.scale)  # hooks saw scaled gradients
+        _call(parts.callbacks, "on_after_backward", state.step, unwrap(model), grad_scale=parts.amp.scale)
         lr = float(optimizer.param_groups[0]["lr"])
-        stepped = amp.step(optimizer, clip=clipper)
+        stepped = parts.amp.step(optimizer, clip=parts.clipper)
         if stepped:
             state.optimizer_steps += 1
-            if scheduler is not None:
-                scheduler.step()  # the schedule counts steps taken (its state is saved, not replayed)
-            if ema is not None:
-                ema.update(unwrap(model))
+            if parts.scheduler is not None:
+                parts.scheduler.step()  # the schedule counts steps taken (its state is saved, not replayed)
+            if parts.ema is not None:
+                parts.ema.update(unwrap(model))
         else:
             skipped += 1
-        for cb in callbacks:
-            hook = getattr(cb, "on_step_end", None)
-            if hook is not None:
-                hook(state.step, {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)})
+        step_metrics = {"loss": float(loss.detach()), "lr": lr, "skipped": float(not stepped)}
+        _call(parts.callbacks, "on_step_end", state.step, step_metrics)
         state.step += 1
         state.batch = state.batch + (i + 1 - consumed)
         consumed = i + 1
         state.partial = {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
-        if profiler is not None:
-            profiler.step()
-        if on_step is not None:
-            on_step(state)
+        if parts.profiler is not None:
+            parts.profiler.step()
+        if parts.on_step is not None:
+            parts.on_step(state)
     return {"loss_sum": loss_sum, "samples": float(samples), "skipped": float(skipped)}
 
 
+def _call(callbacks: Sequence[Any], hook: str, *args: Any, **kwargs: Any) -> None:
+    """Each callback's ``hook`` (a callback implements any subset), as ``fabric.call`` does for Fabric's own."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args, **kwargs)
+
+
 def fit(
-    model: nn.Module,
+    parts: StepParts,
     train_loader: Iterable[Any],
     *,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    amp: MixedPrecision,
-    device: torch.device,
     epochs: int,
     stop_after: int | None = None,
     seed: int = 0,
-    info: DistInfo | None = None,
     eval_loader: Iterable[Any] | None = None,
     val_loader: Iterable[Any] | None = None,
     state: LoopState | None = None,
-    clipper: GradClipper | None = None,
-    scheduler: Any = None,
-    callbacks: Sequence[Any] = (),
     on_epoch_end: Callable[[LoopState, dict[str, float]], None] | None = None,
     log: Callable[[str], None] | None = None,
-    profiler: Any = None,
-    accumulate: int = 1,
-    ema: Any = None,
-    on_step: Callable[[LoopState], None] | None = None,
     rng_state: Callable[[], None] | None = None,
 ) -> LoopState:
     """Train from ``state.epoch`` up to ``epochs`` (at most ``stop_after`` of them in this call).
@@ -235,41 +207,25 @@ def fit(
     after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
     selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
     """
-    info = info or DistInfo()
+    fabric, ema = parts.fabric, parts.ema
     state = state or LoopState()
-    log = log if (log is not None and info.is_main) else (lambda _line: None)
+    log = log if (log is not None and fabric.is_global_zero) else (lambda _line: None)
     end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
     for epoch in range(state.epoch, end):
         mid_epoch = state.batch > 0
         if not mid_epoch:
-            torch.manual_seed(seed + info.rank + 1_000_003 * (epoch + 1))
+            torch.manual_seed(seed + fabric.global_rank + 1_000_003 * (epoch + 1))
             state.partial = {}
         set_epoch(train_loader, epoch, seed, skip_batches=state.batch)
         t0 = time.perf_counter()
         try:
-            part = train_epoch(
-                model,
-                train_loader,
-                optimizer=optimizer,
-                loss_fn=loss_fn,
-                amp=amp,
-                device=device,
-                state=state,
-                clipper=clipper,
-                scheduler=scheduler,
-                callbacks=callbacks,
-                profiler=profiler,
-                accumulate=accumulate,
-                ema=ema,
-                on_step=on_step,
-                start=rng_state if mid_epoch else None,
-                info=info,
-            )
+            part = train_epoch(parts, train_loader, state, start=rng_state if mid_epoch else None)
         except StopTraining:
             return state
         state.batch, state.partial = 0, {}
-        loss_sum, samples, skipped = all_reduce_sum([part["loss_sum"], part["samples"], part["skipped"]], info, device)
-        broadcast_buffers(model, info)
+        summed = torch.tensor([part["loss_sum"], part["samples"], part["skipped"]], dtype=torch.float64)
+        loss_sum, samples, skipped = fabric.all_reduce(summed, reduce_op="sum").tolist()
+        broadcast_buffers(parts.model, fabric)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float] = {
             "epoch": epoch + 1,
@@ -277,15 +233,15 @@ def fit(
             "samples_per_s": samples / max(seconds, 1e-9),
             "skipped_steps": skipped,
         }
-        temperature = getattr(loss_fn, "temperature", None)
+        temperature = getattr(parts.loss_fn, "temperature", None)
         if isinstance(temperature, float):
             metrics["temperature"] = temperature
-        judged = ema.module if ema is not None else unwrap(model)  # what the checkpoint deploys
+        judged = ema.module if ema is not None else unwrap(parts.model)  # what the checkpoint deploys
         if val_loader is not None:
-            ev = evaluate(judged, val_loader, device, amp)
+            ev = evaluate(judged, val_loader, fabric, parts.amp)
             metrics.update(val_accuracy=ev["accuracy"], val_loss=ev["loss"])
         if eval_loader is not None:
-            ev = evaluate(judged, eval_loader, device, amp)
+            ev = evaluate(judged, eval_loader, fabric, parts.amp)
             metrics.update(test_accuracy=ev["accuracy"], test_loss=ev["loss"])
         state.epoch = epoch + 1
         state.history.append(metrics)
@@ -300,10 +256,7 @@ def fit(
         log(line)
         if not math.isfinite(metrics["train_loss"]):
             log("warning: training loss is not finite")
-        for cb in callbacks:
-            hook = getattr(cb, "on_epoch_end", None)
-            if hook is not None:
-                hook(epoch + 1, metrics)
+        _call(parts.callbacks, "on_epoch_end", epoch + 1, metrics)
         if on_epoch_end is not None:
             try:
                 on_epoch_end(state, metrics)
@@ -312,9 +265,9 @@ def fit(
     return state
 
 
-def broadcast_buffers(model: nn.Module, info: DistInfo) -> None:
+def broadcast_buffers(model: nn.Module, fabric: Any) -> None:
     """Copy rank 0's buffers to every rank (DDP syncs them before forwards, not after the last one)."""
-    if not info.enabled:
+    if fabric.world_size == 1:
         return
     import torch.distributed as dist
 

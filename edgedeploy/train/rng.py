@@ -9,8 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from edgedeploy.train.distributed import DistInfo
-
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """This process's torch (CPU and, on CUDA, the device's), Python and NumPy generator states."""
@@ -35,15 +33,3 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8), device)
-
-
-def gather_rng(info: DistInfo, device: torch.device) -> list[dict[str, Any]]:
-    """Every rank's :func:`capture_rng`, in rank order (a collective under DDP: every rank calls it)."""
-    mine = capture_rng(device)
-    if not info.enabled:
-        return [mine]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * info.world_size
-    dist.all_gather_object(out, mine)
-    return list(out)

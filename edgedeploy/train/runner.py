@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from edgedeploy.config import checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
@@ -28,7 +29,7 @@ from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
 from edgedeploy.train.ema import WeightEMA
-from edgedeploy.train.loop import LoopState, StopTraining, call_model, fit, to_device
+from edgedeploy.train.loop import LoopState, StepParts, StopTraining, call_model, fit
 from edgedeploy.train.losses import TemperatureCrossEntropy
 from edgedeploy.train.monitors import GradientFlowMonitor
 from edgedeploy.train.options import (
@@ -42,7 +43,7 @@ from edgedeploy.train.options import (
     use_channels_last,
     write_graph,
 )
-from edgedeploy.train.rng import gather_rng, restore_rng
+from edgedeploy.train.rng import capture_rng, restore_rng
 from edgedeploy.train.schedules import build_scheduler
 from edgedeploy.train.selection import (
     best_path,
@@ -108,10 +109,6 @@ def _optimizer(cfg: TrainConfig, model: nn.Module, loss_fn: nn.Module) -> torch.
     return cls(groups, lr=o.lr, weight_decay=o.weight_decay)
 
 
-def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int) -> Any:
-    return build_scheduler(optimizer, cfg.optim.schedule, cfg.run.epochs * steps_per_epoch, cfg.optim.warmup_steps)
-
-
 def _loss(cfg: TrainConfig, splits: Splits, device: torch.device) -> nn.Module:
     weights = list(cfg.loss.class_weights) or None
     if weights is not None and len(weights) != splits.num_classes:
@@ -140,7 +137,7 @@ def _input_specs(cfg: TrainConfig, splits: Splits) -> list[dict[str, Any]]:
 
 
 def _metadata(
-    cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any], outputs: list[str]
+    cfg: TrainConfig, splits: Splits, kwargs: dict[str, Any], metrics: dict[str, Any], outputs: list[str] | None = None
 ) -> dict[str, Any]:
     from edgedeploy.modelio.usercode import factory_source
 
@@ -152,12 +149,14 @@ def _metadata(
     }
     if splits.provenance:
         extra["data"] = splits.provenance
+    if cfg.run.ema:
+        extra["ema"] = {"decay": cfg.run.ema, "deployed": True}
     return checkpoint_metadata(
         factory=cfg.model.factory,
         factory_kwargs=kwargs,
         inputs=_input_specs(cfg, splits),
         dims={"batch": {"min": bmin, "opt": bopt, "max": bmax}},
-        outputs=outputs,
+        outputs=outputs or list(cfg.deploy.outputs),
         normalization=splits.normalization,
         class_names=splits.class_names,
         metrics=metrics,
@@ -214,28 +213,19 @@ def run_training(
         torch.set_num_threads(cfg.run.threads)
     amp = MixedPrecision(device, cfg.run.precision)
     r = cfg.run
-    info = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
-    amp.fabric = info.fabric
+    fabric = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
     try:
         resume = cfg.checkpoint.resume if resume is None else resume
-        args = (stop_after, stop_after_steps, log, callbacks, find_lr)
-        return _run(cfg, out, info.fabric.device, amp, info, resume, *args)
+        return _run(cfg, out, amp, fabric, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
     finally:
-        D.cleanup(info)
-
-
-def _probe_batch(loader: Any) -> Any:
-    """The inputs of the first batch of an evaluation loader (for graph dumps, compile trials, folding)."""
-    x, _ = next(iter(loader))
-    return x
+        D.cleanup(fabric)
 
 
 def _run(
     cfg: TrainConfig,
     out: Path,
-    device: torch.device,
     amp: MixedPrecision,
-    info: D.DistInfo,
+    fabric: Any,
     resume: bool,
     stop_after: int | None,
     stop_after_steps: int | None,
@@ -243,8 +233,9 @@ def _run(
     user_callbacks: Sequence[Any],
     find_lr: bool = False,
 ) -> TrainResult:
-    say = log if info.is_main else (lambda _line: None)
-    fsdp = cfg.run.strategy == "fsdp" and info.enabled
+    device, distributed = fabric.device, fabric.world_size > 1
+    say = log if fabric.is_global_zero else (lambda _line: None)
+    fsdp = cfg.run.strategy == "fsdp" and distributed
     if fsdp and resume:
         raise ConfigError(
             f"{cfg.source}: --resume with run.strategy = 'fsdp' is not supported "
@@ -267,7 +258,7 @@ def _run(
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
     if frozen and cfg.run.freeze_bn_stats:
         freeze_norm_statistics(model)
-    if cfg.run.sync_batchnorm and info.enabled:
+    if cfg.run.sync_batchnorm and distributed:
         if device.type != "cuda":
             raise TargetCapabilityError(
                 f"{cfg.source}: key 'run.sync_batchnorm' needs CUDA devices (torch's SyncBatchNorm runs on GPUs only)",
@@ -278,46 +269,42 @@ def _run(
         use_channels_last(model)
     loss_fn = _loss(cfg, splits, device)
     d = cfg.data
-    eval_loader = torch.utils.data.DataLoader(splits.test, batch_size=d.eval_batch_size, num_workers=d.num_workers)
-    val_loader = (
-        None
-        if val_set is None
-        else torch.utils.data.DataLoader(val_set, batch_size=d.eval_batch_size, num_workers=d.num_workers)
-    )
-    probe = _probe_batch(eval_loader)
-    _check_model_fits(cfg, model, to_device(probe, device), splits.num_classes)
-    if cfg.run.graph and info.is_main:  # before any wrapping: a plain module, no collectives
-        graph = write_graph(model, to_device(probe, device), out / f"{cfg.checkpoint.name}.dot", call_model)
+    eval_loader_of = functools.partial(DataLoader, batch_size=d.eval_batch_size, num_workers=d.num_workers)
+    eval_loader = eval_loader_of(splits.test)
+    val_loader = None if val_set is None else eval_loader_of(val_set)
+    probe = fabric.to_device(next(iter(eval_loader))[0])  # inputs for graph dumps, compile trials, folding
+    _check_model_fits(cfg, model, probe, splits.num_classes)
+    if cfg.run.graph and fabric.is_global_zero:  # before any wrapping: a plain module, no collectives
+        graph = write_graph(model, probe, out / f"{cfg.checkpoint.name}.dot", call_model)
         say(f"graph: {graph}")
     r = cfg.run
     # FSDP replaces the parameters with sharded ones: the optimizer must see those (no resume here)
-    train_model = D.wrap_model(model, info) if fsdp else model
+    train_model = fabric.setup_module(model) if fsdp else model
     optimizer = _optimizer(cfg, model, loss_fn)
     ckpt = out / f"{cfg.checkpoint.name}.safetensors"
     state = LoopState()
     train_loader = D.make_loader(
         splits.train,
         d.batch_size,
-        shuffle=True,
         seed=cfg.run.seed,
-        info=info,
+        fabric=fabric,
         num_workers=d.num_workers,
         pin_memory=d.pin_memory and device.type == "cuda",
         stream_samples=splits.train_samples,
     )
     if find_lr or (cfg.optim.find_lr and not resume):
-        found = _find_lr(cfg, model, optimizer, loss_fn, train_loader, device, info, out, say)
+        found = _find_lr(cfg, model, optimizer, loss_fn, train_loader, fabric, out, say)
         if find_lr:
-            return TrainResult(ckpt, {"suggested_lr": found}, state, info.world_size)
-    steps_per_epoch = -(-len(train_loader) // cfg.run.accumulate)
-    scheduler = _scheduler(cfg, optimizer, steps_per_epoch)  # before resuming: sized from the config's lrs
+            return TrainResult(ckpt, {"suggested_lr": found}, state, fabric.world_size)
+    total_steps = r.epochs * -(-len(train_loader) // r.accumulate)
+    # before resuming: sized from the config's lrs
+    scheduler = build_scheduler(optimizer, cfg.optim.schedule, total_steps, cfg.optim.warmup_steps)
     if r.ema and fsdp:
         raise ConfigError(
             f"{cfg.source}: key 'run.ema' is not supported with run.strategy = 'fsdp' (sharded weights)",
             hint="use strategy = 'ddp' with EMA",
         )
     ema = WeightEMA(model, r.ema) if r.ema else None
-    folded: dict[str, Any] = {}
     restore_rng_state: Callable[[], None] | None = None
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
@@ -326,14 +313,13 @@ def _run(
         if ema is not None:
             _restore_ema(ema, saved["tensors"], model, ckpt)
         ranks = saved.get("rng") or []
-        if state.batch and len(ranks) != info.world_size:
+        if state.batch and len(ranks) != fabric.world_size:
             raise CheckpointError(
-                f"{ckpt} was saved mid-epoch by {len(ranks)} ranks; this run has {info.world_size}",
+                f"{ckpt} was saved mid-epoch by {len(ranks)} ranks; this run has {fabric.world_size}",
                 hint="resume with the same number of ranks (or from an epoch-end checkpoint)",
             )
         if state.batch:
-            mine = ranks[info.rank]
-            restore_rng_state = functools.partial(restore_rng, mine, device)
+            restore_rng_state = functools.partial(restore_rng, ranks[fabric.global_rank], device)
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
             loss_fn.load_state_dict({k: torch.tensor(v) for k, v in saved["loss"].items()})
@@ -342,8 +328,8 @@ def _run(
             scale_linear(dict(model.named_modules())[folded["layer"]], float(folded["temperature"]))
         where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
-    if not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
-        train_model = D.wrap_model(model, info)
+    if distributed and not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
+        train_model = fabric.setup_module(model)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
     compiled = False
     if r.compile:
@@ -352,7 +338,7 @@ def _run(
             m.eval()
             try:
                 with torch.no_grad(), amp.autocast():
-                    call_model(m, to_device(probe, device))
+                    call_model(m, probe)
             finally:
                 m.train()
 
@@ -363,16 +349,16 @@ def _run(
         callbacks.append(GradientFlowMonitor(cfg.monitor.vanishing, cfg.monitor.exploding, cfg.monitor.every, say))
         callbacks[-1].attach(model)
     tb = None
-    if cfg.monitor.tensorboard and info.is_main:
+    if cfg.monitor.tensorboard and fabric.is_global_zero:
         from edgedeploy.train.tensorboard import TensorBoardLogger
 
         tb = TensorBoardLogger(out / "tensorboard", cfg.monitor.every, cfg.monitor.histograms)
         callbacks.append(tb)
     say(
-        f"deploy train: {cfg.model.factory} on {device} ({amp.precision}), world_size {info.world_size}"
-        f"{' (' + r.strategy + ')' if info.enabled else ''}, "
+        f"deploy train: {cfg.model.factory} on {device} ({amp.precision}), world_size {fabric.world_size}"
+        f"{' (' + r.strategy + ')' if distributed else ''}, "
         f"{_count(splits.train, splits.train_samples)} train / {_count(splits.test, None)} test samples, "
-        f"batch {d.batch_size} x {r.accumulate} accumulated x {info.world_size} ranks, "
+        f"batch {d.batch_size} x {r.accumulate} accumulated x {fabric.world_size} ranks, "
         f"epochs {state.epoch + 1}..{r.epochs}"
         + (f", {len(frozen)} frozen tensors" if frozen else "")
         + (", compiled" if compiled else "")
@@ -399,21 +385,19 @@ def _run(
     def write(state: LoopState, metrics: dict[str, Any]) -> None:
         """An intermediate checkpoint (collectives on every rank, files on rank 0)."""
         weights = deploy_weights()
-        rng = gather_rng(info, device)
-        if info.is_main:
-            meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
-            if ema is not None:
-                meta["ema"] = {"decay": r.ema, "deployed": True}
-            save_checkpoint(
-                ckpt,
-                model,
-                meta,
-                optimizer=None if fsdp else optimizer,
-                train_state=_train_state(state, amp, loss_fn, scheduler, rng),
-                weights=weights,
-                state_tensors=_ema_tensors(ema),
-            )
-        D.barrier(info)
+        rng = D.gather_objects(capture_rng(device), fabric)
+        if fabric.is_global_zero:
+            meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": fabric.world_size})
+            save_resumable(meta, _train_state(state, amp, loss_fn, scheduler, rng), weights)
+        fabric.barrier()
+
+    def save_resumable(meta: dict[str, Any], train_state: dict[str, Any], weights: dict[str, Any] | None) -> None:
+        """The checkpoint with its resumable state (under FSDP: gathered weights, no optimizer state)."""
+        optim = None if fsdp else optimizer
+        ema_tensors = _ema_tensors(ema)
+        save_checkpoint(
+            ckpt, model, meta, optimizer=optim, train_state=train_state, weights=weights, state_tensors=ema_tensors
+        )
 
     c = cfg.checkpoint
     mode = resolve_mode(c.monitor, c.mode)
@@ -423,13 +407,11 @@ def _run(
         if not (c.save_best or c.top_k) or c.monitor not in metrics:
             return
         weights = deploy_weights()  # a collective under FSDP: every rank
-        if not info.is_main:
+        if not fabric.is_global_zero:
             return
         ranked = ranked_epochs(state.history, c.monitor, mode)
-        meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": info.world_size}, list(cfg.deploy.outputs))
+        meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": fabric.world_size})
         meta["selection"] = {"monitor": c.monitor, "mode": mode, "epoch": state.epoch, "value": metrics[c.monitor]}
-        if ema is not None:
-            meta["ema"] = {"decay": r.ema, "deployed": True}
         if c.save_best and ranked and ranked[0] == state.epoch:
             save_checkpoint(best_path(ckpt), model, meta, weights=weights)
             say(f"best {c.monitor} {metrics[c.monitor]:.4f} at epoch {state.epoch}: {best_path(ckpt).name}")
@@ -442,7 +424,7 @@ def _run(
 
     def save(state: LoopState, metrics: dict[str, float]) -> None:
         select(state, metrics)
-        if cfg.monitor.csv and info.is_main:
+        if cfg.monitor.csv and fabric.is_global_zero:
             write_metrics_csv(out / f"{cfg.checkpoint.name}.metrics.csv", state.history)
         last = state.epoch == cfg.run.epochs  # the final checkpoint is written after the loop
         stop = bool(r.early_stop_patience) and (
@@ -465,33 +447,35 @@ def _run(
             raise StopTraining
 
     t0 = time.perf_counter()
-    profiler = step_profiler(out / "profile") if cfg.monitor.profile and info.is_main else None
+    profiler = step_profiler(out / "profile") if cfg.monitor.profile and fabric.is_global_zero else None
     memory = PeakMemory(device) if cfg.monitor.memory else contextlib.nullcontext()
     try:
         with memory, anomaly_detection(cfg.monitor.anomaly_detection), profiler or contextlib.nullcontext():
-            state = fit(
+            parts = StepParts(
                 train_model,
-                train_loader,
-                optimizer=optimizer,
-                loss_fn=loss_fn,
-                amp=amp,
-                device=device,
-                epochs=r.epochs,
-                stop_after=stop_after,
-                seed=r.seed,
-                info=info,
-                eval_loader=eval_loader,
-                val_loader=val_loader,
-                state=state,
+                optimizer,
+                loss_fn,
+                amp,
+                fabric,
                 clipper=clipper,
                 scheduler=scheduler,
                 callbacks=callbacks,
-                on_epoch_end=save,
-                log=say,
                 profiler=profiler,
                 accumulate=r.accumulate,
                 ema=ema,
                 on_step=on_step,
+            )
+            state = fit(
+                parts,
+                train_loader,
+                epochs=r.epochs,
+                stop_after=stop_after,
+                seed=r.seed,
+                eval_loader=eval_loader,
+                val_loader=val_loader,
+                state=state,
+                on_epoch_end=save,
+                log=say,
                 rng_state=restore_rng_state,
             )
     finally:
@@ -499,21 +483,21 @@ def _run(
             tb.close()
     del train_model  # DDP's reducer goes before the process group does
     weights = deploy_weights() or D.full_state_dict(model)
-    digests = D.gather_digests(model, info, weights)
-    rng = gather_rng(info, device)
+    digests = D.gather_objects(D.param_digest(model, weights), fabric)
+    rng = D.gather_objects(capture_rng(device), fabric)
     metrics = dict(state.history[-1]) if state.history else {}
-    metrics.update(world_size=info.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
+    metrics.update(world_size=fabric.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
     if isinstance(memory, PeakMemory):
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)
         say(memory.summary())
-    if info.is_main and state.step:
+    if fabric.is_global_zero and state.step:
         train_state = _train_state(state, amp, loss_fn, scheduler, rng)
         save_kwargs = dict(kwargs)
         T = getattr(loss_fn, "temperature", None)
         finished = state.epoch == r.epochs
         if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
             folded_model = copy.deepcopy(ema.module if ema is not None else model)
-            layer = fold_temperature(folded_model, T, to_device(probe, device), call_model)
+            layer = fold_temperature(folded_model, T, probe, call_model)
             weights = D.full_state_dict(folded_model)
             train_state["folded_temperature"] = {"layer": layer, "temperature": T}
             say(f"temperature {T:.4f} folded into {layer!r}: the checkpoint's logits are logits / T")
@@ -522,7 +506,7 @@ def _run(
         # final metadata: adds run totals and every rank's weight digest (proof the replicas agree)
         meta = _metadata(cfg, splits, save_kwargs, metrics, outputs if temperature_out else list(cfg.deploy.outputs))
         meta["distributed"] = {
-            "world_size": info.world_size,
+            "world_size": fabric.world_size,
             "strategy": r.strategy,
             "replica_digests": digests,
             "param_numel": sum(v.numel() for k, v in weights.items() if k in dict(model.named_parameters())),
@@ -532,27 +516,17 @@ def _run(
             meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
         if frozen:
             meta["frozen"] = frozen
-        if ema is not None:
-            meta["ema"] = {"decay": r.ema, "deployed": True}
         # the samples first: the sidecar lists them with their sha256, the contract export_for_deploy keeps for
         # every trainer, so `deploy build --checkpoint OUT --precision int8` calibrates and judges on them
         written, hashes = _write_deploy_data(cfg, splits, out)
         if written:
             meta.update(trainer="deploy train", deploy_data=written, deploy_data_sha256=hashes)
-        save_checkpoint(
-            ckpt,
-            model,
-            meta,
-            optimizer=None if fsdp else optimizer,
-            train_state=train_state,
-            weights=weights,
-            state_tensors=_ema_tensors(ema),
-        )
+        save_resumable(meta, train_state, weights)
         say(f"checkpoint: {ckpt} (metadata {ckpt.with_suffix('.meta.json').name})")
-    D.barrier(info)
+    fabric.barrier()
     if len(set(digests)) > 1:
         say(f"warning: ranks ended with different weights: {digests}")
-    return TrainResult(ckpt, metrics, state, info.world_size, digests)
+    return TrainResult(ckpt, metrics, state, fabric.world_size, digests)
 
 
 def _find_lr(
@@ -561,8 +535,7 @@ def _find_lr(
     optimizer: torch.optim.Optimizer,
     loss_fn: nn.Module,
     loader: Any,
-    device: torch.device,
-    info: D.DistInfo,
+    fabric: Any,
     out: Path,
     say: Callable[[str], None],
 ) -> float:
@@ -577,16 +550,14 @@ def _find_lr(
 
     from edgedeploy.train.lr_finder import lr_range_test
 
-    batches = ((to_device(x, device), y.to(device)) for x, y in _cycle(loader))
+    batches = (fabric.to_device(batch) for batch in _cycle(loader))
     result = lr_range_test(model, batches, optimizer, loss_fn, num_iter=cfg.optim.find_lr_iters)
-    suggested = result.suggested_lr
-    if info.enabled:
-        suggested = float(info.fabric.broadcast(suggested, src=0))
+    suggested = float(fabric.broadcast(result.suggested_lr, src=0))
     top = max(float(g["lr"]) for g in optimizer.param_groups)
     for group in optimizer.param_groups:
         group["lr"] = float(group["lr"]) / top * suggested
         group["initial_lr"] = group["lr"]
-    if info.is_main:
+    if fabric.is_global_zero:
         out.mkdir(parents=True, exist_ok=True)
         doc = {"suggested_lr": suggested, "lrs": result.lrs, "losses": result.losses}
         (out / "lr_finder.json").write_text(json.dumps(doc, indent=1))

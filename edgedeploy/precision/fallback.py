@@ -206,7 +206,7 @@ def quantize_with_fallback(
             # the first ones float where that is faster), and a passing size is bisected down anyway
             search.grow("prefix", limit=max(1, len(candidates) // 2), first=PREFIX_FIRST_SIZE)
             won = "prefix" if "prefix" in search.passed else None
-        if won is None:
+        if won is None and budget_left():  # a spent budget ranks nothing it could not try
             say(
                 f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f}"
                 + (f" ({tries[0]['vetoed']})" if "vetoed" in tries[0] else "")

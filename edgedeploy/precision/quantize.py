@@ -4,6 +4,7 @@ on the user's data, with automatic FP32 fallback of the most sensitive layers un
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Iterator, Sequence
@@ -161,7 +162,9 @@ class Quantizer:
     """Quantizes one float model repeatedly (different exclusions) from a single calibration pass.
 
     The first :meth:`quantize` calibrates and saves ORT's range cache (JSON) in ``workdir``; later calls
-    reuse it, so a fallback try costs one quantization, not one calibration.
+    reuse it, so a fallback try costs one quantization, not one calibration. The first model onnxruntime
+    quantizes with given settings is kept there too: a later call whose float nodes include its float nodes is
+    made from it by graph surgery (:mod:`edgedeploy.precision.float_subset`), not quantized again.
     """
 
     float_model: Path
@@ -236,22 +239,27 @@ class Quantizer:
             "WeightSymmetric": True,
             "QuantizeBias": self.flavour.quantize_bias,
         }
-        with ort_quantization("INT8 quantization", "list the node named in the message in precision.keep_fp32"):
-            quantize_static(
-                str(self.float_model),
-                str(out),
-                calibration_data_reader=None,
-                quant_format=QuantFormat.QDQ,
-                per_channel=self.per_channel,
-                reduce_range=reduce_range,
-                activation_type=getattr(QuantType, self.flavour.activation_type),
-                weight_type=getattr(QuantType, self.flavour.weight_type),
-                nodes_to_quantize=list(only) if only is not None else None,
-                nodes_to_exclude=list(exclude),
-                calibrate_method=CalibrationMethod.MinMax,  # the cache holds the ranges our method chose
-                extra_options=extra,
-                calibration_cache_path=str(self._ranges_json),
-            )
+        base = self._base_model(reduce_range) if only is None else None
+        if base is None or not self._derive(base, out, exclude):
+            with ort_quantization("INT8 quantization", "list the node named in the message in precision.keep_fp32"):
+                quantize_static(
+                    str(self.float_model),
+                    str(out),
+                    calibration_data_reader=None,
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=self.per_channel,
+                    reduce_range=reduce_range,
+                    activation_type=getattr(QuantType, self.flavour.activation_type),
+                    weight_type=getattr(QuantType, self.flavour.weight_type),
+                    nodes_to_quantize=list(only) if only is not None else None,
+                    nodes_to_exclude=list(exclude),
+                    calibrate_method=CalibrationMethod.MinMax,  # the cache holds the ranges our method chose
+                    extra_options=extra,
+                    calibration_cache_path=str(self._ranges_json),
+                )
+            if base is not None and not base[0].is_file():  # the first model: later float sets are made from it
+                shutil.copyfile(out, base[0])
+                base[1].write_text(json.dumps(sorted(exclude)))
         bypass_qdq_into_float_nodes(out, self.float_model)
         if self.flavour.tensorrt_placement:  # before the corrections below: they measure the placed graph
             from edgedeploy.precision.qdq_placement import place_for_tensorrt
@@ -283,6 +291,43 @@ class Quantizer:
             integer_clip_bounds(out)
         drop_unread_initializers(out)
         return out
+
+    def _base_model(self, reduce_range: bool) -> tuple[Path, Path]:
+        """Where the first quantizer output of these settings (float model, ranges, weight width, per-channel,
+        flavour) and its float nodes are kept in ``workdir``: (model, its float node list as JSON)."""
+        import hashlib
+
+        stat = self.float_model.stat()
+        settings = (
+            str(self.float_model.resolve()), stat.st_size, stat.st_mtime_ns, repr(self.flavour),
+            self.per_channel, reduce_range, hashlib.sha256(self._ranges_json.read_bytes()).hexdigest(),
+        )  # fmt: skip
+        key = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
+        return self.workdir / f"quantized_first.{key}.onnx", self.workdir / f"quantized_first.{key}.json"
+
+    def _derive(self, base: tuple[Path, Path], out: Path, exclude: Sequence[str]) -> bool:
+        """Write to ``out`` the model the quantizer would make with ``exclude`` float, from the first model made
+        with these settings when its float nodes are a subset of ``exclude`` (graph surgery,
+        :mod:`edgedeploy.precision.float_subset`: no weight is quantized again). False: none to derive from."""
+        if not base[0].is_file():
+            return False
+        first = set(json.loads(base[1].read_text()))
+        if not first <= set(exclude):
+            return False
+        import onnx
+
+        from edgedeploy.precision import float_subset
+
+        proto = onnx.load(str(base[0]))
+        extra = set(exclude) - first
+        if not float_subset.derivable(proto, extra):
+            return False
+        if extra:
+            float_subset.keep_float(proto, onnx.load(str(self.float_model)), extra)
+            onnx.save(proto, str(out))
+        else:
+            shutil.copyfile(base[0], out)
+        return True
 
     def float_for_runtime(self) -> dict[str, str]:
         """Nodes the runtime runs float whatever the accuracy (TensorRT: global pooling, classifier head)."""
@@ -319,7 +364,7 @@ def drop_unread_initializers(path: Path) -> list[str]:
     import onnx
 
     model = onnx.load(str(path))
-    read = _names_read(model.graph) | {o.name for o in model.graph.output}
+    read = names_read(model.graph) | {o.name for o in model.graph.output}
     unread = [init for init in model.graph.initializer if init.name not in read]
     for init in unread:
         model.graph.initializer.remove(init)
@@ -328,7 +373,7 @@ def drop_unread_initializers(path: Path) -> list[str]:
     return [init.name for init in unread]
 
 
-def _names_read(graph: Any) -> set[str]:
+def names_read(graph: Any) -> set[str]:
     """Every tensor name a node of ``graph`` or of a subgraph in it reads (subgraphs read outer names too)."""
     import onnx
 
@@ -337,10 +382,10 @@ def _names_read(graph: Any) -> set[str]:
         names.update(node.input)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                names |= _names_read(attr.g)
+                names |= names_read(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    names |= _names_read(g)
+                    names |= names_read(g)
     return names
 
 

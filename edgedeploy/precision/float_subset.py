@@ -128,8 +128,6 @@ def _insert_before_readers(graph: Any, added: list[Any]) -> None:
 def _drop_unread_qdq(graph: Any) -> None:
     """Remove Q/DQ nodes whose outputs nobody reads (DQ first, then the Q it was the last reader of); their
     initializers go with :func:`edgedeploy.precision.quantize.drop_unread_initializers`."""
-    from edgedeploy.precision.quantize import names_read
-
     outputs = {o.name for o in graph.output}
     while True:
         read = names_read(graph) | outputs
@@ -138,3 +136,19 @@ def _drop_unread_qdq(graph: Any) -> None:
             break
         for n in dead:
             graph.node.remove(n)
+
+
+def names_read(graph: Any) -> set[str]:
+    """Every tensor name a node of ``graph`` or of a subgraph in it reads (subgraphs read outer names too)."""
+    import onnx
+
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= names_read(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    names |= names_read(g)
+    return names

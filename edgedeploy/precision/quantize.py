@@ -364,6 +364,8 @@ def drop_unread_initializers(path: Path) -> list[str]:
     import onnx
 
     model = onnx.load(str(path))
+    from edgedeploy.precision.float_subset import names_read
+
     read = names_read(model.graph) | {o.name for o in model.graph.output}
     unread = [init for init in model.graph.initializer if init.name not in read]
     for init in unread:
@@ -371,22 +373,6 @@ def drop_unread_initializers(path: Path) -> list[str]:
     if unread:
         onnx.save(model, str(path))
     return [init.name for init in unread]
-
-
-def names_read(graph: Any) -> set[str]:
-    """Every tensor name a node of ``graph`` or of a subgraph in it reads (subgraphs read outer names too)."""
-    import onnx
-
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                names |= names_read(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    names |= names_read(g)
-    return names
 
 
 def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:

@@ -30,6 +30,7 @@ BINS = 2048  # bins of an exact histogram over [lo, hi] (TensorHistogram.of)
 SIDE_BINS = 2048  # bins on each side of zero while collecting (the width doubles as the span grows)
 SAMPLED_VALUES = 1 << 15  # values per tensor per batch whose bulk enters the histogram by a strided subset
 TAIL_SHARE = 0.002  # each tail of a large tensor counted value by value: beyond the subset's 0.2 / 99.8 % quantiles
+THRESHOLD_SAMPLE = 1 << 12  # values of the subset the tail quantiles are taken from
 PERCENTILE = 99.99
 ENTROPY_LEVELS = 128  # quantized bins of the KL search (int8 magnitude levels)
 MSE_CANDIDATES = 512  # candidate range ends per side of the MSE search (every k-th bin edge)
@@ -78,6 +79,9 @@ class _ZeroAnchored:
         self.zeros = 0.0  # values counted before any nonzero one set the width (all of them zero)
 
     def add(self, v: np.ndarray) -> None:
+        flat = v.reshape(-1)
+        if flat.size > SAMPLED_VALUES and self.width > 0.0 and self._add_strided(flat):
+            return
         lo, hi = float(v.min()), float(v.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN or inf somewhere (rare): only finite values count
             v = v[np.isfinite(v)]
@@ -86,7 +90,7 @@ class _ZeroAnchored:
             lo, hi = float(v.min()), float(v.max())
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
         top = max(-self.lo, self.hi)
-        flat = v.reshape(-1)
+        flat = v.reshape(-1)  # v may have lost its non-finite values above
         if top == 0.0:
             self.zeros += flat.size
             return
@@ -100,13 +104,44 @@ class _ZeroAnchored:
         if flat.size <= SAMPLED_VALUES:
             self._count(flat, 1.0)
             return
-        # the bulk by an evenly strided subset, each value counted for its stride; the tails (where the ranges
-        # are decided, and where a subset is noisiest) by every value in them
+        self._count_strided(*self._split(flat))
+
+    @staticmethod
+    def _split(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(subset, tails, stride): the bulk by an evenly strided subset, each value to be counted for its
+        stride; the tails (where the ranges are decided, and where a subset is noisiest) value by value: those
+        beyond the subset's :data:`TAIL_SHARE` quantiles."""
         stride = flat.size // SAMPLED_VALUES | 1  # odd: not in step with a power-of-two row length
         subset = flat[stride // 2 :: stride]
-        t_lo, t_hi = np.quantile(subset, (TAIL_SHARE, 1.0 - TAIL_SHARE))
-        self._count(subset[(subset >= t_lo) & (subset <= t_hi)], float(stride))
-        self._count(flat[(flat < t_lo) | (flat > t_hi)], 1.0)
+        # the thresholds from a smaller subset still (selection is the costly step): any threshold keeps the
+        # counts unbiased, it only moves the line between values counted one by one and values counted by stride
+        sample = subset[:: max(1, subset.size // THRESHOLD_SAMPLE)].copy()
+        k_lo = int(TAIL_SHARE * (sample.size - 1))
+        k_hi = sample.size - 1 - k_lo
+        sample.partition((k_lo, k_hi))
+        t_lo, t_hi = sample[k_lo], sample[k_hi]
+        return subset[(subset >= t_lo) & (subset <= t_hi)], flat[(flat < t_lo) | (flat > t_hi)], stride
+
+    def _count_strided(self, bulk: np.ndarray, tails: np.ndarray, stride: int) -> None:
+        self._count(bulk, float(stride))
+        self._count(tails, 1.0)
+
+    def _add_strided(self, flat: np.ndarray) -> bool:
+        """:meth:`add` for a large tensor in fewer passes over it: its min and max are those of the strided
+        subset and the tails together (every value outside the subset's tail quantiles is in the tails, so
+        the extremes are exact). False, with nothing counted, where a value is not finite or the span grows
+        past the bins (the general path handles both)."""
+        bulk, tails, stride = self._split(flat)
+        if not bulk.size:  # a NaN among the quantiles
+            return False
+        lo, hi = float(bulk.min()), float(bulk.max())
+        if tails.size:
+            lo, hi = min(lo, float(tails.min())), max(hi, float(tails.max()))
+        if not (np.isfinite(lo) and np.isfinite(hi)) or max(-lo, hi) >= SIDE_BINS * self.width:
+            return False
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        self._count_strided(bulk, tails, stride)
+        return True
 
     def _count(self, values: np.ndarray, weight: float) -> None:
         index = np.floor(values / np.float32(self.width)).astype(np.int64) + SIDE_BINS

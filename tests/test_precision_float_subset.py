@@ -127,3 +127,27 @@ def test_a_set_without_the_first_models_float_nodes_is_quantized_afresh(float_mo
     expected = own.quantize(tmp_path / "q3.int8.onnx", batches, exclude=order[1:2])
     a, b = analysis.run_model(again, batches), analysis.run_model(expected, batches)
     assert all(np.array_equal(x["logits"], y["logits"]) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "tensorrt"])
+def test_each_node_alone_quantized_by_surgery_costs_what_the_quantizers_own_costs(
+    float_model: Path, tmp_path: Path, runtime: str
+) -> None:
+    """The sensitivity ranking quantizes one node at a time (``only``): made from the first model too. The node
+    reads its inputs and weights through Q/DQ and nothing else does (onnxruntime's own model quantizes some
+    neighbours' inputs as well, and none of a ReduceMean's), so its cost at the outputs is the node's own."""
+    batches = photo_batches(samples=16, batch=8)
+    q = Quantizer(float_model, tmp_path / "derive", flavour_for(runtime), reduce_range=False)
+    (tmp_path / "derive").mkdir()
+    order = analysis.quantized_nodes(onnx.load(str(q.quantize(tmp_path / "all.int8.onnx", batches))))
+    fresh = _fresh(float_model, tmp_path / "ort", runtime, tmp_path / "derive" / "ort_ranges.json")
+    reference = analysis.run_model(float_model, batches)
+    for i, node in enumerate(order):
+        made = q.quantize(tmp_path / f"d{i}.int8.onnx", batches, only=[node])
+        assert _reads_dq(made) == {node}, (runtime, node)
+        own = fresh.quantize(tmp_path / f"o{i}.int8.onnx", batches, only=[node])
+        ours = analysis.output_error(reference, analysis.run_model(made, batches))
+        theirs = analysis.output_error(reference, analysis.run_model(own, batches))
+        assert ours > 0, (runtime, node)
+        if theirs > 0:  # 0: onnxruntime quantized nothing for it (a ReduceMean follows its input's quantization)
+            assert ours <= 3 * theirs, (runtime, node, ours, theirs)

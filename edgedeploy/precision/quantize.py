@@ -239,8 +239,8 @@ class Quantizer:
             "WeightSymmetric": True,
             "QuantizeBias": self.flavour.quantize_bias,
         }
-        base = self._base_model(reduce_range) if only is None else None
-        if base is None or not self._derive(base, out, exclude):
+        base = self._base_model(reduce_range)
+        if not self._derive(base, out, exclude, only):
             with ort_quantization("INT8 quantization", "list the node named in the message in precision.keep_fp32"):
                 quantize_static(
                     str(self.float_model),
@@ -257,7 +257,7 @@ class Quantizer:
                     extra_options=extra,
                     calibration_cache_path=str(self._ranges_json),
                 )
-            if base is not None and not base[0].is_file():  # the first model: later float sets are made from it
+            if only is None and not base[0].is_file():  # the first model: later float sets are made from it
                 shutil.copyfile(out, base[0])
                 base[1].write_text(json.dumps(sorted(exclude)))
         bypass_qdq_into_float_nodes(out, self.float_model)
@@ -305,20 +305,28 @@ class Quantizer:
         key = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
         return self.workdir / f"quantized_first.{key}.onnx", self.workdir / f"quantized_first.{key}.json"
 
-    def _derive(self, base: tuple[Path, Path], out: Path, exclude: Sequence[str]) -> bool:
-        """Write to ``out`` the model the quantizer would make with ``exclude`` float, from the first model made
-        with these settings when its float nodes are a subset of ``exclude`` (graph surgery,
-        :mod:`edgedeploy.precision.float_subset`: no weight is quantized again). False: none to derive from."""
+    def _derive(
+        self, base: tuple[Path, Path], out: Path, exclude: Sequence[str], only: Sequence[str] | None = None
+    ) -> bool:
+        """Write to ``out`` the model with ``exclude`` float (or only ``only`` quantized), made from the first
+        model quantized with these settings by graph surgery (:mod:`edgedeploy.precision.float_subset`: no
+        weight is quantized again), when that model's float nodes are among ``exclude`` (or ``only`` are among
+        its quantized ones). False: nothing written, the quantizer must make it."""
         if not base[0].is_file():
             return False
         first = set(json.loads(base[1].read_text()))
-        if not first <= set(exclude):
-            return False
         import onnx
 
-        from edgedeploy.precision import float_subset
+        from edgedeploy.precision import analysis, float_subset
 
         proto = onnx.load(str(base[0]))
+        if only is not None:  # every quantized node of the first model but ``only`` goes float
+            quantized = analysis.quantized_nodes(proto)
+            if not set(only) <= set(quantized):
+                return False
+            exclude = [*first, *(n for n in quantized if n not in set(only))]
+        if not first <= set(exclude):
+            return False
         extra = set(exclude) - first
         if not float_subset.derivable(proto, extra):
             return False

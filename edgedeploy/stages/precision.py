@@ -49,7 +49,8 @@ class PrecisionFromOnnx(Stage):
     # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
     # 10: Q/DQ placed for TensorRT's fusions; equalization scores bias correction first; precision.time_budget_s
     # 12: one-pass calibration histograms; on this host's kernels rung b searches a float prefix first
-    version = "12"
+    # 13: fallback and ranking models made from the first quantized model by graph surgery (float_subset)
+    version = "13"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 

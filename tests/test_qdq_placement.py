@@ -134,3 +134,25 @@ def test_onnxruntime_flavour_is_not_reshaped(float_cnn, tmp_path):
     path = _quantize(float_cnn, tmp_path / "ort.int8.onnx", QDQ_FLAVOURS["onnxruntime"])
     assert not QDQ_FLAVOURS["onnxruntime"].tensorrt_placement
     assert placement_findings(onnx.load(str(path)))["add_both_quantized"]
+
+
+def test_a_residual_add_kept_float_by_the_fallback_is_not_a_placement_break(float_cnn, tmp_path):
+    """A float prefix that ends past a residual Add makes the Add float: it reads float inputs by choice."""
+    import onnx
+
+    from edgedeploy.precision import analysis
+
+    q = Quantizer(float_cnn, tmp_path, QDQ_FLAVOURS["tensorrt"], method="minmax", float_outputs=False)
+    order = analysis.quantized_nodes(onnx.load(str(q.quantize(tmp_path / "all.int8.onnx", _batches()))))
+    model = onnx.load(str(float_cnn))
+    adds = {n.name for n in _adds(model)}
+    first_add = next(i for i, n in enumerate(order) if n in adds)
+    prefix = order[: first_add + 1]
+    path = q.quantize(tmp_path / "prefix.int8.onnx", _batches(), exclude=prefix)
+    float_add = order[first_add]
+    assert placement_findings(onnx.load(str(path)))["add_skip_float"] == [float_add]
+    assert placement_findings(onnx.load(str(path)), kept_float=prefix) == {
+        "conv_activation_qdq": [],
+        "add_both_quantized": [],
+        "add_skip_float": [],
+    }

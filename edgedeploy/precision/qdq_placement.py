@@ -20,7 +20,7 @@ residual Add. :func:`placement_findings` checks a graph against the same rules (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,18 +212,20 @@ def _drop_unread_pairs(graph: Any) -> None:
         graph.node.extend(keep)
 
 
-def placement_findings(model: Any) -> dict[str, list[str]]:
+def placement_findings(model: Any, kept_float: Collection[str] = ()) -> dict[str, list[str]]:
     """Where ``model``'s Q/DQ pairs break the rules above: conv->activation edges with a pair, residual Adds
     whose inputs are both quantized while one comes from a conv read only there, and residual Adds with no
-    quantized input at all (the skip input must stay quantized). Empty lists: placed as NVIDIA recommends."""
+    quantized input at all (the skip input must stay quantized), unless the Add is one of ``kept_float`` (the
+    float fallback's nodes: a float Add reads float inputs). Empty lists: placed as NVIDIA recommends."""
     g = _Graph(model.graph)
     found: dict[str, list[str]] = {"conv_activation_qdq": [], "add_both_quantized": [], "add_skip_float": []}
+    floats = set(kept_float)
     for node in model.graph.node:
         if g.is_residual_add(node):
             paired = [g.through_qdq(i)[1] for i in node.input]
             if all(paired) and _fusable_add_input(g, node) is not None:
                 found["add_both_quantized"].append(node.name)
-            elif not any(paired):
+            elif not any(paired) and node.name not in floats:
                 found["add_skip_float"].append(node.name)
             continue
         for inp in node.input:

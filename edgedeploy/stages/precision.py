@@ -520,7 +520,7 @@ def _int8(
         final = onnx.load(str(ctx.staging / deploy_model_name("int8")), load_external_data=False)
         plan["qdq_placement"] = {
             "float_for_tensorrt": sorted(q.float_for_runtime()),
-            "breaks": {k: len(v) for k, v in placement_findings(final).items()},
+            "breaks": {k: len(v) for k, v in placement_findings(final, result.excluded).items()},
         }
     if target.implicit_int8:
         # sorted: the calibrator's ranges come in a different order each run; TensorRT reads the cache as a map

@@ -554,8 +554,8 @@ def _ladder_note(result: Any) -> dict[str, Any]:
         "what": "the fewest nodes kept float: on cpu the first in graph order first (one float -> INT8 boundary, "
         "no ranking); else, or when no prefix up to half the nodes passes, the worst ranked by what quantizing "
         f"each alone costs at the outputs (past {TRIAL_RANKING_MAX} nodes: in one pass by their own INT8 output "
-        "error, precision/layer_error.py) or the first in graph order; each try one quantization and one batched "
-        "judgement",
+        "error, precision/layer_error.py) or the first in graph order; each try one model (made from the first "
+        "quantized one by graph surgery) and one batched judgement",
         "tries": len(result.tries) - 1,
         "float_nodes": final.get("float_nodes", 0),
         "measured": {final.get("metric", "score"): round(float(final.get("score", 0.0)), 6)},

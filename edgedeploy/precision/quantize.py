@@ -324,7 +324,7 @@ class Quantizer:
             quantized = analysis.quantized_nodes(proto)
             if not set(only) <= set(quantized):
                 return False
-            exclude = [*first, *(n for n in quantized if n not in set(only))]
+            exclude = [*first, *exclude, *(n for n in quantized if n not in set(only))]
         if not first <= set(exclude):
             return False
         extra = set(exclude) - first

@@ -75,12 +75,8 @@ def keep_float(qdq_model: Any, float_model: Any, nodes: Collection[str]) -> int:
         if act is None or now is None or act.op_type == now.op_type:
             return x
         if x not in restored:  # the quantizer folded this activation into the QuantizeLinear's range
-            restored[x] = f"{x}__float_act"
-            copy = onnx.NodeProto()
-            copy.CopyFrom(act)
-            copy.name = f"{act.name}__float"
-            copy.input[0] = x
-            copy.output[0] = restored[x]
+            copy = reapplied_activation(act, x)
+            restored[x] = copy.output[0]
             for i, extra in enumerate(copy.input[1:], start=1):
                 if extra and extra in float_inits:
                     copy.input[i] = float_initializer(extra)
@@ -152,3 +148,17 @@ def names_read(graph: Any) -> set[str]:
                 for g in attr.graphs:
                     names |= names_read(g)
     return names
+
+
+def reapplied_activation(act: Any, x: str) -> Any:
+    """A copy of the float model's activation node ``act`` (ReLU, Clip) that reads ``x``, the pre-activation
+    values a conv writes where the quantizer folded ``act`` into a QuantizeLinear's range, and writes
+    ``x + "__float_act"`` for a float reader. Its other inputs (Clip's bounds) keep their names."""
+    import onnx
+
+    copy = onnx.NodeProto()
+    copy.CopyFrom(act)
+    copy.name = f"{act.name}__float"
+    copy.input[0] = x
+    copy.output[0] = f"{x}__float_act"
+    return copy

@@ -398,6 +398,8 @@ def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
     """
     import onnx
 
+    from edgedeploy.precision.float_subset import reapplied_activation
+
     model = onnx.load(str(path))
     graph = model.graph
     original = onnx.load(str(float_model), load_external_data=False)
@@ -419,12 +421,8 @@ def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
                 now = producers.get(x)
                 if act is not None and now is not None and act.op_type != now.op_type:  # activation folded into Q
                     if x not in restored:
-                        restored[x] = f"{x}__float_act"
-                        copy = onnx.NodeProto()
-                        copy.CopyFrom(act)
-                        copy.name = f"{act.name}__float"
-                        copy.input[0] = x
-                        copy.output[0] = restored[x]
+                        copy = reapplied_activation(act, x)
+                        restored[x] = copy.output[0]
                         for extra in copy.input[1:]:
                             if extra and extra not in have and extra in float_inits:
                                 graph.initializer.append(float_inits[extra])

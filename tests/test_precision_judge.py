@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_calib_cache import export_onnx
 from test_calib_data import photo_folder
+from test_precision import photo_batches
 from test_precision_build import _normalized_project
+from test_precision_float_subset import residual_net
 from test_precision_speed_probe import _timings
 
 from edgedeploy.cli import main
@@ -201,3 +204,43 @@ def test_int8_candidates_are_vetoed_by_real_samples_only(tmp_path: Path) -> None
     assert veto(wrong, right) is None  # a spec-random golden never vetoes when real samples exist
     reason = veto(right, wrong)
     assert reason and reason.startswith("golden real sample data#0 logits fails tolerance.int8: cosine")
+
+
+def _other_net(tmp_path: Path) -> Path:
+    """The same architecture with other weights: its top-1 mostly disagrees with the float model's."""
+    import torch
+
+    net = residual_net()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_()
+    x = photo_batches(samples=8, batch=8)[0]["image"]
+    return export_onnx(net, x, tmp_path / "other.onnx")
+
+
+def test_a_judge_stops_only_when_the_target_is_out_of_reach(tmp_path: Path) -> None:
+    x = photo_batches(samples=8, batch=8)[0]["image"]
+    float_model = export_onnx(residual_net(), x, tmp_path / "float.onnx")
+    views = photo_batches(samples=64, batch=1)
+    groups = [4] * 16  # 16 independent sources of 4 views each
+    reference = analysis.run_model(float_model, views)
+    # a candidate far off: stopped after the first step, and the whole judge would have failed it too
+    other = _other_net(tmp_path)
+    score, judged = analysis.accuracy_until_decided(other, views, reference, ["logits"], groups, 0.95)
+    full = analysis.accuracy(reference, analysis.run_model(other, views), ["logits"], groups)
+    assert judged == 4 * analysis.JUDGED_GROUPS_PER_STEP < len(views)
+    assert score["score"] < 0.95 and full["score"] < 0.95
+    # a candidate that meets the target is judged on every view: the same accuracy as the whole judge's
+    score, judged = analysis.accuracy_until_decided(float_model, views, reference, ["logits"], groups, 0.95)
+    assert judged == len(views)
+    assert score == analysis.accuracy(reference, analysis.run_model(float_model, views), ["logits"], groups)
+    # no classifier output (cosine): nothing bounds the score, so every view is judged
+    _, judged = analysis.accuracy_until_decided(other, views, reference, [], groups, 0.95)
+    assert judged == len(views)
+
+
+def test_a_try_stopped_early_says_on_how_many_samples() -> None:
+    row = {"try": 1, "float_nodes": 4, "metric": "top1_agreement", "score": 0.81, "judged_samples": 96, "samples": 512}
+    assert analysis.stopped_early(row) == " on 96 of 512 samples (the rest cannot lift it to the target)"
+    assert analysis.stopped_early({"score": 0.97}) == ""

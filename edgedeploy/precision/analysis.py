@@ -9,7 +9,7 @@ off (so tensor names survive); statistics are accumulated batch by batch, never 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,26 +40,39 @@ def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> lis
     :data:`BATCH_ROWS` samples and :data:`BATCH_BYTES` of input where every input and output has a symbolic
     leading dim (many single-view feeds: a few calls, not hundreds), and the outputs are split back per batch.
     """
+    return batch_runner(path)(batches)
+
+
+def batch_runner(path: str | Path) -> Callable[[Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]:
+    """:func:`run_model` with the session opened once: a callable over any number of batch lists.
+
+    Raises:
+        StageError: ONNX Runtime cannot load the model (now, not at the first call).
+    """
     sess = ort_session(path, stage="precision")
     names = [o.name for o in sess.get_outputs()]
-    if not _batchable(sess, batches):
-        return [dict(zip(names, sess.run(names, b))) for b in batches]
-    out: list[dict[str, np.ndarray]] = []
-    sample_bytes = sum(v[:1].nbytes for v in batches[0].values())
-    for group in batch_groups(batches, max(1, min(BATCH_ROWS, BATCH_BYTES // max(sample_bytes, 1)))):
-        if len(group) == 1:
-            out.append(dict(zip(names, sess.run(names, group[0]))))
-            continue
-        rows = [len(next(iter(b.values()))) for b in group]
-        joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
-        values = sess.run(names, joined)
-        if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in values):  # an output without the batch axis
-            out.extend(dict(zip(names, sess.run(names, b))) for b in group)
-            continue
-        cuts = np.cumsum(rows)[:-1]
-        parts = [np.split(v, cuts) for v in values]
-        out.extend({n: p[i] for n, p in zip(names, parts)} for i in range(len(group)))
-    return out
+
+    def run(batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        if not _batchable(sess, batches):
+            return [dict(zip(names, sess.run(names, b))) for b in batches]
+        out: list[dict[str, np.ndarray]] = []
+        sample_bytes = sum(v[:1].nbytes for v in batches[0].values())
+        for group in batch_groups(batches, max(1, min(BATCH_ROWS, BATCH_BYTES // max(sample_bytes, 1)))):
+            if len(group) == 1:
+                out.append(dict(zip(names, sess.run(names, group[0]))))
+                continue
+            rows = [len(next(iter(b.values()))) for b in group]
+            joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
+            values = sess.run(names, joined)
+            if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in values):  # an output without the batch axis
+                out.extend(dict(zip(names, sess.run(names, b))) for b in group)
+                continue
+            cuts = np.cumsum(rows)[:-1]
+            parts = [np.split(v, cuts) for v in values]
+            out.extend({n: p[i] for n, p in zip(names, parts)} for i in range(len(group)))
+        return out
+
+    return run
 
 
 def _batchable(sess: Any, batches: Sequence[dict[str, np.ndarray]]) -> bool:
@@ -301,6 +314,71 @@ def accuracy(
                 per_output[name].update(value=max(0.0, per_output[name]["value"] - se), standard_error=se)
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "outputs": per_output}
+
+
+JUDGED_GROUPS_PER_STEP = 2  # independent groups judged between two checks of whether the target is still reachable
+
+
+def accuracy_until_decided(
+    model: str | Path,
+    batches: Sequence[dict[str, np.ndarray]],
+    reference: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+    groups: Sequence[int] | None,
+    target: float,
+) -> tuple[dict[str, Any], int]:
+    """(:func:`accuracy` of the model at ``model`` on ``batches``, how many batches it was judged on).
+
+    The batches are judged a few independent groups at a time; the judging stops early only when the target
+    can no longer be met, whatever the rest would show: a classifier output's top-1 disagreements so far already
+    keep its agreement over *all* the batches below ``target`` (the score is never above the observed agreement),
+    or an output is not finite. The accuracy is then that of the groups judged. A model that can still meet the
+    target is judged on every batch, so a passing verdict is always the whole judge's.
+
+    Raises:
+        StageError: ONNX Runtime cannot load or run the model.
+    """
+    from edgedeploy.validate.parity import compare_output
+
+    run = batch_runner(model)
+    classes = [n for n in reference[0] if n in classifier_outputs] if reference else []
+    if not classes or groups is None or len(groups) < 2 or sum(groups) != len(batches):
+        return accuracy(reference, run(batches), classifier_outputs, groups), len(batches)
+    total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes}
+    disagree = dict.fromkeys(classes, 0)
+    ends = [int(e) for e in np.cumsum(groups)]
+    out: list[dict[str, np.ndarray]] = []
+    done = 0
+    while done < len(groups):
+        step = min(done + JUDGED_GROUPS_PER_STEP, len(groups))
+        first, last = (ends[done - 1] if done else 0), ends[step - 1]
+        part = run(batches[first:last])
+        out.extend(part)
+        done = step
+        missed = False
+        for name in classes:
+            ref = np.concatenate([r[name] for r in reference[first:last]])
+            row = compare_output(
+                ref, np.concatenate([c[name] for c in part]), atol=None, rtol=None, min_cosine=None, classifier=True
+            )
+            if row.get("nan") or row.get("inf"):
+                missed = True
+            elif "top1_agreement" in row:
+                rows = int(row["top1_rows"])
+                disagree[name] += rows - int(round(float(row["top1_agreement"]) * rows))
+                missed |= (total[name] - disagree[name]) / max(total[name], 1) < target
+        if missed:
+            break
+    judged = ends[done - 1]
+    return accuracy(reference[:judged], out, classifier_outputs, list(groups[:done])), judged
+
+
+def stopped_early(row: dict[str, Any]) -> str:
+    """`` on 96 of 512 samples (the rest cannot lift it to the target)`` for a try whose judging stopped when the
+    target was out of reach (:func:`accuracy_until_decided`); else empty."""
+    if "judged_samples" not in row:
+        return ""
+    return f" on {row['judged_samples']} of {row['samples']} samples (the rest cannot lift it to the target)"
 
 
 # fewer samples than this do not make a group: consecutive small groups (single validate.data samples) are

@@ -158,9 +158,15 @@ def quantize_with_fallback(
 
     def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
         model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
-        score = analysis.accuracy(reference, analysis.run_model(model, evals), classifier_outputs, groups)
+        # judged until the verdict is certain: a try that can no longer meet the target stops early
+        score, judged = analysis.accuracy_until_decided(
+            model, evals, reference, classifier_outputs, groups, accuracy_target
+        )
         veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
+        if judged < len(evals):
+            row["judged_samples"] = _samples(evals[:judged])
+            row["samples"] = _samples(evals)
         worst = min(score["outputs"].values(), key=lambda r: r["value"])
         row.update({key: round(worst[key], 6) for key in ("observed", "expected", "standard_error") if key in worst})
         if family:
@@ -384,12 +390,16 @@ def sensitive_why(row: dict[str, Any]) -> str:
     return f"INT8 sensitive: quantizing this {row['op']} alone gives {err:.3g} relative output error"
 
 
+def _samples(batches: Sequence[dict[str, np.ndarray]]) -> int:
+    return sum(len(next(iter(b.values()))) if b else 0 for b in batches)
+
+
 def _budget_word(out_of_time: bool) -> str:
     return "time" if out_of_time else "tries"
 
 
 def _try_line(row: dict[str, Any]) -> str:
     veto = f" ({row['vetoed']})" if "vetoed" in row else ""
-    score = f"{row['metric']} {row['score']:.4f}{veto}"
+    score = f"{row['metric']} {row['score']:.4f}{veto}{analysis.stopped_early(row)}"
     which = f" ({row['family']})" if row.get("family") else ""
     return f"INT8 fallback try {row['try']}: {row['float_nodes']} node(s) in float{which}, {score}"

@@ -60,9 +60,11 @@ class SearchProgress:
         metric = row.get("metric", "score")
         speed = f", {row['p50_ms']:.3g} ms" if row.get("p50_ms") is not None else ""
         verdict = "meets" if row.get("met") else ("vetoed by the goldens" if row.get("vetoed") else "misses")
+        from edgedeploy.precision.analysis import stopped_early
+
         head = (
             f"INT8 search: try {row['try'] + 1} of at most {self.most}, {row['float_nodes']} float nodes{family}: "
-            f"{metric} {row['score']:.4f} {verdict}{speed}"
+            f"{metric} {row['score']:.4f}{stopped_early(row)} {verdict}{speed}"
         )
         more = len(self.rows) < self.most
         passing = [r for r in self.rows if r.get("met")]

@@ -49,7 +49,8 @@ class PrecisionFromOnnx(Stage):
     # 9: real samples judge FP16/INT8 agreement (one judge); no INT8 compute refused; the FP16 simulation kept
     # 10: Q/DQ placed for TensorRT's fusions; equalization scores bias correction first; precision.time_budget_s
     # 12: one-pass calibration histograms; on this host's kernels rung b searches a float prefix first
-    # 13: fallback and ranking models made from the first quantized model by graph surgery (float_subset)
+    # 13: fallback and ranking models made from the first quantized model by graph surgery (float_subset); a
+    #     try's judging stops once the target is out of reach
     version = "13"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
@@ -534,12 +535,15 @@ def _ladder_note(result: Any) -> dict[str, Any]:
     """precision.json's account of the INT8 ladder's first two rungs (one search: its try 0 is rung a, its
     fallback tries rung b) and why it stopped there."""
     first = result.tries[0]
-    a = {
+    measured: dict[str, Any] = {first["metric"]: round(first["score"], 6)}
+    if "judged_samples" in first:  # the judge stopped once the target was out of reach
+        measured.update(judged_samples=first["judged_samples"], samples=first["samples"])
+    a: dict[str, Any] = {
         "rung": "a",
         "ran": True,
         "what": "every node INT8 as configured (per-channel weights, bias correction, round-to-nearest unless "
         "precision.weight_rounding asks otherwise), calibrated once, judged once on the held-out data",
-        "measured": {first["metric"]: round(first["score"], 6)},
+        "measured": measured,
         "met": bool(first["met"]),
     }
     if "vetoed" in first:
@@ -647,6 +651,8 @@ def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: floa
             "the device check judge)"
         )
     scored = [float(t["score"]) for t in tries if "vetoed" not in t and t.get("score") is not None]
+    whole = [float(t["score"]) for t in tries if "vetoed" not in t and "judged_samples" not in t]
+    scored = whole or scored  # a try judged on every sample measures the score; one stopped early estimates it
     if scored and max(scored) < target:
         fixes.append(
             f"lower precision.accuracy_target to {math.floor(max(scored) * 1000) / 1000:g} (the best try's "

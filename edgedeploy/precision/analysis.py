@@ -342,7 +342,9 @@ def accuracy_until_decided(
 
     run = batch_runner(model)
     classes = [n for n in reference[0] if n in classifier_outputs] if reference else []
-    if not classes or groups is None or len(groups) < 2 or sum(groups) != len(batches):
+    # rows are counted per batch: only outputs with a batch axis and a class axis add up across batches
+    rowwise = all(r[n].ndim >= 2 for r in reference for n in classes)
+    if not classes or not rowwise or groups is None or len(groups) < 2 or sum(groups) != len(batches):
         return accuracy(reference, run(batches), classifier_outputs, groups), len(batches)
     total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes}
     disagree = dict.fromkeys(classes, 0)

@@ -101,7 +101,7 @@ def keep_float(qdq_model: Any, float_model: Any, nodes: Collection[str]) -> int:
             rewired += 1
     if added:
         _insert_before_readers(graph, added)
-    _drop_unread_qdq(graph)
+    drop_unread_qdq(graph)
     return rewired
 
 
@@ -121,7 +121,7 @@ def _insert_before_readers(graph: Any, added: list[Any]) -> None:
     graph.node.extend(ordered)
 
 
-def _drop_unread_qdq(graph: Any) -> None:
+def drop_unread_qdq(graph: Any) -> None:
     """Remove Q/DQ nodes whose outputs nobody reads (DQ first, then the Q it was the last reader of); their
     initializers go with :func:`edgedeploy.precision.quantize.drop_unread_initializers`."""
     outputs = {o.name for o in graph.output}

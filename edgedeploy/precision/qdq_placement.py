@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.precision.float_subset import drop_unread_qdq
+
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Tanh", "Softplus")
 GATES = ("Sigmoid", "HardSigmoid")  # x * gate(x): SiLU / HardSwish written as two nodes
@@ -185,7 +187,7 @@ def place_for_tensorrt(path: Path, float_nodes: Iterable[str] = ()) -> Placement
                 placed.conv_activation.append(f"{g.producer[src].name} -> {node.name}")
                 node.input[idx] = src
     if placed.conv_activation or placed.residual_add or placed.float_inputs:
-        _drop_unread_pairs(model.graph)
+        drop_unread_qdq(model.graph)
         onnx.save(model, str(path))
     return placed
 
@@ -198,18 +200,6 @@ def _activation_edge(g: _Graph, node: Any, src: str) -> bool:
     if producer_op in GATES and node.op_type == "Mul":
         return g.is_activation(node, g.through_qdq(g.producer[src].input[0])[0])
     return False
-
-
-def _drop_unread_pairs(graph: Any) -> None:
-    """Remove Q and DQ nodes whose outputs nothing reads any more (repeated: a Q is unread once its DQ goes)."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        keep = [n for n in graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or n.output[0] in read]
-        if len(keep) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(keep)
 
 
 def placement_findings(model: Any, kept_float: Collection[str] = ()) -> dict[str, list[str]]:

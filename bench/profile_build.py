@@ -5,8 +5,8 @@ process under cProfile; the stage table, wall and process CPU seconds, and the m
 cumulative time (library internals folded into the edgedeploy / torch / onnx call that reached them) are
 printed and written as JSON. Imports are profiled too: the first model pays for them, as a user's first build
 does. ``efficientnet_lite0`` and ``minilm_l6`` name the real-weight projects of the side-by-side run (the
-``bench`` extra). PyTorch's OpenMP threads wait as in a ``deploy build`` process (passively, unless
-``OMP_WAIT_POLICY`` is set: ``OMP_WAIT_POLICY=ACTIVE`` profiles the spinning default).
+``bench`` extra). PyTorch's OpenMP threads wait as in a ``deploy build`` process (a short spin, unless
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set: ``OMP_WAIT_POLICY=ACTIVE`` profiles the spinning default).
 
     PYTHONPATH=$PWD .venv/bin/python bench/profile_build.py [--json bench/profile_build.json] [--top 25] [name ...]
 """
@@ -41,9 +41,9 @@ def top_functions(profile: cProfile.Profile, top: int) -> list[dict]:
 
 
 def main() -> int:
-    from edgedeploy.pipeline.threads import passive_thread_waits
+    from edgedeploy.pipeline.threads import bounded_thread_waits
 
-    policy = passive_thread_waits()  # before anything below imports torch, as a build's process does
+    policy = bounded_thread_waits()  # before anything below imports torch, as a build's process does
     from build_times import _toml, side_by_side_projects, zoo
 
     ap = argparse.ArgumentParser()

@@ -1,5 +1,6 @@
-"""A build's process runs PyTorch's OpenMP threads with passive waits, set before torch loads; a user's
-choice of ``OMP_WAIT_POLICY`` is kept. Each case runs in a fresh process (the policy is read once, at load)."""
+"""A build's process bounds how PyTorch's OpenMP threads wait, set before torch loads: a short spin where torch
+ships GNU OpenMP, passive waits elsewhere; a user's choice of either variable is kept. Each case runs in a
+fresh process (the settings are read once, at load)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import os
 import subprocess
 import sys
 
+from edgedeploy.pipeline.threads import torch_uses_gnu_openmp
+
 PROBE = """
 import json, os, sys
 {before}
-from edgedeploy.pipeline.threads import passive_thread_waits
-said = passive_thread_waits()
-print(json.dumps({{"said": said, "env": os.environ.get("OMP_WAIT_POLICY")}}))
+from edgedeploy.pipeline.threads import bounded_thread_waits
+said = bounded_thread_waits()
+print(json.dumps({{"said": said, "policy": os.environ.get("OMP_WAIT_POLICY"),
+                  "spin": os.environ.get("GOMP_SPINCOUNT")}}))
 """
+NAMES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
-def _probe(before: str = "", policy: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
+def _probe(before: str = "", **chosen: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in NAMES}
+    env.update(chosen)
     proc = subprocess.run(
         [sys.executable, "-c", PROBE.format(before=before)], capture_output=True, text=True, env=env, timeout=300
     )
@@ -28,14 +32,33 @@ def _probe(before: str = "", policy: str | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_passive_waits_are_set_before_torch_loads() -> None:
-    assert _probe() == {"said": "passive", "env": "PASSIVE"}
+def test_waits_are_bounded_before_torch_loads() -> None:
+    got = _probe()
+    if torch_uses_gnu_openmp():  # the Linux wheels: a short spin, then asleep
+        assert got == {"said": "short spin: GOMP_SPINCOUNT=10000", "policy": None, "spin": "10000"}
+    else:
+        assert got == {"said": "passive", "policy": "PASSIVE", "spin": None}
 
 
-def test_a_users_wait_policy_is_kept() -> None:
-    assert _probe(policy="ACTIVE") == {"said": "user: ACTIVE", "env": "ACTIVE"}
+def test_gnu_openmp_is_told_from_the_torch_package_found_first(tmp_path) -> None:
+    # a torch package found first on the path decides, and it is not imported (it would raise)
+    check = "from edgedeploy.pipeline.threads import torch_uses_gnu_openmp as f; import sys; print(f(), 'torch' in sys.modules)"
+    for ships, expected in ((True, "True False"), (False, "False False")):
+        root = tmp_path / str(ships)
+        (root / "torch" / "lib").mkdir(parents=True)
+        (root / "torch" / "__init__.py").write_text("raise ImportError('imported')\n")
+        if ships:
+            (root / "torch" / "lib" / "libgomp-a34b3233.so.1").write_bytes(b"")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.stdout.split() == expected.split(), proc.stderr[-2000:]
+
+
+def test_a_users_wait_policy_or_spin_count_is_kept() -> None:
+    assert _probe(OMP_WAIT_POLICY="ACTIVE") == {"said": "user: OMP_WAIT_POLICY=ACTIVE", "policy": "ACTIVE", "spin": None}
+    assert _probe(GOMP_SPINCOUNT="5") == {"said": "user: GOMP_SPINCOUNT=5", "policy": None, "spin": "5"}
 
 
 def test_nothing_is_set_once_torch_is_loaded() -> None:
-    # the OpenMP runtime has read its settings: setting the variable now would only mislead whoever reads it
-    assert _probe(before="import torch") == {"said": "unchanged: torch already loaded", "env": None}
+    # the OpenMP runtime has read its settings: setting a variable now would only mislead whoever reads it
+    assert _probe(before="import torch") == {"said": "unchanged: torch already loaded", "policy": None, "spin": None}

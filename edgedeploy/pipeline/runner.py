@@ -25,7 +25,7 @@ from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_b
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
 from edgedeploy.pipeline.quiet import BUILD_LOG, StageNoise
 from edgedeploy.pipeline.report import REPORT, build_report, write_report_files
-from edgedeploy.pipeline.threads import passive_thread_waits
+from edgedeploy.pipeline.threads import bounded_thread_waits
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.targets import TargetProfile
 
@@ -211,7 +211,7 @@ def _run_build(
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh
-    passive_thread_waits()  # before the model code imports torch: its OpenMP runtime reads the policy once
+    bounded_thread_waits()  # before the model code imports torch: its OpenMP runtime reads the settings once
     # the user's code, once: every file it imported is an input of the model (none for a model given as ONNX)
     model_code, factory, loader = _model_code(cfg, cache) if cfg.model.factory else ((), None, None)
     calib_code = _calibration_code(cfg)

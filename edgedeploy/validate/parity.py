@@ -179,7 +179,8 @@ def compare_output(
         # JetPack 4.6 ships numpy 1.13.3 (tests/test_device_numpy_compat.py keeps device code to 1.13)
         ranked = np.where(np.isnan(c), -np.inf, c)
         cand_top = np.argsort(-ranked.reshape(-1, classes), axis=-1)[:, :k]
-        top1 = float((ref_top[:, 0] == cand_top[:, 0]).mean())
+        # top-1 by argmax (the first of tied maxima), as the precision judge's early stop counts disagreements
+        top1 = float((r.reshape(-1, classes).argmax(-1) == ranked.reshape(-1, classes).argmax(-1)).mean())
         row["top1_agreement"] = top1
         row["top1_rows"] = int(ref_top.shape[0])
         row["topk"] = k

@@ -42,7 +42,10 @@ def test_waits_are_bounded_before_torch_loads() -> None:
 
 def test_gnu_openmp_is_told_from_the_torch_package_found_first(tmp_path) -> None:
     # a torch package found first on the path decides, and it is not imported (it would raise)
-    check = "from edgedeploy.pipeline.threads import torch_uses_gnu_openmp as f; import sys; print(f(), 'torch' in sys.modules)"
+    check = (
+        "from edgedeploy.pipeline.threads import torch_uses_gnu_openmp as f; import sys; "
+        "print(f(), 'torch' in sys.modules)"
+    )
     for ships, expected in ((True, "True False"), (False, "False False")):
         root = tmp_path / str(ships)
         (root / "torch" / "lib").mkdir(parents=True)
@@ -55,7 +58,8 @@ def test_gnu_openmp_is_told_from_the_torch_package_found_first(tmp_path) -> None
 
 
 def test_a_users_wait_policy_or_spin_count_is_kept() -> None:
-    assert _probe(OMP_WAIT_POLICY="ACTIVE") == {"said": "user: OMP_WAIT_POLICY=ACTIVE", "policy": "ACTIVE", "spin": None}
+    kept = {"said": "user: OMP_WAIT_POLICY=ACTIVE", "policy": "ACTIVE", "spin": None}
+    assert _probe(OMP_WAIT_POLICY="ACTIVE") == kept
     assert _probe(GOMP_SPINCOUNT="5") == {"said": "user: GOMP_SPINCOUNT=5", "policy": None, "spin": "5"}
 
 

@@ -250,6 +250,8 @@ def test_precision_stage_vetoes_a_candidate_that_would_fail_the_device_check(tmp
     assert [c[0] for c in cases] == ["opt"]
     reason = goldens_veto(ctx.cfg, ctx.staging / "model.onnx", cases)
     assert reason and "golden opt#0 logits fails tolerance.int8" in reason
+    # outputs the judge already made for a case are judged instead of running the model again
+    assert goldens_veto(ctx.cfg, ctx.staging / "model.onnx", cases, known={0: wrong}) is None
     from edgedeploy.errors import StageError
     from edgedeploy.stages.precision import PrecisionFromOnnx
 

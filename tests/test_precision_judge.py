@@ -244,3 +244,22 @@ def test_a_try_stopped_early_says_on_how_many_samples() -> None:
     row = {"try": 1, "float_nodes": 4, "metric": "top1_agreement", "score": 0.81, "judged_samples": 96, "samples": 512}
     assert analysis.stopped_early(row) == " on 96 of 512 samples (the rest cannot lift it to the target)"
     assert analysis.stopped_early({"score": 0.97}) == ""
+
+
+def test_shared_inputs_pairs_batches_with_equal_inputs_only() -> None:
+    """The goldens' real samples among the judged views are found by value: equal arrays pair, an array that
+    differs in one value, in dtype or in shape does not."""
+    from edgedeploy.precision import analysis
+
+    rng = np.random.default_rng(3)
+    judged = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    near = judged[4]["x"].copy()
+    near.flat[1] += 1.0  # outside the strided sample the lookup keys on: only the full comparison tells
+    goldens = [
+        {"x": judged[2]["x"].copy()},
+        {"x": near},
+        {"x": judged[5]["x"].astype(np.float64)},
+        {"x": judged[0]["x"][:, :2].copy()},
+        {"x": judged[0]["x"].copy()},
+    ]
+    assert analysis.shared_inputs(goldens, judged) == {0: 2, 4: 0}

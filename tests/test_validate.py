@@ -323,3 +323,40 @@ def test_each_onnx_backend_loads_one_session_and_runs_each_input_once(
         want = [*goldens, (cfg.dims["batch"].max, 3, 16, 16), *[opt] * (v.latency_warmup + v.latency_iters)]
         assert runs[name] == want, name
     assert {"onnxruntime-fp32", "onnxruntime-fp16"} <= set(metrics["latency"]["backends"])
+
+
+def test_held_out_goldens_run_in_the_reference_calls_and_each_input_gets_its_own_outputs(
+    tiny_build: tuple[Any, Any],
+) -> None:
+    """The held-out calibration goldens run joined as the reference joined them (up to the max batch a call),
+    every other golden alone; each input's outputs equal its own run's."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    from edgedeploy.precision.data import HELDOUT_POINT
+    from edgedeploy.precision.golden_feeds import max_batch_rows, reference_calls
+    from edgedeploy.validate.runners import infer_calls
+
+    cfg, result = tiny_build
+    rows = max_batch_rows(cfg)
+    assert rows > 1
+    rng = np.random.default_rng(0)
+    points = ["min", "opt", "max", *[HELDOUT_POINT] * (rows + 2), "data"]
+    feeds = [{"image": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in points]
+    calls = reference_calls(cfg, points, feeds)
+    held = list(range(3, 3 + rows + 2))
+    assert calls == sorted([[0], [1], [2], held[:rows], held[rows:], [len(points) - 1]])
+    batch_sizes: list[int] = []
+
+    class Counting(OnnxrtRunner):  # type: ignore[misc]
+        def infer(self, feed_dict: Any, *args: Any, **kwargs: Any) -> Any:
+            batch_sizes.append(len(feed_dict["image"]))
+            return super().infer(feed_dict, *args, **kwargs)
+
+    with Counting(SessionFromOnnx(str(result.out / "model.onnx"), providers=["cpu"])) as runner:
+        got = infer_calls(runner, feeds, calls)
+        assert batch_sizes == [len(call) for call in calls]
+        alone = [{k: np.array(v) for k, v in runner.infer(f).items()} for f in feeds]
+    for joined, own in zip(got, alone):
+        assert joined.keys() == own.keys()
+        for name in own:
+            np.testing.assert_allclose(joined[name], own[name], rtol=1e-5, atol=1e-6)

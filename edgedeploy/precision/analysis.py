@@ -326,6 +326,7 @@ def accuracy_until_decided(
     classifier_outputs: Sequence[str],
     groups: Sequence[int] | None,
     target: float,
+    outputs: list[dict[str, np.ndarray]] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """(:func:`accuracy` of the model at ``model`` on ``batches``, how many batches it was judged on).
 
@@ -333,7 +334,9 @@ def accuracy_until_decided(
     can no longer be met, whatever the rest would show: a classifier output's top-1 disagreements so far already
     keep its agreement over *all* the batches below ``target`` (the score is never above the observed agreement),
     or an output is not finite. The accuracy is then that of the groups judged. A model that can still meet the
-    target is judged on every batch, so a passing verdict is always the whole judge's.
+    target is judged on every batch, so a passing verdict is always the whole judge's. ``outputs``, when given,
+    receives the model's outputs on the batches judged (in order), for checks of the same model on the same
+    inputs (:func:`shared_inputs`).
 
     Raises:
         StageError: ONNX Runtime cannot load or run the model.
@@ -342,8 +345,10 @@ def accuracy_until_decided(
     classes = [n for n in reference[0] if n in classifier_outputs] if reference else []
     # rows are counted per batch: only outputs with a batch axis and a class axis add up across batches
     rowwise = all(r[n].ndim >= 2 for r in reference for n in classes)
+    sink = outputs if outputs is not None else []
     if not classes or not rowwise or groups is None or len(groups) < 2 or sum(groups) != len(batches):
-        return accuracy(reference, run(batches), classifier_outputs, groups), len(batches)
+        sink.extend(run(batches))
+        return accuracy(reference, sink[-len(batches) :], classifier_outputs, groups), len(batches)
     total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes}
     disagree = dict.fromkeys(classes, 0)
     ends = [int(e) for e in np.cumsum(groups)]
@@ -371,7 +376,30 @@ def accuracy_until_decided(
         if missed:
             break
     judged = ends[done - 1]
+    sink.extend(out)
     return accuracy(reference[:judged], out, classifier_outputs, list(groups[:done])), judged
+
+
+def shared_inputs(first: Sequence[dict[str, np.ndarray]], second: Sequence[dict[str, np.ndarray]]) -> dict[int, int]:
+    """Index in ``first`` -> index in ``second`` of a batch with exactly the same inputs (names, shapes, dtypes
+    and values), for batches found in both: a model's outputs on one are its outputs on the other."""
+
+    def key(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        # a strided sample of the values keys the lookup; np.array_equal below decides
+        return tuple(
+            sorted((k, v.shape, v.dtype.str, np.ravel(v)[:: max(1, v.size // 64)].tobytes()) for k, v in batch.items())
+        )
+
+    index: dict[tuple[Any, ...], list[int]] = {}
+    for j, batch in enumerate(second):
+        index.setdefault(key(batch), []).append(j)
+    found: dict[int, int] = {}
+    for i, batch in enumerate(first):
+        for j in index.get(key(batch), []):
+            if all(np.array_equal(v, second[j][k]) for k, v in batch.items()):
+                found[i] = j
+                break
+    return found
 
 
 def stopped_early(row: dict[str, Any]) -> str:

@@ -94,7 +94,7 @@ def quantize_with_fallback(
     keep_fp32: Sequence[str] | Mapping[str, str] = (),
     first_try: Path | None = None,
     reference: Sequence[dict[str, np.ndarray]] | None = None,
-    extra_check: Callable[[Path], str | None] | None = None,
+    extra_check: Callable[[Path, Sequence[dict[str, np.ndarray]]], str | None] | None = None,
     latency_feeds: dict[str, np.ndarray] | None = None,
     latency_iters: int = 10,
     log: Callable[[str], None] | None = None,
@@ -111,7 +111,8 @@ def quantize_with_fallback(
 
     Calibration uses ``batches``; every candidate is scored on ``eval_batches`` (held-out samples never used
     for calibration; default ``batches``): top-1 agreement (classifier outputs) or cosine similarity against
-    the FP32 ONNX model. ``extra_check(model)`` may veto a candidate that meets the score (returns why).
+    the FP32 ONNX model. ``extra_check(model, outputs)`` may veto a candidate that meets the score (returns
+    why); ``outputs`` are the model's on ``eval_batches``, as judged.
     Sensitivity (:func:`layer_sensitivity`: one node quantized at a time, not greedily) ranks the nodes the
     naive model quantized. Then, at ``k`` = 1, 2, 4, ..., the ``k`` most sensitive nodes and the first ``k``
     quantized nodes (graph order) are tried float, in that order, until one passes; bisection between the last
@@ -159,10 +160,12 @@ def quantize_with_fallback(
     def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
         model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
         # judged until the verdict is certain: a try that can no longer meet the target stops early
+        outputs: list[dict[str, np.ndarray]] = []
         score, judged = analysis.accuracy_until_decided(
-            model, evals, reference, classifier_outputs, groups, accuracy_target
+            model, evals, reference, classifier_outputs, groups, accuracy_target, outputs=outputs
         )
-        veto = extra_check(model) if extra_check is not None and score["score"] >= accuracy_target else None
+        meets = score["score"] >= accuracy_target
+        veto = extra_check(model, outputs) if extra_check is not None and meets else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
         if judged < len(evals):
             row["judged_samples"] = _samples(evals[:judged])

@@ -9,7 +9,7 @@ neither torch nor the source model once the goldens exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,21 @@ def max_batch_rows(cfg: DeployConfig) -> int:
     when an input has no batch dim to grow)."""
     most = [cfg.shape_for(spec, "max") for spec in cfg.inputs]
     return max(1, min((int(shape[0]) for shape in most if shape), default=1))
+
+
+def reference_calls(cfg: DeployConfig, points: Sequence[str], feeds: Sequence[Feeds]) -> list[list[int]]:
+    """Indices into ``feeds`` (the goldens' inputs, at ``points``, in goldens order) grouped into the calls the
+    reference made: consecutive held-out calibration batches joined as :func:`golden_arrays` joined them (up to
+    :func:`max_batch_rows` samples a call), every other input alone. A candidate run on the same calls sees
+    exactly the reference's inputs, however the model treats the rows of a batch."""
+    calls: list[list[int]] = []
+    held = [i for i, point in enumerate(points) if point == HELDOUT_POINT]
+    position = 0
+    for group in batch_groups([feeds[i] for i in held], max_batch_rows(cfg)):
+        calls.append(held[position : position + len(group)])
+        position += len(group)
+    calls += [[i] for i, point in enumerate(points) if point != HELDOUT_POINT]
+    return sorted(calls)
 
 
 def _grouped_reference(group: list[Feeds], reference: Callable[[Feeds, str], Feeds], point: str) -> list[Feeds]:

@@ -273,6 +273,13 @@ def _int8(
     groups = ([len(held) // held_batches] * held_batches if held_batches else []) + [1] * len(real_data)
     # the score is lowered by one standard error over these (groups under 8 samples are merged first)
     judged["independent_groups"] = len(groups)
+    # the goldens' real samples are among the judged views: a candidate's judged outputs serve its veto too
+    golden_views = analysis.shared_inputs([feeds for _, feeds, _, _ in goldens], evals) if goldens else {}
+
+    def veto(model: Path, judged_outputs: Sequence[Feeds]) -> str | None:
+        known = {c: judged_outputs[e] for c, e in golden_views.items() if e < len(judged_outputs)}
+        return goldens_veto(cfg, model, goldens, known)
+
     from edgedeploy.precision.equalize_choice import choose_equalization
     from edgedeploy.precision.layer_error import layer_errors
     from edgedeploy.precision.rounding_choice import choose_rounding
@@ -361,7 +368,7 @@ def _int8(
             keep_fp32=pinned,
             first_try=first_try,
             reference=reference,
-            extra_check=(lambda model: goldens_veto(cfg, model, goldens)) if goldens else None,
+            extra_check=veto if goldens else None,
             latency_feeds=calib[0],
             latency_iters=max(cfg.validate.latency_iters, 3),
             log=log,

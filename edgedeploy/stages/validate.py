@@ -25,6 +25,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import GOLDENS, ONNX_DATA, deploy_model_name
 from edgedeploy.errors import DeployError, ParityError
 from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.precision.golden_feeds import reference_calls
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
 from edgedeploy.validate.latency import measure
 from edgedeploy.validate.parity import (
@@ -41,6 +42,7 @@ from edgedeploy.validate.runners import (
     TORCHSCRIPT,
     Backend,
     discover_backends,
+    infer_calls,
     make_runner,
     quiet_polygraphy,
     short_error,
@@ -166,8 +168,9 @@ class ParityFromGoldens(Stage):
         with quiet_polygraphy():
             try:
                 runner.activate()  # loaded once for every check and the latency below (each input run once)
-                # copies: a runner may reuse its output buffers between calls (polygraphy's TrtRunner)
-                outputs = [{k: np.array(v) for k, v in runner.infer(pair["in"]).items()} for _, _, pair in samples]
+                feeds = [pair["in"] for _, _, pair in samples]
+                # the held-out batches in the reference's own calls: fewer, larger runs, the same inputs
+                outputs = infer_calls(runner, feeds, reference_calls(cfg, [p for p, _, _ in samples], feeds))
             except DeployError:
                 _deactivate(runner)
                 raise

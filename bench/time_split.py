@@ -1,0 +1,114 @@
+"""Wall seconds of the named steps of one cold ``deploy build`` (each step's function wrapped with a timer, no
+profiler overhead), for the EfficientNet-Lite0 project of bench/build_times.py: INT8 by default (the judge,
+the quantizer, bias correction, calibration, the goldens veto, the validate backends, the report).
+
+The build runs in this process with an empty stage cache, as a ``deploy build`` process would (OpenMP waits
+bounded before torch loads). Calls and seconds per step; a step's time includes the steps it calls.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/time_split.py [--fp32] [--json bench/time_split.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STEPS = (
+    ("edgedeploy.precision.analysis", "accuracy_until_decided", "the held-out judge, per try"),
+    ("edgedeploy.precision.analysis", "run_model", "float reference runs (ONNX Runtime)"),
+    ("edgedeploy.precision.quantize", "Quantizer.quantize", "each try's model (includes the two below)"),
+    ("edgedeploy.precision.quantize", "Quantizer.calibrate", "calibration (histograms; once, then reused)"),
+    ("edgedeploy.precision.bias_correction", "output_mean_shifts", "bias correction's mean shifts"),
+    ("edgedeploy.precision.speed_probe", "interleaved_p50", "the speed probe's timing"),
+    ("edgedeploy.precision.goldens_veto", "goldens_veto", "the goldens veto"),
+    ("edgedeploy.precision.search_progress", "SearchProgress.__call__", "each try's latency line"),
+    ("edgedeploy.precision.golden_feeds", "golden_arrays", "PyTorch goldens (reference stage)"),
+    ("edgedeploy.stages.validate", "ParityFromGoldens._validate_backend", "validate, per backend"),
+    ("edgedeploy.pipeline.report", "write_report_files", "report files (plots included)"),
+)
+
+
+def wrap(module: str, attr: str, seconds: dict[str, float], calls: collections.Counter) -> None:
+    owner: Any = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        key = attr
+        if name == "_validate_backend":
+            key += f" [{args[2].name}]"
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds[key] += time.perf_counter() - t0
+            calls[key] += 1
+
+    setattr(owner, name, timed)
+
+
+def main() -> int:
+    from edgedeploy.pipeline.threads import bounded_thread_waits
+
+    waits = bounded_thread_waits()  # before anything below imports torch, as a build's process does
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fp32", action="store_true", help="the FP32 build instead of INT8")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from build_times import compile_bytecode, side_by_side_projects
+
+    compile_bytecode()
+    seconds: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    for module, attr, _ in STEPS:
+        wrap(module, attr, seconds, calls)
+    from edgedeploy.cli import main as deploy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = side_by_side_projects(Path(tmp))["efficientnet_lite0"]["config"]
+        os.environ["EDGEDEPLOY_CACHE_DIR"] = str(Path(tmp) / "cache")
+        argv = ["build", "--config", str(cfg), "--out", str(Path(tmp) / "out")]
+        if not args.fp32:
+            argv += ["--precision", "int8", "--calib", str(cfg.parent / "photos")]
+        load = round(os.getloadavg()[0], 1)
+        t0 = time.perf_counter()
+        rc = deploy(argv)
+        wall = time.perf_counter() - t0
+    what = {attr: why for _, attr, why in STEPS}
+    rows = [
+        {"step": key, "what": what[key.split(" [")[0]], "calls": calls[key], "seconds": round(sec, 2)}
+        for key, sec in sorted(seconds.items(), key=lambda kv: -kv[1])
+    ]
+    doc = {
+        "command": "PYTHONPATH=$PWD python bench/time_split.py " + " ".join(sys.argv[1:]),
+        "build": "fp32" if args.fp32 else "int8",
+        "exit_code": rc,
+        "wall_s": round(wall, 2),
+        "load_avg_1min": [load, round(os.getloadavg()[0], 1)],
+        "thread_waits": waits,
+        "steps": rows,
+    }
+    for row in rows:
+        print(f"{row['seconds']:7.2f} s  x{row['calls']:<3d} {row['step']}  ({row['what']})")
+    print(f"build wall {doc['wall_s']} s, exit {rc}, load {doc['load_avg_1min']}")
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -438,7 +438,11 @@ def _run_stage(
     )
     use_cache = cfg.build.cache and stage.cacheable
     entry = cache.lookup(stage.name, key) if use_cache else None
+    if entry is not None:
+        ctx.forget_digests(list(entry.files))  # a failed restore removes what it copied
     if entry is not None and cache.restore(stage.name, key, entry, ctx.staging):
+        for name, sha in entry.files.items():  # each copy was checked against the authenticated sha256
+            ctx.remember_digest(name, sha)
         _record(ctx, stage.name, StageResult(entry.metrics, list(entry.warnings), list(entry.notes)), emitted=0)
         return StageRecord(stage.name, "cached", time.perf_counter() - t0, key, files=list(entry.files))
     before = len(ctx.warnings)
@@ -447,7 +451,10 @@ def _run_stage(
     except DeployError as exc:
         _record(ctx, stage.name, StageResult.of(exc.partial), emitted=0)
         raise
+    finally:
+        ctx.forget_digests(outputs)
     outputs = list(stage.outputs(ctx))  # a stage may learn its files while running (capture = "auto")
+    ctx.forget_digests(outputs)
     # warnings given to ctx.warn while running are part of the result (and so of the cache entry)
     emitted = ctx.warnings[before:]
     result.warnings = emitted + [w for w in result.warnings if w not in emitted]

@@ -37,6 +37,9 @@ class BuildContext:
     probe_outputs: Any = None
     _model: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
+    # staging file name -> (the file's stat signature when hashed, sha256): every stage that reads a 90 MB model
+    # would otherwise hash it again; the runner forgets a stage's files when the stage writes or restores them
+    _staged_sha: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
 
     @property
     def precision(self) -> str:
@@ -63,10 +66,27 @@ class BuildContext:
             return self._sha[name]
         if not p.is_file():
             raise InputError(f"{name}: file not found: {p}")
-        sha = sha256_file(p)
         if name in self.external:
-            self._sha[name] = sha
+            self._sha[name] = sha256_file(p)
+            return self._sha[name]
+        signature = _signature(p)
+        known = self._staged_sha.get(name)
+        if known is not None and known[0] == signature:
+            return known[1]
+        sha = sha256_file(p)
+        if _signature(p) == signature:  # unchanged while it was read: the digest is this version's
+            self._staged_sha[name] = (signature, sha)
         return sha
+
+    def forget_digests(self, names: list[str] | tuple[str, ...]) -> None:
+        """Drop the remembered sha256 of staging files ``names`` (a stage just wrote or restored them)."""
+        for name in names:
+            self._staged_sha.pop(name, None)
+
+    def remember_digest(self, name: str, sha: str) -> None:
+        """Record ``sha`` as staging file ``name``'s sha256: the caller has just checked that it is (a cache restore
+        verifies every copy it makes)."""
+        self._staged_sha[name] = (_signature(self.staging / name), sha)
 
     @staticmethod
     def _file_sha(path: Path, name: str) -> str:
@@ -220,3 +240,9 @@ class Stage(ABC):
 def model_inputs(ctx: BuildContext) -> tuple[str, ...]:
     """The inputs of anything computed from the PyTorch model: its code and, when configured, its weights."""
     return ((CHECKPOINT,) if CHECKPOINT in ctx.external else ()) + (MODEL_CODE,)
+
+
+def _signature(path: Path) -> tuple[int, ...]:
+    """What changes when a file is written: inode, size, modification and status-change times (ns)."""
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

@@ -52,27 +52,33 @@ def batch_runner(path: str | Path) -> Callable[[Sequence[dict[str, np.ndarray]]]
     sess = ort_session(path, stage="precision")
     names = [o.name for o in sess.get_outputs()]
 
+    def one(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, sess.run(names, feeds)))
+
     def run(batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         if not _batchable(sess, batches):
-            return [dict(zip(names, sess.run(names, b))) for b in batches]
-        out: list[dict[str, np.ndarray]] = []
+            return [one(b) for b in batches]
         sample_bytes = sum(v[:1].nbytes for v in batches[0].values())
-        for group in batch_groups(batches, max(1, min(BATCH_ROWS, BATCH_BYTES // max(sample_bytes, 1)))):
-            if len(group) == 1:
-                out.append(dict(zip(names, sess.run(names, group[0]))))
-                continue
-            rows = [len(next(iter(b.values()))) for b in group]
-            joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
-            values = sess.run(names, joined)
-            if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in values):  # an output without the batch axis
-                out.extend(dict(zip(names, sess.run(names, b))) for b in group)
-                continue
-            cuts = np.cumsum(rows)[:-1]
-            parts = [np.split(v, cuts) for v in values]
-            out.extend({n: p[i] for n, p in zip(names, parts)} for i in range(len(group)))
-        return out
+        rows = max(1, min(BATCH_ROWS, BATCH_BYTES // max(sample_bytes, 1)))
+        return [out for group in batch_groups(batches, rows) for out in joined_run(group, one)]
 
     return run
+
+
+def joined_run(
+    group: Sequence[dict[str, np.ndarray]], call: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """Each batch's outputs from one ``call`` on the batches of ``group`` joined along the batch axis, split back
+    by rows; one call per batch where an output lacks that axis (it cannot be split)."""
+    if len(group) == 1:
+        return [call(group[0])]
+    rows = [len(next(iter(b.values()))) for b in group]
+    outs = call({k: np.concatenate([b[k] for b in group]) for k in group[0]})
+    if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in outs.values()):
+        return [call(b) for b in group]
+    cuts = np.cumsum(rows)[:-1]
+    parts = {k: np.split(v, cuts) for k, v in outs.items()}
+    return [{k: np.ascontiguousarray(p[i]) for k, p in parts.items()} for i in range(len(group))]
 
 
 def _batchable(sess: Any, batches: Sequence[dict[str, np.ndarray]]) -> bool:

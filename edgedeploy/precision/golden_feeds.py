@@ -19,7 +19,7 @@ from edgedeploy.config import DeployConfig
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import store_goldens
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
-from edgedeploy.precision.analysis import batch_groups
+from edgedeploy.precision.analysis import batch_groups, joined_run
 from edgedeploy.precision.data import HELDOUT_POINT
 
 Feeds = dict[str, np.ndarray]
@@ -128,16 +128,7 @@ def reference_calls(cfg: DeployConfig, points: Sequence[str], feeds: Sequence[Fe
 def _grouped_reference(group: list[Feeds], reference: Callable[[Feeds, str], Feeds], point: str) -> list[Feeds]:
     """The reference outputs of each batch in ``group``, from one call on their concatenation (split back by
     rows); one call per batch where an output lacks the batch axis."""
-    if len(group) == 1:
-        return [reference(group[0], point)]
-    rows = [len(next(iter(b.values()))) for b in group]
-    joined = {k: np.concatenate([b[k] for b in group]) for k in group[0]}
-    outs = reference(joined, point)
-    if any(v.ndim == 0 or v.shape[0] != sum(rows) for v in outs.values()):
-        return [reference(b, point) for b in group]
-    cuts = np.cumsum(rows)[:-1]
-    parts = {k: np.split(v, cuts) for k, v in outs.items()}
-    return [{k: np.ascontiguousarray(p[i]) for k, p in parts.items()} for i in range(len(group))]
+    return joined_run(group, lambda feeds: reference(feeds, point))
 
 
 def budget_bytes(cfg: DeployConfig, model_bytes: int) -> int:

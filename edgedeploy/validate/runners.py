@@ -214,23 +214,18 @@ def infer_calls(
     runner: Any, feeds: Sequence[dict[str, np.ndarray]], calls: Sequence[Sequence[int]]
 ) -> list[dict[str, np.ndarray]]:
     """Each of ``feeds``' outputs from the active polygraphy ``runner``, one call per group of ``calls`` (indices
-    into ``feeds``): a group's feeds joined along the batch axis and the outputs split back by rows, or run
-    one by one where an output lacks that axis. Copies: a runner may reuse its output buffers between calls
-    (polygraphy's TrtRunner)."""
+    into ``feeds``): a group's feeds joined along the batch axis and the outputs split back by rows
+    (:func:`edgedeploy.precision.analysis.joined_run`)."""
+    from edgedeploy.precision.analysis import joined_run
+
+    def one(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # copies: a runner may reuse its output buffers between calls (polygraphy's TrtRunner)
+        return {k: np.array(v) for k, v in runner.infer(batch).items()}
+
     out: list[dict[str, np.ndarray]] = [{} for _ in feeds]
     for call in calls:
-        if len(call) > 1:
-            rows = [len(next(iter(feeds[i].values()))) for i in call]
-            joined = {k: np.concatenate([feeds[i][k] for i in call]) for k in feeds[call[0]]}
-            got = {k: np.array(v) for k, v in runner.infer(joined).items()}
-            if all(v.ndim > 0 and v.shape[0] == sum(rows) for v in got.values()):
-                cuts = np.cumsum(rows)[:-1]
-                for name, value in got.items():
-                    for i, part in zip(call, np.split(value, cuts)):
-                        out[i][name] = part
-                continue
-        for i in call:
-            out[i] = {k: np.array(v) for k, v in runner.infer(feeds[i]).items()}
+        for i, got in zip(call, joined_run([feeds[i] for i in call], one)):
+            out[i] = got
     return out
 
 

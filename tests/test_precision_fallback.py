@@ -224,3 +224,31 @@ def test_prefix_first_ranks_the_nodes_when_no_prefix_up_to_half_of_them_passes(t
     assert not any(t["met"] for t in result.tries if t.get("family") == "prefix")
     assert result.sensitivity and result.met and result.final["family"] == "sensitivity"
     assert set(result.excluded) == {"/Mul", "/c2/Conv"}
+
+
+def test_a_settled_bisection_ships_the_smallest_passing_prefix_found_and_says_why(tmp_path: Path) -> None:
+    batches = photo_batches(16, 8)
+    path = export_onnx(_deep_outlier_net(), batches[0]["image"], tmp_path / "deep.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    asked: list[tuple[list[str], str]] = []
+
+    def settled(undecided, int8_model):  # type: ignore[no-untyped-def]
+        asked.append((list(undecided), int8_model.name))
+        return "too few multiply-adds left" if len(undecided) <= 2 else None
+
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
+        prefix_first=True, settled=settled,
+    )  # fmt: skip
+    # unsettled, this search tries prefixes 4 (passes), 2 (fails) and 3 (passes): 3 is its smallest
+    assert [(t.get("family"), t["float_nodes"], t["met"]) for t in result.tries[1:]] == [
+        ("prefix", 4, True),
+        ("prefix", 2, False),
+    ]
+    # asked with the nodes float in the passing set and not in the failing one, and the all-INT8 model
+    first, second = asked
+    assert len(first[0]) == 4 and second[0] == first[0][2:] and {m for _, m in asked} == {"try0.int8.onnx"}
+    assert result.met and result.final["float_nodes"] == 4 and len(result.excluded) == 4
+    assert result.stop == (
+        "a passing float set found (prefix: 4 float, 2 failed); bisection stopped: too few multiply-adds left"
+    )

@@ -106,6 +106,7 @@ def quantize_with_fallback(
     ranking: Callable[[Path, list[str]], list[dict[str, Any]]] | None = None,
     families: Sequence[str] = ("sensitivity", "prefix"),
     prefix_first: bool = False,
+    settled: Callable[[Sequence[str], Path], str | None] | None = None,
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -140,6 +141,11 @@ def quantize_with_fallback(
     prefix family alone first, up to half the candidates, and bisected when one passes, with no ranking at
     all (``PREFIX_FIRST_SIZE`` nodes first, then doubled); only when no prefix that long passes are the nodes
     ranked and both families searched.
+
+    ``settled(undecided, all_int8_model)``, when given, is asked before each bisection step with the nodes still
+    undecided (float in the smallest passing set, not in the largest failing one): a reason means no further
+    try can ship a measurably faster model (:func:`edgedeploy.precision.speed_probe.undecided_too_small`), and
+    the smallest passing set found ships.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -205,6 +211,8 @@ def quantize_with_fallback(
 
         candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
         search = _FamilySearch(attempt, pinned, [], candidates, budget_left, tuple(families))
+        if settled is not None:
+            search.settled = lambda undecided: settled(undecided, naive)
         won = None
         if prefix_first and "prefix" in families:
             say(
@@ -242,6 +250,9 @@ def quantize_with_fallback(
             stop = (
                 f"smallest passing float set found ({won}: {search.passed[won]} float, {search.failed[won]} failed)"
                 if gap <= 1
+                else f"a passing float set found ({won}: {search.passed[won]} float, {search.failed[won]} failed); "
+                f"bisection stopped: {search.settled_why[won]}"
+                if won in search.settled_why
                 else f"a passing float set found; bisection cut short by the budget ({_budget_word(out_of_time())})"
             )
         elif search.models:  # nothing met the target: report the largest try of the sensitivity family
@@ -304,6 +315,9 @@ class _FamilySearch:
         self.failed: dict[str, int] = {"sensitivity": 0, "prefix": 0}  # the largest k that failed
         self.passed: dict[str, int] = {}  # the smallest k that passed
         self.results: dict[tuple[str, int], bool] = {}  # (family, k) -> passed, for the sizes tried
+        # undecided nodes -> why bisecting on cannot pay (quantize_with_fallback's ``settled``); per family, why it did
+        self.settled: Callable[[list[str]], str | None] | None = None
+        self.settled_why: dict[str, str] = {}
 
     def float_set(self, family: str, k: int) -> dict[str, str]:
         """Node -> why, for the ``k`` nodes of ``family`` kept float (on top of the pinned ones)."""
@@ -356,8 +370,15 @@ class _FamilySearch:
             k *= 2
 
     def bisect(self, family: str) -> None:
-        """Between ``family``'s largest failing and smallest passing size, within the budget."""
+        """Between ``family``'s largest failing and smallest passing size, within the budget, until
+        :attr:`settled` says the nodes still undecided cannot pay for another try."""
         while family in self.passed and self.passed[family] - self.failed[family] > 1 and self.budget_left():
+            if self.settled is not None:
+                failing = self.float_set(family, self.failed[family])
+                why = self.settled([n for n in self.float_set(family, self.passed[family]) if n not in failing])
+                if why:
+                    self.settled_why[family] = why
+                    return
             self._try(family, (self.failed[family] + self.passed[family]) // 2)
 
     def choose(self, won: str, timer: Timer | None) -> tuple[str, int, dict[str, Any]]:

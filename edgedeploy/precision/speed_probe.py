@@ -201,3 +201,51 @@ def side_by_side_timer(
         return [float(np.median(per_round[str(i)])) for i in range(len(models))]
 
     return timer
+
+
+# a bisection's stop rule (:func:`undecided_too_small`) times FP32 against all-INT8 this often (one thread)
+SPEEDUP_ROUNDS = 3
+SPEEDUP_ITERS = 5
+
+
+def undecided_too_small(
+    float_model: Path, feeds: dict[str, np.ndarray], *, margin: float = MARGIN
+) -> Callable[[Sequence[str], Path], str | None]:
+    """A stop rule for the fallback search's bisection where the artifact runs on this CPU: ``rule(undecided,
+    int8_model)`` says why bisecting on cannot change the shipped model's speed measurably, or None.
+
+    The nodes still undecided (in the smallest passing float set, not in the largest failing one) are the most
+    a further try could give back to INT8. Their share of the model's multiply-adds times ``(s - 1)``, ``s``
+    the measured FP32 / all-INT8 speed-up (``int8_model``, one thread, timed once), bounds what that would save
+    relative to the all-INT8 model; under ``margin`` (the timing-noise margin) no try can ship a measurably
+    faster model. No rule where the shares are unknown, or the model runs under :data:`MIN_MS` (timer noise).
+
+    Raises:
+        StageError: ONNX Runtime cannot load a model (from the rule, when first called).
+    """
+    from edgedeploy.onnxtools.macs import multiply_add_shares
+
+    known: dict[str, Any] = {}
+
+    def rule(undecided: Sequence[str], int8_model: Path) -> str | None:
+        if "shares" not in known:
+            known["shares"] = multiply_add_shares(float_model)
+        shares: dict[str, float] = known["shares"]
+        if not shares:
+            return None
+        if "speedup" not in known:
+            fp32_ms, int8_ms = side_by_side_timer(feeds, rounds=SPEEDUP_ROUNDS, iters=SPEEDUP_ITERS)(
+                [float_model, int8_model]
+            )
+            known["speedup"] = fp32_ms / int8_ms if int8_ms >= MIN_MS else None
+        speedup = known["speedup"]
+        share = sum(shares.get(node, 0.0) for node in undecided)
+        if speedup is None or share * max(speedup - 1.0, 0.0) >= margin:
+            return None
+        # no measured figure in the reason: precision.json, where it lands, is hashed and keeps no timings
+        return (
+            f"the {len(undecided)} node(s) still undecided hold {share:.1%} of the multiply-adds: in INT8 they "
+            f"could not make the model {margin:.0%} faster here (the timing margin), at its measured INT8 speed-up"
+        )
+
+    return rule

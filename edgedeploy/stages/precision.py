@@ -284,7 +284,7 @@ def _int8(
     from edgedeploy.precision.layer_error import layer_errors
     from edgedeploy.precision.rounding_choice import choose_rounding
     from edgedeploy.precision.search_progress import SearchProgress
-    from edgedeploy.precision.speed_probe import probe_when_set, side_by_side_timer
+    from edgedeploy.precision.speed_probe import probe_when_set, side_by_side_timer, undecided_too_small
 
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     classes = cfg.validate.classifier_outputs
@@ -379,6 +379,8 @@ def _int8(
             ranking=ranking,
             # the cheap rung on this host's kernels: a float prefix first (no ranking; the fastest fallback)
             prefix_first=flavour.host_cpu_kernels and not expensive,
+            # on this host's kernels a bisection ends once the nodes left could not make it measurably faster
+            settled=undecided_too_small(q.float_model, calib[0]) if flavour.host_cpu_kernels else None,
         )
         if ctx.log:
             ctx.log(f"  {progress.summary(result.final)}")

@@ -17,11 +17,12 @@ import errno
 import json
 import os
 import shutil
+import stat
 import sys
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from edgedeploy.errors import ArtifactIntegrityError, ConfigError, InputError
 
@@ -66,18 +67,41 @@ def clone_or_copy(src: Path, dst: Path) -> None:
     Never a hard link: a hard link shares one file between the cache and every release restored
     from it, so editing one release's model.onnx in place would change another's.
     """
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
+    with open(src, "rb") as fs:
+        clone_or_copy_open(fs, dst)
 
-        with open(src, "rb") as fs, open(dst, "wb") as fd:
-            fcntl.ioctl(fd.fileno(), 0x40049409, fs.fileno())  # FICLONE
-        shutil.copymode(src, dst)
-        return
-    except (OSError, ImportError, AttributeError):
+
+def clone_or_copy_open(src: BinaryIO, dst: Path) -> None:
+    """:func:`clone_or_copy` from a file already open: the bytes of that very inode, whatever its path names by
+    the time they are read; ``dst`` gets its permission bits."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    st = os.fstat(src.fileno())
+    with open(dst, "wb") as out:
+        try:
+            import fcntl
+
+            fcntl.ioctl(out.fileno(), 0x40049409, src.fileno())  # FICLONE
+        except (OSError, ImportError, AttributeError):
+            _copy_bytes(src, out, st.st_size)
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+
+
+def _copy_bytes(src: BinaryIO, out: BinaryIO, size: int) -> None:
+    """All of ``src`` into ``out``: in the kernel where it can (sendfile), else through a buffer."""
+    offset = 0
+    try:
+        while offset < size:
+            sent = os.sendfile(out.fileno(), src.fileno(), offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
+        if offset >= size:
+            return
+    except (OSError, AttributeError):  # no file-to-file sendfile here (macOS): copy through Python
         pass
-    shutil.copyfile(src, dst)
-    shutil.copymode(src, dst)
+    src.seek(offset)
+    out.seek(offset)
+    shutil.copyfileobj(src, out, 1 << 20)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -9,7 +9,9 @@ file's sha256 and the stage's result, made with a per-user secret kept outside t
 (``$EDGEDEPLOY_CACHE_KEY``, else ``<config>/edgedeploy/cache.key``, created 0600 on first use). An
 entry whose HMAC does not verify is rebuilt, never used; a cache folder that is a link, belongs to
 another user, or that group or others may write is not used at all (one console line each). Restored
-files are hashed after the copy, so a file swapped between the check and the copy is caught too.
+files are hashed after the copy, so a file swapped between the check and the copy is caught too, unless the
+digest memo (``digests.json``, :mod:`edgedeploy.fileio.digest_memo`, under the same secret) vouches for the
+very inode copied: hashed before with that sha256, and its status unchanged since and during the copy.
 
 Only what the cache made is deleted: entries are real folders holding a ``stage.json`` directly
 inside the cache's real folder; links are never followed.
@@ -33,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError
+from edgedeploy.fileio.digest_memo import DigestMemo, identity
 from edgedeploy.fileio.hashing import sha256_file
-from edgedeploy.fileio.outdir import clone_or_copy, confined
+from edgedeploy.fileio.outdir import clone_or_copy, clone_or_copy_open, confined
 
 _RECORD = "stage.json"
 _SCHEMA = "edgedeploy-cache/2"
@@ -46,6 +49,7 @@ _PLOTS = "plots"
 CACHE_ENV = "EDGEDEPLOY_CACHE_DIR"
 KEY_ENV = "EDGEDEPLOY_CACHE_KEY"
 KEY_FILE = "cache.key"
+DIGESTS_FILE = "digests.json"  # the digest memo (fileio.digest_memo), authenticated with the cache key
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,10 @@ def cache_secret() -> bytes:
     return text.encode()
 
 
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+
+
 def _mac(secret: bytes, stage: str, key: str, record: dict[str, Any]) -> str:
     body = {k: v for k, v in record.items() if k != "mac"}
     blob = json.dumps({"stage": stage, "key": key, "record": body}, sort_keys=True, separators=(",", ":"))
@@ -163,6 +171,7 @@ class StageCache:
         self._secret = secret
         self._problem: str | None = None
         self._checked = False
+        self._memo: DigestMemo | None = None
 
     # ---- trust ----------------------------------------------------------------------------------------
     def _say(self, line: str) -> None:
@@ -241,8 +250,12 @@ class StageCache:
 
     def restore(self, stage: str, key: str, entry: CacheEntry, dest: Path) -> bool:
         """Copy an entry's files into ``dest`` (reflinks where possible; never hard links), each copy checked
-        against the authenticated sha256. False (and nothing left in ``dest``) when one differs."""
+        against the authenticated sha256. False (and nothing left in ``dest``) when one differs.
+
+        A copy is hashed unless it came from a file the digest memo (:meth:`digests`) vouches for: the same
+        inode, unchanged since it was last hashed with that sha256, and unchanged while it was copied."""
         d = self._dir(stage, key)
+        memo = self.digests()
         written = []
         try:
             for name, sha in entry.files.items():
@@ -253,9 +266,16 @@ class StageCache:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)
                 written.append(target)
-                clone_or_copy(src, target)
+                with open(src, "rb", opener=_no_follow) as fs:
+                    before = os.fstat(fs.fileno())
+                    clone_or_copy_open(fs, target)
+                    steady = identity(os.fstat(fs.fileno())) == identity(before)
+                if steady and memo.known(before) == sha:
+                    continue  # these very bytes hashed to ``sha`` before, and nothing has touched them since
                 if sha256_file(target) != sha:
                     raise ValueError(name)
+                if steady:  # the copy is the source's bytes as they were: the source hashes to ``sha``
+                    memo.remember(before, sha)
         except (OSError, ValueError, ArtifactIntegrityError) as exc:
             for target in written:
                 target.unlink(missing_ok=True)
@@ -263,6 +283,14 @@ class StageCache:
             self._drop(d)
             return False
         return True
+
+    def digests(self) -> DigestMemo:
+        """The per-user digest memo in this cache's folder, authenticated with the cache key (one per cache
+        object; :meth:`DigestMemo.save` writes it). Where the cache is not used, a memo that keeps nothing."""
+        if self._memo is None:
+            usable = self.problem() is None and self._secret is not None
+            self._memo = DigestMemo(self.root / DIGESTS_FILE, self._secret) if usable else DigestMemo()
+        return self._memo
 
     def store(
         self,

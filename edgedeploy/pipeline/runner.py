@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError, StageInputError
-from edgedeploy.fileio.hashing import sha256_file, sha256_json
+from edgedeploy.fileio.hashing import sha256_json
 from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
 from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
 from edgedeploy.fileio.signing import release_model
@@ -219,6 +219,8 @@ def _run_build(
     staging = folder.new_staging()  # beside OUT, so the finished folder is switched in by one rename
     ctx = BuildContext(cfg=cfg, target=target, staging=staging, out=out, external=external, log=log)
     ctx.on_status = console.status if console is not None else None
+    if cfg.build.cache:  # inputs unchanged since an earlier build are not hashed again (fileio.digest_memo)
+        ctx.digests = cache.digests()
     if CHECKPOINT not in ctx.external:
         ctx.warn(
             "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
@@ -296,6 +298,7 @@ def _run_build(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if cfg.build.cache and not cache.problem():
+        cache.digests().save()
         cache.prune(max_cache_bytes())  # least recently used entries beyond the bound
     return BuildResult(
         out=out,
@@ -358,7 +361,7 @@ def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
         inputs[name] = {
             "path": str(files[0]) if files else "",
             "sha256": ctx.sha256(name),
-            "files": [{"path": str(f), "sha256": sha256_file(f)} for f in files],
+            "files": [{"path": str(f), "sha256": ctx.group_file_sha(name, f)} for f in files],
         }
     return inputs
 

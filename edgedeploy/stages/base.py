@@ -36,10 +36,14 @@ class BuildContext:
     # eager PyTorch outputs at the shape probes (feeds, outputs), from the first stage that ran them this build
     probe_outputs: Any = None
     _model: Any = None
+    # a fileio.digest_memo.DigestMemo: external inputs unchanged since an earlier build keep their digest
+    digests: Any = None
     _sha: dict[str, str] = field(default_factory=dict)
     # staging file name -> (the file's stat signature when hashed, sha256): every stage that reads a 90 MB model
     # would otherwise hash it again; the runner forgets a stage's files when the stage writes or restores them
     _staged_sha: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    # an input group's file -> its sha256, hashed once per build (the group's digest and the manifest both list it)
+    _group_file_sha: dict[Path, str] = field(default_factory=dict)
 
     @property
     def precision(self) -> str:
@@ -59,7 +63,7 @@ class BuildContext:
         """
         if name in self.groups:
             if name not in self._sha:
-                self._sha[name] = sha256_json({str(f): self._file_sha(f, name) for f in self.groups[name]})
+                self._sha[name] = sha256_json({str(f): self.group_file_sha(name, f) for f in self.groups[name]})
             return self._sha[name]
         p = self.path(name)
         if name in self.external and name in self._sha:
@@ -67,7 +71,7 @@ class BuildContext:
         if not p.is_file():
             raise InputError(f"{name}: file not found: {p}")
         if name in self.external:
-            self._sha[name] = sha256_file(p)
+            self._sha[name] = self.digests.sha256(p) if self.digests is not None else sha256_file(p)
             return self._sha[name]
         signature = _signature(p)
         known = self._staged_sha.get(name)
@@ -88,11 +92,17 @@ class BuildContext:
         verifies every copy it makes)."""
         self._staged_sha[name] = (_signature(self.staging / name), sha)
 
-    @staticmethod
-    def _file_sha(path: Path, name: str) -> str:
-        if not path.is_file():
-            raise InputError(f"{name}: file not found: {path}")
-        return sha256_file(path)
+    def group_file_sha(self, name: str, path: Path) -> str:
+        """sha256 of ``path``, a file of input group ``name``, hashed once per build.
+
+        Raises:
+            InputError: the file does not exist.
+        """
+        if path not in self._group_file_sha:
+            if not path.is_file():
+                raise InputError(f"{name}: file not found: {path}")
+            self._group_file_sha[path] = self.digests.sha256(path) if self.digests is not None else sha256_file(path)
+        return self._group_file_sha[path]
 
     def has_input(self, name: str) -> bool:
         """True when external input ``name`` is configured for this build."""

@@ -274,3 +274,114 @@ def test_one_cache_in_the_users_cache_folder_serves_every_out(tiny_project: Path
     assert (xdg / "edgedeploy" / "CACHEDIR.TAG").is_file()
     assert not (a.out / ".cache").exists() and not (b.out / ".cache").exists()
     assert os.stat(xdg / "edgedeploy").st_mode & 0o777 == 0o700
+
+
+def _remembering(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Files count as settled at once: a test cannot wait for a status-change time to age (fileio.digest_memo)."""
+    from edgedeploy.fileio import digest_memo
+
+    monkeypatch.setattr(digest_memo, "SETTLED_S", 0.0)
+
+
+def _hashes(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """Every restored copy the cache hashes, by name."""
+    from edgedeploy.pipeline import cache as cache_module
+
+    seen: list[str] = []
+    real = cache_module.sha256_file
+    monkeypatch.setattr(cache_module, "sha256_file", lambda p: seen.append(Path(p).name) or real(p))
+    return seen
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """New bytes of the same size in the same inode, the modification time put back: all a file owner can do
+    to hide a change (the status-change time still moves)."""
+    st = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_ino == st.st_ino and os.stat(path).st_mtime_ns == st.st_mtime_ns
+
+
+def test_a_restore_skips_hashing_only_the_very_file_it_verified_before(tmp_path, monkeypatch):
+    from edgedeploy.pipeline.cache import StageCache
+
+    _remembering(monkeypatch)
+    key = "a" * 64
+    StageCache(tmp_path / "c").store("export", key, _src(tmp_path), ["blob"], {})
+    hashed = _hashes(monkeypatch)  # from here: the restores' hashing
+
+    def restore() -> bool:
+        cache = StageCache(tmp_path / "c")  # a new build: the memo is read back from the cache folder
+        entry = cache.lookup("export", key)
+        assert entry is not None
+        dest = tmp_path / "staging"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        ok = cache.restore("export", key, entry, dest)
+        cache.digests().save()
+        assert not ok or (dest / "blob").read_bytes() == b"x" * 100
+        return ok
+
+    assert restore() and hashed == ["blob"]  # verified by hashing, and remembered
+    assert restore() and hashed == ["blob"]  # the same inode, untouched: not hashed again
+    time.sleep(0.01)  # past the file system's time tick: the rewrite below gets a new status-change time
+    _rewrite_in_place(tmp_path / "c" / "export" / key / "blob", b"y" * 100)
+    assert restore() is False and hashed == ["blob", "blob"]  # the memo no longer vouches: hashed, caught
+
+
+def test_a_forged_or_foreign_digest_memo_vouches_for_nothing(tmp_path, monkeypatch):
+    from edgedeploy.fileio.digest_memo import DigestMemo
+
+    _remembering(monkeypatch)
+    blob = _src(tmp_path) / "blob"
+    memo = DigestMemo(tmp_path / "digests.json", b"k" * 32)
+    sha = memo.sha256(blob)
+    memo.save()
+    st = os.stat(blob)
+    assert DigestMemo(tmp_path / "digests.json", b"k" * 32).known(st) == sha
+    assert DigestMemo(tmp_path / "digests.json", b"another user's key, 32 chars!!!").known(st) is None
+    data = json.loads((tmp_path / "digests.json").read_text())
+    row = next(iter(data["entries"].values()))
+    row[3] = "0" * 64  # a planted digest, the MAC left as it was
+    (tmp_path / "digests.json").write_text(json.dumps(data))
+    assert DigestMemo(tmp_path / "digests.json", b"k" * 32).known(st) is None
+
+
+def test_a_file_whose_status_changed_just_now_is_hashed_every_time(tmp_path, monkeypatch):
+    from edgedeploy.fileio import digest_memo
+
+    reads: list[int] = []
+    real = digest_memo.sha256_open
+    monkeypatch.setattr(digest_memo, "sha256_open", lambda fh: reads.append(1) or real(fh))
+    blob = _src(tmp_path) / "blob"  # written now: within SETTLED_S
+    memo = digest_memo.DigestMemo(tmp_path / "digests.json", b"k" * 32)
+    assert memo.sha256(blob) == memo.sha256(blob) == sha256_file(blob)
+    assert len(reads) == 2  # a write in the same time tick could hide behind an unchanged time: not remembered
+    memo.save()
+    assert not (tmp_path / "digests.json").exists()
+
+
+def test_a_checkpoint_rewritten_in_place_with_its_time_put_back_is_hashed_and_rebuilt(tiny_project: Path, monkeypatch):
+    import tomllib
+
+    _remembering(monkeypatch)
+    cfg = tomllib.loads(tiny_project.read_text())
+    checkpoint = tiny_project.parent / cfg["model"]["checkpoint"]
+    first = edgedeploy.build(tiny_project, log=lambda _: None)
+    before = json.loads((first.out / "manifest.json").read_text())["inputs"]
+    again = edgedeploy.build(tiny_project, log=lambda _: None)  # its digest now comes from the memo
+    assert set(_status(again).values()) <= {"cached", "skipped"}
+    from safetensors.numpy import load_file, save_file
+
+    weights = {k: np.array(v + 1, dtype=v.dtype) for k, v in load_file(str(checkpoint)).items()}  # same size
+    tmp = checkpoint.with_suffix(".new")
+    save_file(weights, str(tmp))
+    assert tmp.stat().st_size == checkpoint.stat().st_size
+    time.sleep(0.01)
+    _rewrite_in_place(checkpoint, tmp.read_bytes())
+    changed = edgedeploy.build(tiny_project, log=lambda _: None)
+    assert _status(changed)["reference"] == "ran"  # a new digest: a new cache key, nothing served stale
+    recorded = [before, json.loads((changed.out / "manifest.json").read_text())["inputs"]]
+    digests = [next(v["sha256"] for k, v in inputs.items() if "checkpoint" in k) for inputs in recorded]
+    assert digests[1] == sha256_file(checkpoint) != digests[0]

@@ -3,7 +3,9 @@ profiler overhead), for the EfficientNet-Lite0 project of bench/build_times.py: 
 the quantizer, bias correction, calibration, the goldens veto, the validate backends, the report).
 
 The build runs in this process with an empty stage cache, as a ``deploy build`` process would (OpenMP waits
-bounded before torch loads). Calls and seconds per step; a step's time includes the steps it calls.
+bounded before torch loads). Calls and seconds per step; a step's time includes the steps it calls. The
+fallback tries' wall time (from the end of the all-INT8 try's judgement to the end of the last try's) is split
+from the rest of the build.
 
     PYTHONPATH=$PWD .venv/bin/python bench/time_split.py [--fp32] [--json bench/time_split.json]
 """
@@ -76,6 +78,16 @@ def main() -> int:
     calls: collections.Counter = collections.Counter()
     for module, attr, _ in STEPS:
         wrap(module, attr, seconds, calls)
+    # when each try's judgement ended: the fallback tries are what lies between the first (all-INT8) and the last
+    ends: list[float] = []
+    progress: Any = importlib.import_module("edgedeploy.precision.search_progress").SearchProgress
+    timed_call = progress.__call__
+
+    def noting_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ends.append(time.perf_counter())
+        return timed_call(self, *args, **kwargs)
+
+    progress.__call__ = noting_end
     from edgedeploy.cli import main as deploy
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,9 +114,15 @@ def main() -> int:
         "thread_waits": waits,
         "steps": rows,
     }
+    if len(ends) > 1:  # the wall time of the fallback tries, and of everything else the build did
+        doc["fallback_tries"] = {"tries": len(ends) - 1, "seconds": round(ends[-1] - ends[0], 2)}
+        doc["without_fallback_tries_s"] = round(wall - (ends[-1] - ends[0]), 2)
     for row in rows:
         print(f"{row['seconds']:7.2f} s  x{row['calls']:<3d} {row['step']}  ({row['what']})")
     print(f"build wall {doc['wall_s']} s, exit {rc}, load {doc['load_avg_1min']}")
+    if "fallback_tries" in doc:
+        tries = doc["fallback_tries"]
+        print(f"fallback tries: {tries['tries']} in {tries['seconds']} s; the rest {doc['without_fallback_tries_s']} s")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return rc

@@ -69,7 +69,7 @@ class DigestMemo:
         if self.path is None:
             return self._entries
         try:
-            with open(self.path, "rb", opener=_no_follow) as fh:
+            with open(self.path, "rb", opener=no_follow) as fh:
                 data = json.loads(fh.read(1 << 22))
             entries = data["entries"]
             if isinstance(entries, dict) and hmac.compare_digest(str(data.get("mac", "")), self._mac(entries)):
@@ -135,5 +135,6 @@ class DigestMemo:
             pass
 
 
-def _no_follow(path: str, flags: int) -> int:
+def no_follow(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open` that refuses a link as the last path component (O_NOFOLLOW)."""
     return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError
-from edgedeploy.fileio.digest_memo import DigestMemo, identity
+from edgedeploy.fileio.digest_memo import DigestMemo, identity, no_follow
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.fileio.outdir import clone_or_copy, clone_or_copy_open, confined
 
@@ -144,10 +144,6 @@ def cache_secret() -> bytes:
     if len(text) < 32:
         raise OSError(f"cache key {path} is too short (delete it: a new one is made)")
     return text.encode()
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
 
 
 def _mac(secret: bytes, stage: str, key: str, record: dict[str, Any]) -> str:
@@ -266,7 +262,7 @@ class StageCache:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)
                 written.append(target)
-                with open(src, "rb", opener=_no_follow) as fs:
+                with open(src, "rb", opener=no_follow) as fs:
                     before = os.fstat(fs.fileno())
                     clone_or_copy_open(fs, target)
                     steady = identity(os.fstat(fs.fileno())) == identity(before)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import DeployError, InputError
+from edgedeploy.fileio.digest_memo import identity
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
 from edgedeploy.targets import TargetProfile
 
@@ -254,5 +255,4 @@ def model_inputs(ctx: BuildContext) -> tuple[str, ...]:
 
 def _signature(path: Path) -> tuple[int, ...]:
     """What changes when a file is written: inode, size, modification and status-change times (ns)."""
-    st = path.stat()
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return identity(path.stat())

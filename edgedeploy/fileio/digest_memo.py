@@ -22,12 +22,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO
+
+from edgedeploy.fileio.hashing import sha256_open
 
 SETTLED_S = 2.0  # a file whose status changed less recently than this is hashed, never remembered
 MAX_ENTRIES = 256  # the most recently remembered files are kept
 _SCHEMA = "edgedeploy-digests/1"
-_CHUNK = 1 << 20
 
 Identity = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 
@@ -35,15 +35,6 @@ Identity = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctim
 def identity(st: os.stat_result) -> Identity:
     """What must be unchanged for a remembered digest to hold: device, inode, size, mtime and ctime (ns)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def sha256_open(fh: BinaryIO) -> str:
-    """Hex sha256 of an open file's bytes from its start."""
-    digest = hashlib.sha256()
-    fh.seek(0)
-    while chunk := fh.read(_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DigestMemo:

@@ -5,17 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 _CHUNK = 1 << 20
 
 
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
+        return sha256_open(fh)
+
+
+def sha256_open(fh: BinaryIO) -> str:
+    """Hex sha256 of an open file's bytes from its start, read in chunks."""
+    h = hashlib.sha256()
+    fh.seek(0)
+    while chunk := fh.read(_CHUNK):
+        h.update(chunk)
     return h.hexdigest()
 
 

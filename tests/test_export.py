@@ -158,8 +158,8 @@ def test_simplification_that_changes_outputs_is_discarded(tmp_path: Path, monkey
 
     real_slim = onnxslim.slim
 
-    def slim_that_perturbs_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-        out = real_slim(model)
+    def slim_that_perturbs_weights(model: onnx.ModelProto, **kwargs: object) -> onnx.ModelProto:
+        out = real_slim(model, **kwargs)
         init = max(out.graph.initializer, key=lambda t: int(np.prod(t.dims)))
         init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 0.5, init.name))
         return out
@@ -263,3 +263,41 @@ def test_export_probes_reuse_the_capture_stages_eager_outputs_on_the_same_feeds(
     other = [{"x": f["x"] + 1} for f in feeds]
     probe = _Probe(cfg, model, (other, known))  # not the same inputs: measured, not reused
     assert len(calls) == len(feeds) and all(not r["y"].any() for r in probe.references)
+
+
+def test_simplification_infers_shapes_once_and_folds_as_much_as_onnxslim_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shapes come from one inference before onnxslim (ONNX Runtime's symbolic one, onnx's own where that
+    fails), and the simplified graph is the one onnxslim makes when it infers shapes itself after every round."""
+    import onnx
+    import onnxslim
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from edgedeploy.onnxtools.simplify import simplify_checked
+
+    cfg = make_config(tmp_path, GOOD_MODEL, export={"simplify": False, "exporter": TORCHSCRIPT_IS_FASTER})
+    proto = onnx.load(str(run_build(cfg, stages=[OnnxFromTorch()], log=quiet).out / ONNX_MODEL))
+    feeds = [{"x": np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 4)).astype(np.float32)}]
+
+    def ops(model: onnx.ModelProto) -> list[str]:
+        return [n.op_type for n in model.graph.node]
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    by_onnxslim = ops(onnxslim.slim(copy))
+    copy.CopyFrom(proto)
+    without_shapes = ops(onnxslim.slim(copy, no_shape_infer=True))
+    assert len(without_shapes) > len(by_onnxslim)  # the batch-size Shape chain folds only with shapes known
+
+    kept, info = simplify_checked(proto, feeds)
+    assert info["status"] == "kept" and ops(kept) == by_onnxslim
+    assert [o.type for o in kept.graph.output] == [o.type for o in proto.graph.output]  # declared dims kept
+
+    def refuses(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no symbolic rule")
+
+    monkeypatch.setattr(SymbolicShapeInference, "infer_shapes", staticmethod(refuses))
+    kept, info = simplify_checked(proto, feeds)
+    assert info["status"] == "kept" and ops(kept) == without_shapes  # what onnx's inference lets it fold
+    assert len(kept.graph.value_info) > 0  # onnx's inference stood in (onnxslim alone would leave none)

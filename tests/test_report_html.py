@@ -4,7 +4,6 @@ figures marked as cached; rendered by headless Chromium (skipped where it is abs
 
 from __future__ import annotations
 
-import html
 import json
 import shutil
 import subprocess
@@ -106,7 +105,12 @@ def test_a_cached_rebuild_marks_its_figures_as_cached(int8_build: dict) -> None:
     assert f"_cached: measured {first['latency']['measured_at']} by an earlier build, not in this run._" in summary
 
 
-def test_without_matplotlib_the_page_keeps_its_tables_and_says_plots_are_skipped(int8_build: dict) -> None:
+def test_the_plots_need_no_plotting_package_and_escape_the_names_they_draw(int8_build: dict) -> None:
+    """The page draws its plots with matplotlib blocked, and a backend or output name with markup in it is text
+    in the SVG, not an element."""
+    report = json.loads(json.dumps(int8_build["first"]))
+    backends = report["latency"]["backends"]
+    backends["<script>alert(1)</script>"] = dict(next(iter(backends.values())))
     script = textwrap.dedent(
         """
         import json, sys
@@ -117,14 +121,19 @@ def test_without_matplotlib_the_page_keeps_its_tables_and_says_plots_are_skipped
     )
     res = subprocess.run(
         [sys.executable, "-c", script],
-        input=json.dumps(int8_build["first"]),
+        input=json.dumps(report),
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    assert "plots skipped: they need matplotlib (pip install 'edgedeploy[report]')" in html.unescape(res.stdout)
-    assert "<svg" not in res.stdout and 'id="int8-tries"' in res.stdout and 'id="float-layers"' in res.stdout
+    page = _Page()
+    page.feed(res.stdout)
+    assert set(page.plots) == {"latency", "int8-search", "calibration-range", "histogram:logits"}
+    assert all({"svg", "path"} <= p["tags"] for p in page.plots.values())
+    assert "<script>" not in res.stdout and "&lt;script&gt;alert(1)&lt;/script&gt;" in res.stdout
+    latency = res.stdout.split("data-plot='latency'")[1].split("</figure>")[0]
+    assert latency.count("ms</text>") == len(report["latency"]["backends"])  # one p50 label per backend
 
 
 # colours the plots paint (report_formats): latency p50 bars, the search's "meets" dots, the declared-range band

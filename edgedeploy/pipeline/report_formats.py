@@ -1,14 +1,12 @@
 """Report formats beside report.json: JUnit XML for CI, a Markdown summary, an HTML page with plots.
 
 ``write_all(report, folder)`` writes them all and returns their file names (the runner adds them to
-the manifest). Plots (error histogram per output, latency per backend) are drawn with matplotlib's
-object API (no pyplot, no global backend change) and inlined as SVG; without matplotlib the HTML
-page says so and keeps its tables.
+the manifest). Plots (error histogram per output, latency per backend, the INT8 search, calibration
+ranges) are drawn as inline SVG by :mod:`edgedeploy.pipeline.svg_plots`.
 """
 
 from __future__ import annotations
 
-import io
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,7 +31,7 @@ def write_all(report: dict[str, Any], folder: Path, plot_cache: TextMemo | None 
     """Write report.junit.xml, report.md and report.html into ``folder``; return their names.
 
     ``plot_cache``: where rendered SVG plots are kept by content hash (authenticated memos), so a cached rebuild
-    does not pay for matplotlib again.
+    does not draw them again.
     """
     atomic_write_text(folder / JUNIT, junit_xml(report))
     atomic_write_text(folder / MARKDOWN, markdown(report))
@@ -272,7 +270,7 @@ def html_page(report: dict[str, Any], plot_cache: TextMemo | None = None) -> str
     env = Environment(
         loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]), keep_trailing_newline=True
     )
-    plots, missing = _cached_plots(report, plot_cache)
+    plots = _cached_plots(report, plot_cache)
     all_rows = [(cand["name"], row) for cand in _candidates(report) for row in cand.get("checks", [])]
     precision = (report.get("metrics") or {}).get("precision") or {}
     stage_status = {st.get("name"): st.get("status") for st in report.get("stages", [])}
@@ -337,7 +335,6 @@ def html_page(report: dict[str, Any], plot_cache: TextMemo | None = None) -> str
         parity_row=parity_row,
         plot=plot,
         histogram_keys=[k for k in plots if k.startswith("histogram:")],
-        plots_missing=missing,
         precision=precision,
         precision_cached=stage_status.get("precision") == "cached",
         tries=tries,
@@ -378,7 +375,7 @@ def search_tries(precision: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> tuple[dict[str, Plot], str]:
+def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> dict[str, Plot]:
     """``_plots`` memoised (authenticated memos of the stage cache) by the sha256 of everything they are drawn from."""
     if plot_cache is None:
         return _plots(report)
@@ -389,7 +386,7 @@ def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> tuple[
     precision = (report.get("metrics") or {}).get("precision") or {}
     key = sha256_json(
         {
-            "v": 3,  # bump when a plot is drawn differently
+            "v": 4,  # bump when a plot is drawn differently
             "hist": [(c.get("name"), c.get("histograms")) for c in _candidates(report)],
             "latency": (report.get("latency") or {}).get("backends"),
             "tries": precision.get("fallback_tries"),
@@ -402,20 +399,18 @@ def _cached_plots(report: dict[str, Any], plot_cache: TextMemo | None) -> tuple[
     if memo is not None:
         try:
             data = json.loads(memo)
-            return {k: (v[0], v[1], dict(v[2])) for k, v in data["plots"].items()}, str(data["missing"])
+            return {k: (v[0], v[1], dict(v[2])) for k, v in data["plots"].items()}
         except (ValueError, KeyError, TypeError, IndexError):  # a damaged memo is drawn again
             pass
-    plots, missing = _plots(report)
-    plot_cache.write_memo(key, json.dumps({"plots": plots, "missing": missing}))
-    return plots, missing
+    plots = _plots(report)
+    plot_cache.write_memo(key, json.dumps({"plots": plots}))
+    return plots
 
 
-def _plots(report: dict[str, Any]) -> tuple[dict[str, Plot], str]:
-    """Plot key -> (svg, caption, attributes), and why plots are missing (empty when drawn)."""
-    try:
-        from matplotlib.figure import Figure  # noqa: F401  (optional: the 'report' extra)
-    except ImportError:
-        return {}, "plots skipped: they need matplotlib (pip install 'edgedeploy[report]'); the tables are complete"
+def _plots(report: dict[str, Any]) -> dict[str, Plot]:
+    """Plot key -> (svg, caption, attributes)."""
+    from edgedeploy.pipeline.svg_plots import histogram_svg, latency_svg, ranges_svg, search_svg
+
     plots: dict[str, Plot] = {}
     outputs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for cand in _candidates(report):
@@ -423,7 +418,7 @@ def _plots(report: dict[str, Any]) -> tuple[dict[str, Plot], str]:
             outputs.setdefault(out_name, []).append((cand["name"], hist))
     backends = (report.get("latency") or {}).get("backends") or {}
     if backends:
-        svg, scale = _latency_svg(backends)
+        svg, scale = latency_svg(backends)
         caption = "latency per backend at the opt shape: p50 bar, p90 and p99 ticks (log axis)"
         plots["latency"] = (svg, caption, {"xscale": scale})
     precision = (report.get("metrics") or {}).get("precision") or {}
@@ -435,133 +430,12 @@ def _plots(report: dict[str, Any]) -> tuple[dict[str, Plot], str]:
             "INT8 search: held-out agreement per try against the target (filled: meets; hollow: misses or vetoed "
             "by the goldens; star: shipped) and each try's ONNX Runtime p50 (squares, right axis)"
         )
-        plots["int8-search"] = (_search_svg(tries, target, shipped), caption, {"tries": str(len(tries))})
+        plots["int8-search"] = (search_svg(tries, target, shipped), caption, {"tries": str(len(tries))})
     ranges = precision.get("calibration_range") or {}
     if ranges:
         caption = "calibration data (min..max, 1st..99th percentile) against the declared inputs.range"
-        plots["calibration-range"] = (_ranges_svg(ranges), caption, {"inputs": str(len(ranges))})
+        plots["calibration-range"] = (ranges_svg(ranges), caption, {"inputs": str(len(ranges))})
     for out_name, hists in outputs.items():
         caption = f"absolute error vs PyTorch, output '{out_name}'"
-        plots[f"histogram:{out_name}"] = (_histogram_svg(out_name, hists), caption, {})
-    return plots, ""
-
-
-def _svg(fig: Any) -> str:
-    from matplotlib import rc_context
-
-    buf = io.StringIO()
-    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "edgedeploy"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return text[text.index("<svg") :]
-
-
-def _histogram_svg(output: str, hists: list[tuple[str, dict[str, Any]]]) -> str:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 3.4))
-    ax = fig.subplots()
-    for name, hist in hists:
-        edges = hist["edges"]
-        counts = list(hist["counts"])
-        total = sum(counts) + hist.get("exact", 0)
-        label = f"{name} ({hist.get('exact', 0)} exact of {total}"
-        label += f", {hist['non_finite']} NaN/Inf)" if hist.get("non_finite") else ")"
-        ax.stairs(counts, edges, label=label, linewidth=1.5)
-    ax.set_xlabel("log10 |candidate - PyTorch|")
-    ax.set_ylabel("values")
-    ax.set_title(f"error histogram: {output}")
-    ax.legend(fontsize=8)
-    return _svg(fig)
-
-
-def _latency_svg(backends: dict[str, dict[str, Any]]) -> tuple[str, str]:
-    """Horizontal p50 bars with p90 / p99 ticks on a log axis (a 2 s p99 beside 0.03 ms bars keeps both
-    readable); returns the SVG and the axis scale."""
-    from matplotlib.figure import Figure
-
-    names = list(backends)
-    fig = Figure(figsize=(6.4, 0.6 + 0.45 * len(names) + 1.2))
-    ax = fig.subplots()
-    y = list(range(len(names)))
-    values = [backends[n][k] for n in names for k in ("p50_ms", "p90_ms", "p99_ms") if backends[n].get(k)]
-    floor = min([v for v in values if v > 0] or [1.0]) / 3
-    ax.set_xscale("log")
-    ax.barh(y, [backends[n]["p50_ms"] - floor for n in names], left=floor, color="#4c72b0", label="p50")
-    ax.scatter([backends[n]["p90_ms"] for n in names], y, marker="|", s=200, color="#dd8452", label="p90", zorder=3)
-    ax.scatter([backends[n]["p99_ms"] for n in names], y, marker="|", s=200, color="#c44e52", label="p99", zorder=3)
-    for i, n in enumerate(names):
-        ax.annotate(f"{backends[n]['p50_ms']:.3g} ms", (backends[n]["p50_ms"], i), xytext=(4, -10),
-                    textcoords="offset points", fontsize=7)  # fmt: skip
-    ax.set_xlim(left=floor)
-    ax.set_yticks(y, names)
-    ax.invert_yaxis()
-    ax.set_xlabel("milliseconds per batch (log scale)")
-    ax.set_title("latency")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a tick
-    return _svg(fig), ax.get_xscale()
-
-
-def _search_svg(tries: list[dict[str, Any]], target: float | None, shipped: int | None) -> str:
-    """Agreement per try (left axis, with the target) and each try's p50 (right axis)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 3.6))
-    ax = fig.subplots()
-    x = [t["try"] + 1 for t in tries]
-    met = [t for t in tries if t.get("met")]
-    missed = [t for t in tries if not t.get("met")]
-    ax.scatter([t["try"] + 1 for t in met], [t["score"] for t in met], color="#1a7f37", label="meets", zorder=3)
-    ax.scatter([t["try"] + 1 for t in missed], [t["score"] for t in missed], facecolors="none", edgecolors="#cf222e",
-               label="misses / vetoed", zorder=3)  # fmt: skip
-    ax.plot(x, [t["score"] for t in tries], color="#999", linewidth=0.8, zorder=2)
-    for t in tries:
-        label = f"{t['float_nodes']}" + ({"sensitivity": "s", "prefix": "p"}.get(t.get("family", ""), ""))
-        ax.annotate(label, (t["try"] + 1, t["score"]), xytext=(0, 6), textcoords="offset points", fontsize=7,
-                    ha="center")  # fmt: skip
-    if shipped is not None:
-        chosen = [t for t in tries if t["try"] == shipped]
-        if chosen:
-            ax.scatter([shipped + 1], [chosen[0]["score"]], marker="*", s=220, color="#9a6700", label="shipped",
-                       zorder=4)  # fmt: skip
-    if target is not None:
-        ax.axhline(target, color="#cf222e", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xlabel("try (label: float nodes, s = sensitivity, p = prefix family)")
-    ax.set_ylabel(str(tries[0].get("metric", "score")))
-    ax.set_xticks(x)
-    timed = [t for t in tries if t.get("p50_ms")]
-    if timed:
-        speed = ax.twinx()
-        speed.plot([t["try"] + 1 for t in timed], [t["p50_ms"] for t in timed], marker="s", color="#4c72b0",
-                   linestyle=":", linewidth=1, markersize=4, label="p50 ms")  # fmt: skip
-        speed.set_ylabel("ONNX Runtime p50 ms (right)")
-        speed.set_ylim(bottom=0)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("INT8 float-fallback search")
-    return _svg(fig)
-
-
-def _ranges_svg(ranges: dict[str, dict[str, Any]]) -> str:
-    """Per input: the declared range (light), the calibration min..max (thin) and 1st..99th percentile (thick)."""
-    from matplotlib.figure import Figure
-
-    names = list(ranges)
-    fig = Figure(figsize=(6.4, 0.8 + 0.55 * len(names) + 0.9))
-    ax = fig.subplots()
-    for i, name in enumerate(names):
-        r = ranges[name]
-        lo, hi = r["declared"]
-        ax.barh(i, hi - lo, left=lo, height=0.7, color="#d0e4f5", label="declared inputs.range" if i == 0 else None)
-        dlo, dhi = r["data"]
-        colour = "#cf222e" if r.get("outside") else "#1f4e79"
-        ax.plot([dlo, dhi], [i, i], color=colour, linewidth=2, label="calibration min..max" if i == 0 else None)
-        if r.get("data_p1_p99"):
-            plo, phi = r["data_p1_p99"]
-            ax.plot([plo, phi], [i, i], color=colour, linewidth=7, alpha=0.6,
-                    label="calibration 1st..99th pct" if i == 0 else None)  # fmt: skip
-    ax.set_yticks(list(range(len(names))), names)
-    ax.set_ylim(-0.8, len(names) - 0.2)
-    ax.set_xlabel("input value")
-    ax.set_title("calibration data vs declared input range")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3)
-    return _svg(fig)
+        plots[f"histogram:{out_name}"] = (histogram_svg(out_name, hists), caption, {})
+    return plots

@@ -5,9 +5,9 @@ inputs; any output that differs beyond ``atol`` (or a run that fails) discards i
 
 Shapes are inferred once, before onnxslim runs, by ONNX Runtime's symbolic shape inference (onnx's own
 where that fails), and onnxslim is told not to infer them again: its own symbolic pass runs after each of
-its optimisation rounds and re-serialises the whole model, weights included, for onnx's checker each
-time, 2.9 s of a 3.7 s simplification of all-MiniLM-L6-v2 (0.8 s of 1.2 s this way), for the same graph
-(bench/README.md, "simplification").
+its optimisation rounds and hands the whole model, weights included, to onnx's inference each time. On
+all-MiniLM-L6-v2 that made the simplification 3.3 s against 0.9 s this way, for the same graph
+(bench/simplify_cost.py).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_the_plots_need_no_plotting_package_and_escape_the_names_they_draw(int8_
     assert latency.count("ms</text>") == len(report["latency"]["backends"])  # one p50 label per backend
 
 
-# colours the plots paint (report_formats): latency p50 bars, the search's "meets" dots, the declared-range band
+# colours the plots paint (pipeline/svg_plots.py): latency p50 bars, the search's "meets" dots, the declared-range band
 PLOT_COLOURS = {"latency bars": "#4c72b0", "search: meets": "#1a7f37", "declared range": "#d0e4f5"}
 
 

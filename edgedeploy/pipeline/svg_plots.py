@@ -18,10 +18,6 @@ FONT = "font-family='DejaVu Sans, Arial, sans-serif'"
 CYCLE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.1f}".rstrip("0").rstrip(".")
-
-
 def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round ticks (1, 2 or 5 times a power of ten apart) covering ``lo .. hi``."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:

@@ -129,3 +129,80 @@ def test_stage_keeps_the_faster_prefix_float_and_says_why(
     assert not any(row["why"].startswith("faster") for row in off["kept_float"])
     trt = _build(cfg, calib, tmp_path / "orin", "--target", "jetson-orin")
     assert trt["float_when_faster"]["status"] == "skipped" and "not this CPU's" in trt["float_when_faster"]["why"]
+
+
+def test_a_shipped_float_prefix_covering_the_first_nodes_is_not_probed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _quantizer(tmp_path)
+    monkeypatch.setattr(speed_probe, "interleaved_p50", _timings({0: 10.0, 1: 9.9, 2: 9.9, 3: 9.9}))
+    batches = photo_batches(samples=8, batch=4)
+    order = quantized_nodes(onnx.load(str(q.quantize(tmp_path / "all.int8.onnx", batches))))
+    probe = speed_probe.probe_when_set(True, q, batches, order[:3], order, runtime="onnxruntime")
+    assert probe.status == "skipped" and probe.kept == {} and probe.measured == []
+    assert probe.why.startswith("the accuracy search already keeps the first 3 quantized node(s) float")
+    assert not list(q.workdir.glob("speed*.int8.onnx"))  # nothing quantized, nothing timed
+    # one of the first nodes still INT8: the probe measures, with the shipped float nodes pinned float
+    probe = speed_probe.probe_when_set(True, q, batches, order[:1], order, runtime="onnxruntime")
+    assert probe.status == "measured" and probe.kept == {}
+    assert order[0] not in quantized_nodes(onnx.load(str(q.workdir / "speed0.int8.onnx")))
+
+
+def _deep_search(tmp_path: Path, probe_keeps, veto=None):  # type: ignore[no-untyped-def]
+    """The prefix-first search on test_precision_fallback's deep outlier net, with a scripted speed probe that
+    keeps ``probe_keeps(shipped, order)`` float; what it was asked is returned too."""
+    from test_calib_cache import export_onnx
+    from test_precision_fallback import _deep_outlier_net
+
+    from edgedeploy.precision.fallback import quantize_with_fallback
+    from edgedeploy.precision.quantize import preprocess
+
+    batches = photo_batches(16, 8)
+    path = export_onnx(_deep_outlier_net(), batches[0]["image"], tmp_path / "deep.onnx")
+    q = Quantizer(preprocess(path, tmp_path / "float.onnx"), tmp_path, flavour_for("onnxruntime"))
+    asked: list[tuple[list[str], list[str]]] = []
+
+    def probe(shipped, order):  # type: ignore[no-untyped-def]
+        asked.append((list(shipped), list(order)))
+        kept = probe_keeps(shipped, order)
+        return speed_probe.SpeedProbe("measured", "scripted", kept={n: "faster in float (scripted)" for n in kept})
+
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
+        prefix_first=True, speed_probe=probe, extra_check=veto,
+    )  # fmt: skip
+    return result, asked
+
+
+def test_the_probe_is_asked_of_the_model_the_search_ships_and_its_faster_model_is_judged(tmp_path: Path) -> None:
+    # the node right after the shipped float prefix measured faster in float: one more try, judged, and it ships
+    result, asked = _deep_search(tmp_path, lambda shipped, order: [n for n in order if n not in shipped][:1])
+    ((shipped, order),) = asked
+    searched = [t for t in result.tries if t.get("family") == "prefix" and t["met"]]
+    assert set(shipped) == set(min(searched, key=lambda t: t["float_nodes"])["excluded"])
+    extra = [n for n in order if n not in shipped][0]
+    last = result.tries[-1]
+    assert last["family"] == "speed" and last["met"] and set(last["excluded"]) == {*shipped, extra}
+    assert result.final is last and result.excluded[extra] == "faster in float (scripted)"
+    assert extra not in quantized_nodes(onnx.load(str(tmp_path / "m.int8.onnx")))
+    assert result.probe is not None and list(result.probe.kept) == [extra]
+
+
+def test_a_faster_model_that_misses_the_target_is_not_shipped_and_the_probe_says_so(tmp_path: Path) -> None:
+    state = {"probed": False}
+
+    def keeps(shipped, order):  # type: ignore[no-untyped-def]
+        state["probed"] = True
+        return [n for n in order if n not in shipped][:1]
+
+    result, _ = _deep_search(tmp_path, keeps, veto=lambda model, outputs: "scripted veto" if state["probed"] else None)
+    assert result.tries[-1]["family"] == "speed" and not result.tries[-1]["met"]
+    assert result.met and result.final["family"] == "prefix" and set(result.final["excluded"]) == set(result.excluded)
+    assert result.probe is not None and result.probe.kept == {} and "missed the accuracy target" in result.probe.why
+    shipped = quantized_nodes(onnx.load(str(tmp_path / "m.int8.onnx")))
+    assert not set(result.excluded) & set(shipped)
+
+
+def test_a_search_that_meets_no_target_asks_no_probe(tmp_path: Path) -> None:
+    result, asked = _deep_search(tmp_path, lambda shipped, order: [], veto=lambda model, outputs: "always vetoed")
+    assert not result.met and asked == [] and result.probe is None

@@ -28,7 +28,7 @@ import numpy as np
 
 from edgedeploy.precision import analysis
 from edgedeploy.precision.quantize import Quantizer
-from edgedeploy.precision.speed_probe import MARGIN, MIN_MS
+from edgedeploy.precision.speed_probe import MARGIN, MIN_MS, SpeedProbe
 
 # A float set is shipped for speed only when it is this much faster than the one that passed first (median of
 # interleaved rounds): the speed probe's timing-noise margin
@@ -56,6 +56,8 @@ class FallbackResult:
     # how the shipped float set was chosen among passing ones (rule, and each passing family's timing)
     choice: dict[str, Any] = field(default_factory=dict)
     stop: str = ""  # why the search stopped where it did
+    # the speed probe asked of the model the search would ship (``speed_probe``); None when it was not asked
+    probe: SpeedProbe | None = None
 
 
 def layer_sensitivity(
@@ -107,6 +109,7 @@ def quantize_with_fallback(
     families: Sequence[str] = ("sensitivity", "prefix"),
     prefix_first: bool = False,
     settled: Callable[[Sequence[str], Path], str | None] | None = None,
+    speed_probe: Callable[[Sequence[str], Sequence[str]], SpeedProbe] | None = None,
 ) -> FallbackResult:
     """Quantize everything, then keep the fewest nodes in float that meet ``accuracy_target``.
 
@@ -146,6 +149,11 @@ def quantize_with_fallback(
     undecided (float in the smallest passing set, not in the largest failing one): a reason means no further
     try can ship a measurably faster model (:func:`edgedeploy.precision.speed_probe.undecided_too_small`), and
     the smallest passing set found ships.
+
+    ``speed_probe(float_nodes, order)``, when given, is asked once the search has a model meeting the target,
+    with that model's float nodes and the all-INT8 model's quantized nodes in graph order
+    (:func:`edgedeploy.precision.speed_probe.probe_when_set`): nodes it keeps float for speed make one more try
+    (family ``speed``), judged like every other, which ships only if it meets the target too.
 
     Returns the result whether or not the target was met (``met``); the caller decides to fail.
     ``log`` gets one progress line per step (sensitivity over many nodes takes a while). ``on_try(row, model)``,
@@ -219,8 +227,8 @@ def quantize_with_fallback(
                 f"INT8 {tries[0]['metric']} {tries[0]['score']:.4f} misses target {accuracy_target}: keeping the "
                 "first quantized nodes float (one float -> INT8 boundary, the fastest fallback on this CPU)"
             )
-            # from PREFIX_FIRST_SIZE: one or two float nodes rarely decide a CNN (the speed probe already kept
-            # the first ones float where that is faster), and a passing size is bisected down anyway
+            # from PREFIX_FIRST_SIZE: one or two float nodes rarely decide a CNN, and a passing size is narrowed
+            # down anyway
             search.grow("prefix", limit=max(1, len(candidates) // 2), first=PREFIX_FIRST_SIZE)
             won = "prefix" if "prefix" in search.passed else None
         if won is None and budget_left():  # a spent budget ranks nothing it could not try
@@ -269,6 +277,21 @@ def quantize_with_fallback(
             )
         say(f"INT8 fallback search stopped: {stop}")
     final = next((t for t in tries if set(t["excluded"]) == set(excluded)), tries[-1])
+    probe = None
+    if speed_probe is not None and final["met"]:
+        import onnx
+
+        probe = speed_probe(list(excluded), analysis.quantized_nodes(onnx.load(str(naive), load_external_data=False)))
+        if probe.kept:
+            faster = {**excluded, **probe.kept}
+            passes, model = attempt(len(faster) - len(pinned), faster, "speed")
+            if passes:
+                chosen, excluded, final = model, faster, tries[-1]
+            else:
+                probe = probe.declined(
+                    f"the {len(probe.kept)} node(s) measured faster in float missed the accuracy target with the "
+                    "search's float nodes (a float node can move the rounding downstream): kept INT8"
+                )
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
     if latency_feeds is not None:
@@ -293,6 +316,7 @@ def quantize_with_fallback(
         candidates=len(candidates),
         choice=choice,
         stop=stop,
+        probe=probe,
     )
 
 

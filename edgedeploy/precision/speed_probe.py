@@ -4,15 +4,18 @@ ONNX Runtime's INT8 convolution is not faster for every layer. A network's first
 (3 channels): its INT8 kernel cannot use the wide dot-product instructions that make the rest fast, and the
 input needs its own QuantizeLinear and an NCHW -> NHWC transpose. On EfficientNet-Lite0 (one thread) keeping the
 stem and the first depthwise conv float made the whole model 2.02x FP32 instead of 1.82x all-INT8
-(bench/int8_cnn_float_prefix.json). Those two layers are
-also the most sensitive to rounding, so the float prefix is more accurate as well as faster.
+(bench/int8_cnn_float_prefix.json). Those two layers are also the most sensitive to rounding, so the float
+prefix is more accurate as well as faster.
 
-So before the accuracy search the precision stage quantizes the model with its first ``k`` quantized nodes
-in float (``k`` = 0 .. :data:`MAX_PREFIX`), times each on one thread, the models interleaved round by round,
-and keeps the fastest prefix when it beats all-INT8 by at least :data:`MARGIN` in the median round. A model
-whose all-INT8 run takes under :data:`MIN_MS` is not probed (its few percent would be timer noise). Only
-where the model runs on this host's kind of kernels (the onnxruntime CPU target); a TensorRT target's
-kernels are not this CPU's, so nothing is measured there and nothing is kept float for speed.
+So once the accuracy search has found the model it would ship, the precision stage quantizes that model with
+its first ``k`` remaining quantized nodes also float (``k`` = 0 .. :data:`MAX_PREFIX`), times each on one
+thread, the models interleaved round by round, and keeps the fastest prefix when it beats the shipped model by
+at least :data:`MARGIN` in the median round; that model ships only after the same held-out judge passes it. A
+model the search already ships with the first :data:`MAX_PREFIX` quantized nodes float (a float prefix, the cpu
+search's usual fallback) is not probed at all. A model whose INT8 run takes under :data:`MIN_MS` is not probed
+(its few percent would be timer noise). Only where the model runs on this host's kind of kernels (the
+onnxruntime CPU target); a TensorRT target's kernels are not this CPU's, so nothing is measured there and
+nothing is kept float for speed.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class SpeedProbe:
     def plan(self) -> dict[str, Any]:
         """The precision.json entry."""
         return {"status": self.status, "why": self.why, "kept": list(self.kept), "measured": self.measured}
+
+    def declined(self, why: str) -> SpeedProbe:
+        """This probe's measurements with nothing kept float, and why (its faster model missed the target)."""
+        return dataclasses.replace(self, why=why, kept={})
 
 
 def skipped(why: str) -> SpeedProbe:
@@ -91,13 +98,17 @@ def probe_when_set(
     enabled: bool,
     q: Quantizer,
     batches: Sequence[dict[str, np.ndarray]],
-    pinned: Sequence[str],
+    shipped: Sequence[str],
+    order: Sequence[str],
     *,
     runtime: str,
     log: Callable[[str], None] | None = None,
 ) -> SpeedProbe:
-    """``precision.float_when_faster``: the early layers that run faster in float on this CPU (measured), or a
-    skipped probe saying why nothing was measured (turned off; the runtime's INT8 kernels are not this CPU's).
+    """``precision.float_when_faster``, asked of the model the accuracy search would ship (``shipped``: its float
+    nodes; ``order``: the all-INT8 model's quantized nodes in graph order): the next quantized nodes that run
+    faster in float on this CPU (measured), or a skipped probe saying why nothing was measured (turned off; the
+    runtime's INT8 kernels are not this CPU's; the search already keeps the first :data:`MAX_PREFIX` quantized
+    nodes float, so no shorter float prefix is left to time).
 
     Raises:
         StageError: a quantization or an ONNX Runtime session fails (named in the message).
@@ -106,7 +117,13 @@ def probe_when_set(
         return skipped("precision.float_when_faster = false")
     if not q.flavour.host_cpu_kernels:
         return skipped(f"{runtime}: its INT8 kernels are not this CPU's, so speed is not measured here")
-    return probe_float_prefix(q, batches, batches[0], pinned=pinned, log=log)
+    first = list(order[:MAX_PREFIX])
+    if first and set(first) <= set(shipped):
+        return skipped(
+            f"the accuracy search already keeps the first {len(first)} quantized node(s) float: no float prefix "
+            "left to time"
+        )
+    return probe_float_prefix(q, batches, batches[0], pinned=shipped, log=log)
 
 
 def probe_float_prefix(

@@ -51,7 +51,8 @@ class PrecisionFromOnnx(Stage):
     # 12: one-pass calibration histograms; on this host's kernels rung b searches a float prefix first
     # 13: fallback and ranking models made from the first quantized model by graph surgery (float_subset); a
     #     try's judging stops once the target is out of reach
-    version = "13"
+    # 14: the speed probe asked of the model the search would ship, after it (none where a float prefix covers it)
+    version = "14"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -285,19 +286,18 @@ def _int8(
     from edgedeploy.precision.rounding_choice import choose_rounding
     from edgedeploy.precision.search_progress import SearchProgress
     from edgedeploy.precision.speed_probe import probe_when_set, side_by_side_timer, undecided_too_small
+    from edgedeploy.precision.speed_probe import skipped as skipped_probe
 
     log = (lambda line: ctx.log(f"  {line}")) if ctx.log else None
     classes = cfg.validate.classifier_outputs
     plain_model = float_model
     pinned = {n: "listed in precision.keep_fp32" for n in p.keep_fp32}
-    probe: Any = None
 
     def rung(expensive: bool) -> dict[str, Any]:
         """One pass of the INT8 search: bias correction (CLE measured when ``expensive``), the weight width,
         the rounding (AdaRound learned when ``expensive`` or asked for), then the fewest float nodes that meet
         the target (the worst ranked in one pass, or the first in graph order; ``expensive``: ranked by one
         quantization per node, the faster passing set timed)."""
-        nonlocal probe
         work = tmp / ("rung_c" if expensive else "rung_a")  # each rung calibrates its own float model
         work.mkdir()
         if expensive and (tmp / "rung_a" / RANGES).is_file():  # the unmodified model's ranges: calibrated once
@@ -326,9 +326,6 @@ def _int8(
         q = Quantizer(model, work, flavour, method=p.calib_method, per_channel=p.per_channel)
         q.reduce_range = reduce_range
         bias.configure(q, fresh=bool(rr_scores))  # the weight width measured: the equalize try's shifts do not apply
-        if probe is None:  # speed, not accuracy: measured once, on the first rung's quantizer
-            probe = probe_when_set(p.float_when_faster, q, calib, list(pinned), runtime=target.runtime, log=log)
-            pinned.update(probe.kept)  # faster in float here: never quantized, by any try below
         if reference is None:
             reference = analysis.run_model(model, evals or calib)
         # AdaRound is learned when asked for (weight_rounding = "adaround"), or by "auto" in the expensive rung
@@ -381,6 +378,10 @@ def _int8(
             prefix_first=flavour.host_cpu_kernels and not expensive,
             # on this host's kernels a bisection ends once the nodes left could not make it measurably faster
             settled=undecided_too_small(q.float_model, calib[0]) if flavour.host_cpu_kernels else None,
+            # speed, not accuracy: asked of the model this rung would ship (a float prefix usually covers it)
+            speed_probe=lambda shipped, order: probe_when_set(
+                p.float_when_faster, q, calib, shipped, order, runtime=target.runtime, log=log
+            ),
         )
         if ctx.log:
             ctx.log(f"  {progress.summary(result.final)}")
@@ -447,6 +448,9 @@ def _int8(
     )  # fmt: skip
     reduce_range, rr_why, rr_scores = chosen["rr"]
     reference = chosen["reference"]
+    probe = result.probe or skipped_probe("the INT8 search met no target, so no model's speed was probed")
+    if probe.kept:  # kept float for speed, not for accuracy, though the search's result lists them too
+        pinned.update(probe.kept)
     from edgedeploy.precision.heldout import resolution_hint
 
     resolution = resolution_hint(str(result.final.get("metric", "")), judged["samples"], accuracy_target)

@@ -32,7 +32,7 @@ STEPS = (
     ("edgedeploy.precision.quantize", "Quantizer.quantize", "each try's model (includes the two below)"),
     ("edgedeploy.precision.quantize", "Quantizer.calibrate", "calibration (histograms; once, then reused)"),
     ("edgedeploy.precision.bias_correction", "output_mean_shifts", "bias correction's mean shifts"),
-    ("edgedeploy.precision.speed_probe", "interleaved_p50", "the speed probe's timing"),
+    ("edgedeploy.precision.speed_probe", "interleaved_p50", "the speed probe's and the bisection rule's timing"),
     ("edgedeploy.precision.goldens_veto", "goldens_veto", "the goldens veto"),
     ("edgedeploy.precision.search_progress", "SearchProgress.__call__", "each try's latency line"),
     ("edgedeploy.precision.golden_feeds", "golden_arrays", "PyTorch goldens (reference stage)"),

@@ -19,6 +19,10 @@ otherwise compile the source of everything it imports, and the timings would mea
 
     PYTHONPATH=$PWD .venv/bin/python bench/build_times.py [--json bench/build_times.json] [--int8] [name ...]
     PYTHONPATH=$PWD .venv/bin/python bench/build_times.py --int8-only efficientnet_lite0   # the INT8 row alone
+
+``--pairs N`` times each row's cold build and its peer N times, in turns (a fresh stage cache each): this
+machine's speed moves by up to 2x within minutes, so each pair's ratio is recorded and their median reported
+(``ratio_median``).
 """
 
 from __future__ import annotations
@@ -245,20 +249,57 @@ def _fp32_row(name: str, p: dict, folder: Path) -> dict:
     row["stages"] = [ln.strip() for ln in text.splitlines() if ln.startswith("[")]
     if rc:
         row["error"] = text.strip().splitlines()[-1][:300]
-    if "peer" in p:
-        factory, ckpt, shape, path = p["peer"]
-        t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
-        row.update(peer="torch.onnx.export (TorchScript exporter) + ORT check", peer_s=round(t, 2), peer_ok=prc == 0)
-    else:
-        cli = Path(sys.executable).parent / "optimum-cli"  # the venv's, where the venv is not on PATH
-        argv = [str(cli), "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
-        t, prc, ptext = _run(argv, work, {**os.environ, "HF_HUB_OFFLINE": "1"})
-        row.update(peer="optimum-cli export onnx", peer_s=round(t, 2), peer_ok=prc == 0)
+    what, t, prc, ptext = _fp32_peer(p, work)
+    row.update(peer=what, peer_s=round(t, 2), peer_ok=prc == 0)
     if prc:
         row["peer_error"] = ptext.strip().splitlines()[-1][:300]
     row["cold_ratio"] = round(cold / t, 2)
     row["load_avg_1min_after"] = round(os.getloadavg()[0], 1)
     return row
+
+
+def _fp32_peer(p: dict, work: Path) -> tuple[str, float, int, str]:
+    """(what the peer is, seconds, exit code, output) of the plain FP32 path for project ``p``."""
+    if "peer" in p:
+        factory, ckpt, shape, path = p["peer"]
+        t, prc, ptext = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+        return "torch.onnx.export (TorchScript exporter) + ORT check", t, prc, ptext
+    cli = Path(sys.executable).parent / "optimum-cli"  # the venv's, where the venv is not on PATH
+    argv = [str(cli), "export", "onnx", "--model", p["optimum"], "--task", "feature-extraction", "o"]
+    t, prc, ptext = _run(argv, work, {**os.environ, "HF_HUB_OFFLINE": "1"})
+    return "optimum-cli export onnx", t, prc, ptext
+
+
+def _int8_peer(p: dict, work: Path) -> tuple[float, int, str]:
+    """(seconds, exit code of quantize_static, its output) of export + quant_pre_process + quantize_static."""
+    factory, ckpt, shape, path = p["peer"]
+    te, _, _ = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
+    tq, qrc, qtext = _run([sys.executable, "-c", PEER_INT8, str(Path(p["config"]).parent / "calib.npy")], work)
+    return te + tq, qrc, qtext
+
+
+def more_pairs(row: dict, p: dict, folder: Path, pairs: int) -> None:
+    """``pairs - 1`` more cold builds of the row's kind, each followed by its peer (fresh stage cache each), so
+    a change in the machine's speed hits both sides of a pair alike: every pair's ratio into ``row["pairs"]``
+    and their median into ``row["ratio_median"]`` (the first pair is the row's own)."""
+    int8 = row["kind"] == "int8"
+    first = (row["deploy_int8_cold_s"], row["peer_int8_s"]) if int8 else (row["deploy_cold_s"], row["peer_s"])
+    found = [{"deploy_s": first[0], "peer_s": first[1], "ratio": round(first[0] / first[1], 2)}]
+    cfg: Path = p["config"]
+    work = folder / f"pairs_{row['kind']}_{row['model']}"
+    work.mkdir(exist_ok=True)
+    for i in range(1, pairs):
+        load = round(os.getloadavg()[0], 1)
+        extra = ("--precision", "int8", "--calib", str(cfg.parent / "photos")) if int8 else ()
+        cache, out = folder / f"cache_pair{i}_{row['kind']}_{row['model']}", folder / f"out_pair{i}_{row['model']}"
+        t, rc, _ = _deploy(cfg, cache, out, *extra)
+        peer_s = _int8_peer(p, work)[0] if int8 else _fp32_peer(p, work)[1]
+        found.append(
+            {"deploy_s": round(t, 2), "peer_s": round(peer_s, 2), "ratio": round(t / peer_s, 2), "ok": rc == 0,
+             "load_avg_1min": load}
+        )  # fmt: skip
+    row["pairs"] = found
+    row["ratio_median"] = round(float(np.median([f["ratio"] for f in found])), 2)
 
 
 def _int8_row(name: str, p: dict, folder: Path) -> dict:
@@ -273,11 +314,9 @@ def _int8_row(name: str, p: dict, folder: Path) -> dict:
     row["int8_stages"] = [ln.strip() for ln in text8.splitlines() if ln.startswith("[")]
     if rc8:
         row["int8_error"] = text8.strip().splitlines()[-1][:300]
-    factory, ckpt, shape, path = p["peer"]
-    te, _, _ = _run([sys.executable, "-c", PEER_FP32, factory, ckpt, shape, path], work)
-    tq, qrc, qtext = _run([sys.executable, "-c", PEER_INT8, str(cfg.parent / "calib.npy")], work)
-    row.update(peer_int8="export + quant_pre_process + quantize_static per-channel", peer_int8_s=round(te + tq, 2))
-    row["int8_ratio"] = round(t8 / (te + tq), 2)
+    t_peer, qrc, qtext = _int8_peer(p, work)
+    row.update(peer_int8="export + quant_pre_process + quantize_static per-channel", peer_int8_s=round(t_peer, 2))
+    row["int8_ratio"] = round(t8 / t_peer, 2)
     held = np.load(cfg.parent / "heldout.npy")
     if qrc == 0:
         row["peer_int8_top1_agreement"] = _top1_agreement(work / "peer.onnx", work / "peer.int8.onnx", held)
@@ -294,9 +333,9 @@ def _int8_row(name: str, p: dict, folder: Path) -> dict:
     return row
 
 
-def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = True) -> list[dict]:
+def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = True, pairs: int = 1) -> list[dict]:
     """FP32 rows first (each printed and saved as it finishes; none when ``fp32`` is False), then the INT8
-    row(s)."""
+    row(s); with ``pairs`` > 1, each row's cold build and peer are timed that many times, in turns."""
     rows: list[dict] = []
     compile_bytecode()
     with tempfile.TemporaryDirectory() as tmp:
@@ -308,6 +347,8 @@ def side_by_side(names: list[str], int8: bool, out: Path | None, fp32: bool = Tr
         for kind, name in jobs:
             row = (_fp32_row if kind == "fp32" else _int8_row)(name, projects[name], folder)
             row["kind"] = kind
+            if pairs > 1:
+                more_pairs(row, projects[name], folder, pairs)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if "stages" not in k}), flush=True)
             if out is not None:
@@ -387,8 +428,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--int8", action="store_true", help="also the INT8 build of EfficientNet-Lite0 and its peer")
     ap.add_argument("--int8-only", action="store_true", help="only the INT8 row(s): no FP32 builds")
+    ap.add_argument("--pairs", type=int, default=1, help="time each cold build and its peer this many times, in turns")
     args = ap.parse_args()
-    rows = side_by_side(args.names, args.int8 or args.int8_only, args.json, fp32=not args.int8_only)
+    rows = side_by_side(args.names, args.int8 or args.int8_only, args.json, fp32=not args.int8_only, pairs=args.pairs)
     return 0 if all(r.get("deploy_ok", r.get("deploy_int8_ok")) and r.get("peer_ok", True) for r in rows) else 1
 
 

@@ -204,6 +204,16 @@ def quantize_with_fallback(
     choice: dict[str, Any] = {}
     stop = "the all-INT8 candidate met the target: nothing to search" if met else ""
 
+    order: list[str] = []
+
+    def naive_order() -> list[str]:
+        """The all-INT8 model's quantized nodes in graph order (read once: the search and the probe both ask)."""
+        if not order:
+            import onnx
+
+            order.extend(analysis.quantized_nodes(onnx.load(str(naive), load_external_data=False)))
+        return order
+
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
@@ -215,9 +225,7 @@ def quantize_with_fallback(
     elif not met and out_of_time():
         stop = f"{budget_name} spent before the fallback search (the first candidate misses the target)"
     if not met and max_tries > 0 and not out_of_time():
-        import onnx
-
-        candidates = [n for n in analysis.quantized_nodes(onnx.load(str(naive))) if n not in pinned]
+        candidates = [n for n in naive_order() if n not in pinned]
         search = _FamilySearch(attempt, pinned, [], candidates, budget_left, tuple(families))
         if settled is not None:
             search.settled = lambda undecided: settled(undecided, naive)
@@ -279,9 +287,7 @@ def quantize_with_fallback(
     final = next((t for t in tries if set(t["excluded"]) == set(excluded)), tries[-1])
     probe = None
     if speed_probe is not None and final["met"]:
-        import onnx
-
-        probe = speed_probe(list(excluded), analysis.quantized_nodes(onnx.load(str(naive), load_external_data=False)))
+        probe = speed_probe(list(excluded), naive_order())
         if probe.kept:
             faster = {**excluded, **probe.kept}
             passes, model = attempt(len(faster) - len(pinned), faster, "speed")

@@ -15,7 +15,7 @@ from test_bundle import RUN_ISOLATED
 
 from edgedeploy.api import build
 from edgedeploy.device.goldens_format import fit_budget, gen_entry, goldens_from_arrays, seeded_uniform
-from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.modelio.goldens import load_goldens, store_goldens
 
 DETECTOR = textwrap.dedent(
     """
@@ -118,3 +118,23 @@ def test_detector_goldens_fit_the_budget_and_its_bundle_dry_run_passes(tmp_path:
     checks = json.loads((result.out / "bundle" / "validation.json").read_text())["checks"]
     assert {c["shape"] for c in checks} == {"min", "opt", "max"} and all(c["passed"] for c in checks)
     assert any(c.get("stored_every") for c in checks if c["shape"] == "max")
+
+
+def test_float32_inputs_that_are_float16_values_are_stored_in_half_the_bytes_and_read_back_equal() -> None:
+    rng = np.random.default_rng(0)
+    on_grid = rng.standard_normal((2, 3, 8, 8)).astype(np.float16).astype(np.float32)
+    on_grid[0, 0, 0, :3] = [-0.0, 65504.0, 2.0**-24]  # signed zero, the largest float16, its smallest subnormal
+    off_grid = on_grid + np.float32(1e-4)  # not float16 values
+    ids = np.arange(8, dtype=np.int64).reshape(1, 8)
+    arrays: dict[str, np.ndarray] = {}
+    store_goldens(arrays, "data", 0, {"image": on_grid, "other": off_grid, "ids": ids}, {"y": np.ones(3, np.float32)})
+    assert arrays["data/0/half/image"].dtype == np.float16 and arrays["data/0/half/image"].nbytes == on_grid.nbytes // 2
+    assert "data/0/in/other" in arrays and "data/0/in/ids" in arrays and "data/0/in/image" not in arrays
+    read = goldens_from_arrays(arrays)["data"][0]["in"]
+    assert read["image"].dtype == np.float32 and np.array_equal(read["image"].view(np.uint32), on_grid.view(np.uint32))
+    assert np.array_equal(read["other"], off_grid) and np.array_equal(read["ids"], ids)
+
+
+def test_a_half_entry_that_is_not_float16_is_refused() -> None:
+    with pytest.raises(ValueError, match="unreadable entry 'data/0/half/image'"):
+        goldens_from_arrays({"data/0/half/image": np.zeros((1, 3), np.float32)})

@@ -218,6 +218,11 @@ def test_jetson_orin_int8_that_passes_on_the_host_passes_its_own_dry_run(tiny_pr
     goldens = load_goldens(bundle / "goldens.npz")
     held = goldens[HELDOUT_POINT]
     assert held and all(np.abs(pair["in"]["image"]).max() <= 1.0 for pair in held.values())  # real photo crops
+    # the held-out views are float16 values, stored as float16 and read back as float32 (here and on the device)
+    with np.load(bundle / "goldens.npz") as stored:
+        half = [k for k in stored.files if k.startswith(f"{HELDOUT_POINT}/") and "/half/" in k]
+        assert half and all(stored[k].dtype == np.float16 for k in half)
+    assert all(pair["in"]["image"].dtype == np.float32 for pair in held.values())
     proc = subprocess.run(
         [sys.executable, "complete_bundle.py", ".", "--runner", "onnxruntime"],
         cwd=bundle,

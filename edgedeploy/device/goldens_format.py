@@ -1,10 +1,11 @@
 """goldens.npz's layout, read the same on the host and on the device (numpy only, Python 3.6, numpy 1.13).
 
 Copied into device bundles beside ``complete_bundle.py``. Keys are ``point/sample/kind/name``. Kinds:
-``in`` and ``out`` (arrays as they are); ``gen`` (a spec-random float input stored as its seed, JSON
-{"seed", "shape", "low", "high", "dtype"}, regenerated with numpy's legacy ``RandomState`` stream, the same
-on every numpy release since before 1.13); ``sparse`` (an output stored as every ``stride``-th element of its
-flat array) with ``sparsemeta`` (JSON {"shape", "stride"}).
+``in`` and ``out`` (arrays as they are); ``half`` (a float32 input every value of which is a float16 value,
+stored as float16 in half the bytes and read back as float32, exactly); ``gen`` (a spec-random float input
+stored as its seed, JSON {"seed", "shape", "low", "high", "dtype"}, regenerated with numpy's legacy
+``RandomState`` stream, the same on every numpy release since before 1.13); ``sparse`` (an output stored as
+every ``stride``-th element of its flat array) with ``sparsemeta`` (JSON {"shape", "stride"}).
 """
 
 # ruff: noqa: UP006, UP035, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
@@ -13,7 +14,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-GOLDEN_KINDS = ("in", "out", "gen", "sparse", "sparsemeta")
+GOLDEN_KINDS = ("in", "out", "half", "gen", "sparse", "sparsemeta")
 
 
 def seeded_uniform(seed: int, shape: List[int], low: float, high: float, dtype: str) -> np.ndarray:
@@ -40,6 +41,10 @@ def goldens_from_arrays(arrays: Dict[str, np.ndarray]) -> Dict[str, Dict[int, Di
             if kind == "gen":
                 g = json.loads(str(arr[()]))
                 pair["in"][name] = seeded_uniform(g["seed"], g["shape"], g["low"], g["high"], g["dtype"])
+            elif kind == "half":
+                if arr.dtype != np.float16:
+                    raise TypeError("not float16")
+                pair["in"][name] = arr.astype(np.float32)
             elif kind == "sparsemeta":
                 m = json.loads(str(arr[()]))
                 pair["sparse"][name] = ([int(d) for d in m["shape"]], int(m["stride"]))
@@ -59,6 +64,16 @@ def gen_entry(seed: int, shape: List[int], low: float, high: float, dtype: str) 
     spec = {"seed": int(seed), "shape": [int(d) for d in shape], "low": float(low), "high": float(high)}
     spec["dtype"] = str(dtype)
     return np.array(json.dumps(spec, sort_keys=True))
+
+
+def half_exact(arr: np.ndarray) -> bool:
+    """``arr`` is float32 and every value of it is a float16 value (stored as ``half``, it reads back equal)."""
+    if arr.dtype != np.float32 or arr.size == 0:
+        return False
+    with np.errstate(over="ignore"):
+        back = arr.astype(np.float16).astype(np.float32)
+    # NaN payloads aside, equal bit for bit (so -0.0 stays -0.0)
+    return bool(np.array_equal(back.view(np.uint32), arr.view(np.uint32)))
 
 
 def sparing_stride(size: int, keep: int) -> int:

@@ -22,7 +22,7 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult, model_input
 
 class GoldensFromTorch(Stage):
     name = names.REFERENCE
-    version = "3"
+    version = "4"  # 4: float32 inputs that are float16 values stored as float16 (``half``)
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ ONNX_REFERENCE = "onnxruntime-fp32 (the given ONNX model)"
 
 class GoldensFromOnnx(Stage):
     name = names.REFERENCE
-    version = "2"
+    version = "3"  # 3: float32 inputs that are float16 values stored as float16 (``half``)
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:

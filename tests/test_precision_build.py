@@ -292,3 +292,26 @@ def test_int8_calibration_file_heldout_batches_are_judged_once(tiny_project: Pat
     rows = {c["name"]: c for c in result.report["parity"]["candidates"]}["onnxruntime-int8"]["checks"]
     assert "data" not in {r["shape"] for r in rows}
     assert "calib-heldout" in {r["shape"] for r in rows if r.get("agreement_judged")}
+
+
+def test_goldens_views_are_on_the_float16_grid_for_int8_and_as_they_are_for_fp16(tiny_project: Path, tmp_path) -> None:
+    """INT8 builds round the held-out views to float16 values (stored as float16 in goldens.npz); an FP16 build
+    keeps them as they are, so its judge still sees the model round its own input to float16."""
+    import numpy as np
+
+    from edgedeploy.config import load_config
+    from edgedeploy.precision.golden_feeds import heldout_calibration
+
+    path = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=8, size=40)
+    views = {
+        mode: heldout_calibration(load_config(path, {"precision": {"mode": mode, "calib": str(calib)}}))
+        for mode in ("int8", "fp16")
+    }
+    assert len(views["int8"]) == len(views["fp16"]) >= 6
+    for int8, fp16 in zip(views["int8"], views["fp16"]):
+        (x8,), (x16,) = int8.values(), fp16.values()
+        assert x8.dtype == x16.dtype == np.float32
+        assert np.array_equal(x8, x16.astype(np.float16).astype(np.float32))
+    fp16_inputs = [x for v in views["fp16"] for x in v.values()]
+    assert any(not np.array_equal(x, x.astype(np.float16).astype(np.float32)) for x in fp16_inputs)

@@ -467,19 +467,22 @@ def split_heldout(
 
 
 def split_for_judging(
-    batches: Sequence[dict[str, np.ndarray]], kind: str, layout: str, *, wide: bool = False
+    batches: Sequence[dict[str, np.ndarray]], kind: str, layout: str, *, wide: bool = False, half_grid: bool = False
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
     """(calibration, judged) batches: ``split_heldout``, then for an image folder the held-out photos' views
     (``precision.heldout.heldout_views``). The reference stage puts these into the goldens, so the bundle's
     own check sees real samples the precision stage judged on; ``wide``: the precision stage's judge, up to
-    ``JUDGE_VIEWS`` views per photo within ``MAX_JUDGED_SAMPLES``, whose first views are the goldens' ones.
+    ``JUDGE_VIEWS`` views per photo within ``MAX_JUDGED_SAMPLES``, whose first views are the goldens' ones;
+    ``half_grid`` (INT8 builds): the views rounded to float16 values (``precision.heldout.on_half_grid``).
     """
     calib, held = split_heldout(batches)
     if kind == "images" and held:
         from edgedeploy.precision import heldout
 
         if wide:
-            held = heldout.heldout_views(held, layout, heldout.MAX_JUDGED_SAMPLES, heldout.JUDGE_VIEWS)
+            held = heldout.heldout_views(
+                held, layout, heldout.MAX_JUDGED_SAMPLES, heldout.JUDGE_VIEWS, half_grid=half_grid
+            )
         else:
-            held = heldout.heldout_views(held, layout)
+            held = heldout.heldout_views(held, layout, half_grid=half_grid)
     return calib, held

@@ -267,4 +267,4 @@ def heldout_calibration(cfg: DeployConfig) -> list[Feeds]:
         calib = load_calibration(cfg)
     except DeployError:  # the precision stage fails on the same data with the full message
         return []
-    return split_for_judging(calib.batches, calib.kind, p.calib_layout)[1]
+    return split_for_judging(calib.batches, calib.kind, p.calib_layout, half_grid=p.mode == "int8")[1]

@@ -174,15 +174,17 @@ def heldout_views(
     layout: str,
     max_samples: int = MAX_VIEWED_SAMPLES,
     max_views: int = GOLDEN_VIEWS,
+    *,
+    half_grid: bool = False,
 ) -> list[dict[str, np.ndarray]]:
     """Views of each held-out image batch: the image, its mirror image and its four corner crops (``VIEW_CROP``
     of each side, resized back), then (``max_views`` above 6) the centre crop and the corner and centre crops
     at each smaller ``JUDGE_CROPS`` fraction, then the mirror images of all those crops: up to 32 views.
 
     As many views as keep the total within ``max_samples`` (at least the batches themselves); the first six are
-    the goldens' views. Float32 views are rounded to float16 values (:func:`on_half_grid`). The views are of
-    held-out images only, never of calibration ones. Batches whose single input is not a 4-D float image
-    (``layout`` NCHW or NHWC) are returned as they are.
+    the goldens' views. ``half_grid`` (INT8 builds): float32 views are rounded to float16 values
+    (:func:`on_half_grid`). The views are of held-out images only, never of calibration ones. Batches whose
+    single input is not a 4-D float image (``layout`` NCHW or NHWC) are returned as they are.
     """
     import torch
 
@@ -201,7 +203,8 @@ def heldout_views(
             firsts = chosen[2:] + more
             chosen += more + [torch.flip(c, dims=[3]) for c in firsts]
         for v in chosen[:count]:
-            a = on_half_grid(v.to(t.dtype).numpy())
+            a = v.to(t.dtype).numpy()
+            a = on_half_grid(a) if half_grid else a
             views.append({name: np.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 2, 3, 1))})
     return views
 
@@ -212,6 +215,9 @@ def on_half_grid(view: np.ndarray) -> np.ndarray:
 
     A photo carries 8 bits per channel and a float16 11 significant bits: the rounding moves each value by
     under 0.05 % of itself, and every check compares the candidate with the reference on the same rounded view.
+    INT8 builds only: an INT8 model quantizes its input to 8 bits (or, in a float prefix, computes on it as the
+    reference does), but an FP16 model's own error includes rounding its input to float16, which a view already
+    on that grid would hide from its judge.
     """
     if view.dtype != np.float32 or not np.isfinite(view).all() or np.abs(view).max(initial=0.0) > HALF_MAX:
         return view

@@ -52,7 +52,7 @@ class PrecisionFromOnnx(Stage):
     # 13: fallback and ranking models made from the first quantized model by graph surgery (float_subset); a
     #     try's judging stops once the target is out of reach
     # 14: the speed probe asked of the model the search would ship, after it (none where a float prefix covers it)
-    # 15: held-out image views rounded to float16 values (goldens.npz stores them exactly in half the bytes)
+    # 15: INT8: held-out image views rounded to float16 values (goldens.npz stores them exactly in half the bytes)
     version = "15"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
@@ -256,7 +256,7 @@ def _int8(
     if recipe == "transformer":
         return _int8_transformer(ctx, float_model, batches, tmp, evidence, warnings, (accuracy_target, target_why))
     flavour = flavour_for(target.runtime)
-    calib, held = split_for_judging(batches, kind, p.calib_layout, wide=True)
+    calib, held = split_for_judging(batches, kind, p.calib_layout, wide=True, half_grid=True)
     held_batches = len(split_heldout(batches)[1])
     judged: dict[str, Any] = {"heldout_batches": held_batches}
     if len(held) > held_batches:  # an image folder: each held-out photo judged on views of it

@@ -196,11 +196,24 @@ def test_tracer_warnings_inside_library_code_are_not_blamed_on_the_user(tmp_path
     assert set(metrics["points"]) >= {"time=1 (min)", "time=12 (max)"}
 
 
-def test_auto_capture_is_skipped_when_nothing_consumes_it(tmp_path: Path) -> None:
-    """A TensorRT target's bundle carries only ONNX and validation runs on the device: no capture needed."""
+def test_a_device_target_traces_only_to_prove_the_cheaper_exporter_and_never_fails_on_it(tmp_path: Path) -> None:
+    """A TensorRT target's bundle carries only ONNX and validation runs on the device: the capture's one use
+    here is to prove tracing safe so export = auto may take the TorchScript exporter."""
     cfg = make_config(tmp_path, GOOD_MODEL, build={"target": "jetson-orin"})
     result = run_build(cfg, stages=[TorchScriptFromModel()], log=quiet)
-    assert result.stages[0].status == "skipped" and "nothing here consumes" in result.stages[0].reason
+    assert result.stages[0].status == "ran" and result.report["metrics"]["capture"]["route"] == "trace"
+    # a model tracing freezes: recorded, not an error (a cpu build fails it); export keeps dynamo first
+    baked = make_config(tmp_path / "b", BAKED_MODEL, build={"target": "jetson-orin"})
+    result = run_build(baked, stages=[TorchScriptFromModel()], log=quiet)
+    metrics = result.report["metrics"]["capture"]
+    assert result.stages[0].status == "ran" and metrics["route"] is None and result.stages[0].files == []
+    assert [t["route"] for t in metrics["tried"]] == ["trace"]  # torch.export and script: nothing here uses them
+    from edgedeploy.onnxtools.export import cheapest_first
+
+    assert cheapest_first(["dynamo", "torchscript"], metrics)[0] == ["dynamo", "torchscript"]
+    pinned = make_config(tmp_path / "p", GOOD_MODEL, build={"target": "jetson-orin"}, export={"exporter": "dynamo"})
+    skipped = run_build(pinned, stages=[TorchScriptFromModel()], log=quiet).stages[0]
+    assert skipped.status == "skipped" and "nothing here consumes" in skipped.reason
     explicit = make_config(tmp_path / "e", GOOD_MODEL, build={"target": "jetson-orin"}, export={"capture": "trace"})
     assert run_build(explicit, stages=[TorchScriptFromModel()], log=quiet).stages[0].status == "ran"
 

@@ -89,7 +89,7 @@ def test_adaround_setting_learns_without_scoring_nearest(tmp_path: Path, monkeyp
     q, calib, judge, reference = _setup(tmp_path)
     runs: list[str] = []
     real_run = analysis.run_model
-    monkeypatch.setattr(analysis, "run_model", lambda path, b: runs.append(str(path)) or real_run(path, b))
+    monkeypatch.setattr(analysis, "run_model", lambda path, b, **kw: runs.append(str(path)) or real_run(path, b, **kw))
     real = adaround.learn_rounding
     monkeypatch.setattr(adaround, "learn_rounding", lambda *a, **k: real(*a, **{**k, "iters": 20}))
     note, first = choose_rounding(

@@ -294,7 +294,9 @@ def test_transformer_judges_the_held_out_batches_the_goldens_carry(
     calls: list[tuple[str, list[int]]] = []
     real = analysis.run_model
     monkeypatch.setattr(
-        analysis, "run_model", lambda path, b: calls.append((str(path), [id(x) for x in b])) or real(path, b)
+        analysis,
+        "run_model",
+        lambda path, b, **kw: calls.append((str(path), [id(x) for x in b])) or real(path, b, **kw),
     )
     _, plan, _ = transformer.quantize_transformer(
         tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"), batches=batches

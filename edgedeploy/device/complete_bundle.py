@@ -478,7 +478,12 @@ def check_engine(
 
 
 class OrtRunner:
-    """Stand-in for the engine: an ONNX Runtime CPU session on the plan's ONNX model."""
+    """Stand-in for the engine: an ONNX Runtime CPU session on the plan's ONNX model.
+
+    A Q/DQ model runs as its operators define it (float arithmetic between each DequantizeLinear and
+    QuantizeLinear; ONNX Runtime's own INT8 fusions off), as the precision stage judged it: ONNX Runtime's INT8
+    kernels are not the engine's either.
+    """
 
     label = "onnxruntime (stand-in: no engine built)"
 
@@ -490,7 +495,10 @@ class OrtRunner:
                 f"--runner onnxruntime needs onnxruntime ({exc})", hint="pip install onnxruntime"
             ) from None
         try:
-            self.session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+            options = ort.SessionOptions()
+            if hasattr(options, "add_session_config_entry"):  # onnxruntime >= 1.5
+                options.add_session_config_entry("session.disable_quant_qdq", "1")
+            self.session = ort.InferenceSession(onnx_path, sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise BuildFailed(f"ONNX Runtime cannot load {onnx_path}: {' '.join(str(exc).split())[:300]}") from None
         types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}

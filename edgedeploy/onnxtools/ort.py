@@ -12,13 +12,30 @@ if TYPE_CHECKING:
     from edgedeploy.targets import TargetProfile
 
 
-def ort_session(path: str | Path, *, threads: int | None = None, optimize: bool = True, stage: str = "build") -> Any:
+# ONNX Runtime's session key that turns its Q/DQ fusions off (onnxruntime_session_options_config_keys.h); with it
+# off, constant folding also dequantizes constant weights once instead of on every run
+DISABLE_QDQ_FUSION = "session.disable_quant_qdq"
+
+
+def ort_session(
+    path: str | Path,
+    *,
+    threads: int | None = None,
+    optimize: bool = True,
+    stage: str = "build",
+    qdq_as_written: bool = False,
+) -> Any:
     """A CPU ONNX Runtime session for ``path``.
 
     Args:
         threads: intra-op threads (default: ONNX Runtime's choice).
         optimize: all graph optimizations on; ``False`` keeps every tensor name (for analysis).
         stage: the stage named in the error.
+        qdq_as_written: run a Q/DQ graph as its operators define it (float arithmetic between each
+            DequantizeLinear and QuantizeLinear, constant weights dequantized once), not fused into ONNX
+            Runtime's own INT8 kernels: the stand-in for a runtime whose INT8 kernels are not ONNX Runtime's
+            (TensorRT). Its Q/DQ placement (no pair between a conv and its activation) leaves most convs outside
+            ONNX Runtime's fusions, where they would dequantize their weights on every run: 2-3x slower.
 
     Raises:
         StageError: ONNX Runtime refuses the model.
@@ -30,6 +47,8 @@ def ort_session(path: str | Path, *, threads: int | None = None, optimize: bool 
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     opts.log_severity_level = 3
+    if qdq_as_written:
+        opts.add_session_config_entry(DISABLE_QDQ_FUSION, "1")
     if threads:
         opts.intra_op_num_threads = threads
     try:

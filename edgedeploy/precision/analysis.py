@@ -33,23 +33,29 @@ BATCH_ROWS = 32  # samples per ONNX Runtime call when run_model batches several 
 BATCH_BYTES = 4 << 20
 
 
-def run_model(path: str | Path, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def run_model(
+    path: str | Path, batches: Sequence[dict[str, np.ndarray]], *, qdq_as_written: bool = False
+) -> list[dict[str, np.ndarray]]:
     """Outputs of the model at ``path`` for every batch (name -> array).
 
     Batches that differ only in their leading (batch) dim are concatenated into calls of up to
     :data:`BATCH_ROWS` samples and :data:`BATCH_BYTES` of input where every input and output has a symbolic
     leading dim (many single-view feeds: a few calls, not hundreds), and the outputs are split back per batch.
+    ``qdq_as_written``: a Q/DQ model runs as its operators define it (see
+    :func:`edgedeploy.onnxtools.ort.ort_session`), the stand-in for a target's own INT8 kernels.
     """
-    return batch_runner(path)(batches)
+    return batch_runner(path, qdq_as_written=qdq_as_written)(batches)
 
 
-def batch_runner(path: str | Path) -> Callable[[Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]:
+def batch_runner(
+    path: str | Path, *, qdq_as_written: bool = False
+) -> Callable[[Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]:
     """:func:`run_model` with the session opened once: a callable over any number of batch lists.
 
     Raises:
         StageError: ONNX Runtime cannot load the model (now, not at the first call).
     """
-    sess = ort_session(path, stage="precision")
+    sess = ort_session(path, stage="precision", qdq_as_written=qdq_as_written)
     names = [o.name for o in sess.get_outputs()]
 
     def one(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -333,6 +339,8 @@ def accuracy_until_decided(
     groups: Sequence[int] | None,
     target: float,
     outputs: list[dict[str, np.ndarray]] | None = None,
+    *,
+    qdq_as_written: bool = False,
 ) -> tuple[dict[str, Any], int]:
     """(:func:`accuracy` of the model at ``model`` on ``batches``, how many batches it was judged on).
 
@@ -342,12 +350,12 @@ def accuracy_until_decided(
     or an output is not finite. The accuracy is then that of the groups judged. A model that can still meet the
     target is judged on every batch, so a passing verdict is always the whole judge's. ``outputs``, when given,
     receives the model's outputs on the batches judged (in order), for checks of the same model on the same
-    inputs (:func:`shared_inputs`).
+    inputs (:func:`shared_inputs`). ``qdq_as_written``: as in :func:`run_model`.
 
     Raises:
         StageError: ONNX Runtime cannot load or run the model.
     """
-    run = batch_runner(model)
+    run = batch_runner(model, qdq_as_written=qdq_as_written)
     classes = [n for n in reference[0] if n in classifier_outputs] if reference else []
     # rows are counted per batch: only outputs with a batch axis and a class axis add up across batches
     rowwise = all(r[n].ndim >= 2 for r in reference for n in classes)
@@ -448,11 +456,14 @@ def _group_standard_error(
     return float(np.std(per_group, ddof=1) / np.sqrt(len(per_group)))
 
 
-def measure_latency(path: Path, feeds: dict[str, np.ndarray], *, warmup: int, iters: int) -> dict[str, Any]:
-    """p50/p90 latency of the model at ``path`` in ONNX Runtime (all optimizations) on ``feeds``."""
+def measure_latency(
+    path: Path, feeds: dict[str, np.ndarray], *, warmup: int, iters: int, qdq_as_written: bool = False
+) -> dict[str, Any]:
+    """p50/p90 latency of the model at ``path`` in ONNX Runtime (all optimizations) on ``feeds``
+    (``qdq_as_written``: as in :func:`run_model`)."""
     from edgedeploy.validate.latency import time_calls as latency
 
-    sess = ort_session(path, stage="precision")
+    sess = ort_session(path, stage="precision", qdq_as_written=qdq_as_written)
     names = [o.name for o in sess.get_outputs()]
     row = latency(lambda f: sess.run(names, f), feeds, warmup=warmup, iters=iters)
     return {k: row[k] for k in ("p50_ms", "p90_ms", "iters", "shape")}

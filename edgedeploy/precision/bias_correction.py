@@ -114,13 +114,15 @@ def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence
 
 
 def output_mean_shifts(
-    qdq_path: Path, float_path: Path, batches: Sequence[dict[str, np.ndarray]]
+    qdq_path: Path, float_path: Path, batches: Sequence[dict[str, np.ndarray]], *, qdq_as_written: bool = False
 ) -> dict[str, np.ndarray]:
     """Conv node name -> per-channel value to add to its bias so that, conv by conv in graph order, the
     quantized model's output means match the float model's on ``batches`` (at most :data:`SAMPLES` samples).
 
     Only quantized convs (weights behind a DequantizeLinear) are measured; convs missing from the float model
-    (renamed by the quantizer) are skipped.
+    (renamed by the quantizer) are skipped. ``qdq_as_written``: measured with the Q/DQ graph run as written
+    (:func:`edgedeploy.onnxtools.ort.ort_session`), as the model is judged where ONNX Runtime stands in for
+    the target's INT8 kernels.
     """
     import onnx
 
@@ -140,7 +142,7 @@ def output_mean_shifts(
     if not convs or not batches:
         return {}
     if len(batches) == 1:
-        return _shifts_in_one_pass(model, convs, reference, batches[0], qdq_path)
+        return _shifts_in_one_pass(model, convs, reference, batches[0], qdq_path, qdq_as_written)
     graph = model.graph
     measured: dict[str, str] = {}
     for conv in convs:
@@ -151,7 +153,7 @@ def output_mean_shifts(
         graph.output.append(onnx.ValueInfoProto(name=shifted))
         measured[conv.name] = shifted
     _topological_sort(graph)
-    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"), qdq_as_written)
     channels = {c.name: len(reference[c.name]) for c in convs}
     shifts = {c.name: np.zeros(channels[c.name], np.float64) for c in convs}
 
@@ -171,6 +173,7 @@ def _shifts_in_one_pass(
     reference: dict[str, np.ndarray],
     batch: dict[str, np.ndarray],
     qdq_path: Path,
+    qdq_as_written: bool = False,
 ) -> dict[str, np.ndarray]:
     """The layer-by-layer shifts of :func:`output_mean_shifts` from one run on one batch: after every conv the
     graph itself subtracts its output's per-channel mean over the batch from the float model's and adds the
@@ -209,7 +212,7 @@ def _shifts_in_one_pass(
         graph.output.append(onnx.ValueInfoProto(name=base))
         fetch[conv.name] = base
     _topological_sort(graph)
-    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"))
+    sess = session_from_proto(model, qdq_path.with_name(qdq_path.stem + ".shifts.onnx"), qdq_as_written)
     values = sess.run(list(fetch.values()), batch)
     return {name: np.asarray(v, np.float64).reshape(-1) for name, v in zip(fetch, values)}
 
@@ -225,13 +228,14 @@ def _read_shifted(graph: GraphProto, raw: str, shifted: str) -> None:
             out.name = shifted
 
 
-def session_from_proto(model: ModelProto, scratch: Path):
-    """A session for ``model`` (graph outputs keep their names), saved to ``scratch`` and removed again."""
+def session_from_proto(model: ModelProto, scratch: Path, qdq_as_written: bool = False):
+    """A session for ``model`` (graph outputs keep their names), saved to ``scratch`` and removed again
+    (``qdq_as_written``: :func:`edgedeploy.onnxtools.ort.ort_session`'s)."""
     import onnx
 
     onnx.save(model, str(scratch))
     try:
-        return ort_session(scratch, stage="precision")
+        return ort_session(scratch, stage="precision", qdq_as_written=qdq_as_written)
     finally:
         scratch.unlink(missing_ok=True)
 

@@ -77,7 +77,8 @@ def layer_sensitivity(
     rows = []
     for i, node in enumerate(candidates):
         model = q.quantize(q.workdir / f"only{i}.int8.onnx", batches, only=[node])
-        err = analysis.output_error(reference, analysis.run_model(model, batches))
+        outputs = analysis.run_model(model, batches, qdq_as_written=q.flavour.qdq_as_written)
+        err = analysis.output_error(reference, outputs)
         rows.append({"node": node, "op": ops.get(node, ""), "output_error": err})
         model.unlink(missing_ok=True)
     rows.sort(key=lambda r: r["output_error"], reverse=True)
@@ -176,7 +177,14 @@ def quantize_with_fallback(
         # judged until the verdict is certain: a try that can no longer meet the target stops early
         outputs: list[dict[str, np.ndarray]] = []
         score, judged = analysis.accuracy_until_decided(
-            model, evals, reference, classifier_outputs, groups, accuracy_target, outputs=outputs
+            model,
+            evals,
+            reference,
+            classifier_outputs,
+            groups,
+            accuracy_target,
+            outputs=outputs,
+            qdq_as_written=q.flavour.qdq_as_written,
         )
         meets = score["score"] >= accuracy_target
         veto = extra_check(model, outputs) if extra_check is not None and meets else None
@@ -301,12 +309,17 @@ def quantize_with_fallback(
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
     if latency_feeds is not None:
+        as_written = q.flavour.qdq_as_written
         lat = {
             "fp32": analysis.measure_latency(q.float_model, latency_feeds, warmup=2, iters=latency_iters),
-            "int8_naive": analysis.measure_latency(naive, latency_feeds, warmup=2, iters=latency_iters),
+            "int8_naive": analysis.measure_latency(
+                naive, latency_feeds, warmup=2, iters=latency_iters, qdq_as_written=as_written
+            ),
         }
         if chosen != naive:
-            lat["int8_final"] = analysis.measure_latency(chosen, latency_feeds, warmup=2, iters=latency_iters)
+            lat["int8_final"] = analysis.measure_latency(
+                chosen, latency_feeds, warmup=2, iters=latency_iters, qdq_as_written=as_written
+            )
         else:
             lat["int8_final"] = lat["int8_naive"]
         lat["fallback_cost"] = lat["int8_final"]["p50_ms"] / max(lat["int8_naive"]["p50_ms"], 1e-9)

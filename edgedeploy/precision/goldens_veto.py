@@ -44,12 +44,18 @@ def golden_cases(path: Path) -> list[GoldenCase]:
 
 
 def goldens_veto(
-    cfg: DeployConfig, model: Path, cases: list[GoldenCase], known: dict[int, dict[str, np.ndarray]] | None = None
+    cfg: DeployConfig,
+    model: Path,
+    cases: list[GoldenCase],
+    known: dict[int, dict[str, np.ndarray]] | None = None,
+    *,
+    qdq_as_written: bool = False,
 ) -> str | None:
     """Why ``model`` would fail the goldens check that validation and the device step run, or None.
 
     ``known``: case index -> the model's outputs on that case's inputs where a run already made them (the
-    held-out judge runs the goldens' real samples among its own); the other cases are run here.
+    held-out judge runs the goldens' real samples among its own); the other cases are run here, as the judge
+    and the dry run run them (``qdq_as_written``: :func:`edgedeploy.precision.analysis.run_model`).
 
     The same judge and tolerance (``tolerance.int8``) as validation and ``complete_bundle.py``
     (:func:`edgedeploy.validate.parity.judge_goldens`); a candidate that passes here passes the bundle's own
@@ -62,7 +68,8 @@ def goldens_veto(
     tol = cfg.tolerance_for("int8")
     known = known or {}
     missing = [i for i in range(len(cases)) if i not in known]
-    ran = dict(zip(missing, analysis.run_model(model, [cases[i][1] for i in missing]))) if missing else {}
+    feeds = [cases[i][1] for i in missing]
+    ran = dict(zip(missing, analysis.run_model(model, feeds, qdq_as_written=qdq_as_written))) if missing else {}
     outputs = [known[i] if i in known else ran[i] for i in range(len(cases))]
     judged = [(point, s, {"out": ref, "sparse": sparse}) for s, (point, _, ref, sparse) in enumerate(cases)]
     rows = judge_goldens(

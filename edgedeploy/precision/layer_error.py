@@ -38,10 +38,13 @@ def layer_errors(
     batches: Sequence[dict[str, np.ndarray]],
     workdir: Path,
     candidates: Sequence[str],
+    *,
+    qdq_as_written: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows ``{"node", "op", "output_error", "sqnr_db"}`` for the ``candidates`` (nodes the QDQ model
     quantized), largest error first; nodes that cannot be probed (an output the float model lacks) come last
-    with ``output_error`` None, in their given order.
+    with ``output_error`` None, in their given order. ``qdq_as_written``: the probe runs as the judge runs the
+    model (:func:`edgedeploy.onnxtools.ort.ort_session`).
 
     Raises:
         StageError: onnxruntime cannot load or run the float model or the probe model.
@@ -64,7 +67,7 @@ def layer_errors(
             if name not in have:
                 exposed.graph.output.append(onnx.ValueInfoProto(name=name))
         float_sess = session_from_proto(exposed, workdir / "layer_error.float.onnx")
-        probe_sess = session_from_proto(probe, workdir / "layer_error.probe.onnx")
+        probe_sess = session_from_proto(probe, workdir / "layer_error.probe.onnx", qdq_as_written)
         fetch = list(outputs)
         noise = dict.fromkeys(fetch, 0.0)
         power = dict.fromkeys(fetch, 0.0)

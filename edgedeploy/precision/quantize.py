@@ -47,6 +47,13 @@ class QdqFlavour:
     # conv->activation edges, only the skip input of a residual Add quantized
     tensorrt_placement: bool = False
 
+    @property
+    def qdq_as_written(self) -> bool:
+        """ONNX Runtime only stands in for the target's INT8 kernels (TensorRT): every session of this
+        flavour's Q/DQ models runs the graph as its operators define it (``ort_session(qdq_as_written=True)``),
+        the precision stage's judge and the bundle's dry run alike."""
+        return not self.host_cpu_kernels
+
 
 QDQ_FLAVOURS: dict[str, QdqFlavour] = {
     "tensorrt": QdqFlavour(
@@ -284,7 +291,9 @@ class Quantizer:
             # shifts measured on the all-INT8 model would over-correct a fallback try
             key = tuple(sorted(exclude))
             if self.output_shifts is None or self.output_shifts_for != key:
-                self.output_shifts = output_mean_shifts(out, self.float_model, batches)
+                self.output_shifts = output_mean_shifts(
+                    out, self.float_model, batches, qdq_as_written=self.flavour.qdq_as_written
+                )
                 self.output_shifts_for = key
             apply_bias_shifts(out, self.output_shifts)
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers

@@ -58,7 +58,8 @@ def choose_rounding(
 
     def held_out(name: str) -> dict[str, Any]:
         model = q.quantize(models[name], calib, exclude=list(exclude))
-        return analysis.accuracy(reference, analysis.run_model(model, judge), classifier_outputs, groups)
+        outputs = analysis.run_model(model, judge, qdq_as_written=q.flavour.qdq_as_written)
+        return analysis.accuracy(reference, outputs, classifier_outputs, groups)
 
     why = "precision.weight_rounding = adaround"
     nearest: dict[str, Any] | None = None

@@ -32,12 +32,14 @@ class SearchProgress:
         status: Callable[[str], None],
         latency_feeds: dict[str, np.ndarray] | None = None,
         latency_iters: int = 5,
+        qdq_as_written: bool = False,
     ) -> None:
         self.most = max_tries + 1  # try 0 (everything INT8) and up to max_tries fallback tries
         self.target = target
         self.status = status
         self.feeds = latency_feeds
         self.iters = latency_iters
+        self.qdq_as_written = qdq_as_written  # timed as the search judges it (a stand-in's Q/DQ as written)
         self.rows: list[dict[str, Any]] = []
 
     def __call__(self, row: dict[str, Any], model: Path) -> None:
@@ -50,7 +52,10 @@ class SearchProgress:
         from edgedeploy.precision.analysis import measure_latency
 
         try:
-            return round(measure_latency(model, self.feeds or {}, warmup=1, iters=self.iters)["p50_ms"], 4)
+            row = measure_latency(
+                model, self.feeds or {}, warmup=1, iters=self.iters, qdq_as_written=self.qdq_as_written
+            )
+            return round(row["p50_ms"], 4)
         except DeployError:  # a timing for the plot only: a model that cannot be timed is judged elsewhere
             return None
 

@@ -20,6 +20,7 @@ and automatic FP32 fallback of the most sensitive MatMuls until the held-out sco
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class TransformerScheme:
         activations: ``dynamic`` (quantized per call by the runtime) or ``calibrated`` (static Q/DQ ranges).
         activation_type / weight_type: ``onnxruntime.quantization.QuantType`` member names.
         why: the reason this runtime gets this scheme (goes into precision.json).
+        qdq_as_written: ONNX Runtime only stands in for the runtime's INT8 kernels: its candidates are judged
+            with the Q/DQ graph run as written (:func:`edgedeploy.onnxtools.ort.ort_session`).
     """
 
     name: str
@@ -58,6 +61,7 @@ class TransformerScheme:
     activation_type: str
     weight_type: str
     why: str
+    qdq_as_written: bool = False
 
 
 TRANSFORMER_SCHEMES: dict[str, TransformerScheme] = {
@@ -76,6 +80,7 @@ TRANSFORMER_SCHEMES: dict[str, TransformerScheme] = {
         "QInt8",
         "TensorRT has no dynamic INT8: symmetric int8 Q/DQ on MatMul inputs and weights only (explicit "
         "quantization); softmax, LayerNorm, GELU and mask arithmetic stay float",
+        qdq_as_written=True,
     ),
 }
 
@@ -489,7 +494,7 @@ def quantize_transformer(
         classifier_outputs=classifier_outputs,
         accuracy_target=accuracy_target,
         max_tries=max_tries,
-        run=run_model,
+        run=functools.partial(run_model, qdq_as_written=scheme.qdq_as_written),
         log=log,
     )
     if not result.quantized:  # an "INT8" artifact with every MatMul in float would be FP32 under another name

@@ -53,7 +53,8 @@ DRY_RUN_PROVES = {
     "fp32": "fp32: the FP32 model in ONNX Runtime",
     "fp16-typed": "fp16: the FP16 model in ONNX Runtime (the engine's kernels differ)",
     "fp16-flag": "fp16 (simulated): the FP32 graph rounding weights and layer outputs to FP16, as the build judged it",
-    "int8-qdq": "int8: the Q/DQ model in ONNX Runtime's INT8 kernels (the engine's kernels differ)",
+    "int8-qdq": "int8: the Q/DQ model run as written in ONNX Runtime, as the build judged it (the engine's kernels "
+    "differ)",
     "int8-calib-cache": "fp32 only: implicit INT8 exists only in the engine; the run on the device proves int8",
 }
 

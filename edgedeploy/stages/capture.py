@@ -7,6 +7,10 @@ that route. TracerWarnings raised at the user's own lines are reported at their 
 and fail trace by default; those raised inside library code (nn.LSTM, transformers) are recorded
 and left to the shape probes to judge. The artifact is kept for LibTorch / torch2trt users:
 ``model.ts`` (trace, script) or ``model.pt2`` (torch.export, saved with ``torch.export.save``).
+
+For a target whose engine is built on the device, ``auto`` tries the trace route alone: a bundle carries only
+ONNX, so the trace's use is to prove tracing safe, which lets ``exporter = "auto"`` take the cheaper TorchScript
+exporter; a trace that fails there is recorded, not an error.
 """
 
 from __future__ import annotations
@@ -46,10 +50,18 @@ class TorchScriptFromModel(Stage):
         self._artifact: str | None = None  # set by run(): auto only knows its route afterwards
 
     def applies(self, ctx: BuildContext) -> str | None:
-        if ctx.cfg.export.capture == "auto" and not ctx.target.builds_here:
-            # the program's one consumer is validation here; a device bundle carries only ONNX
+        if self._probe_only(ctx) and ctx.cfg.export.exporter != "auto":
+            # a device bundle carries only ONNX and validation runs there: the trace's one use here is to let
+            # exporter = auto take the cheaper exporter
             return "nothing here consumes a TorchScript program for this target (export.capture = auto)"
         return None
+
+    @staticmethod
+    def _probe_only(ctx: BuildContext) -> bool:
+        """A target whose engine is built on the device, with ``capture = "auto"``: only the trace route is
+        tried, to prove tracing safe for the export stage (:func:`edgedeploy.onnxtools.export.cheapest_first`);
+        when it fails the build goes on with the exporter that emits the opset natively."""
+        return ctx.cfg.export.capture == "auto" and not ctx.target.builds_here
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:
         if self._artifact is not None:  # after run(); "" when the capture could not be saved
@@ -61,7 +73,10 @@ class TorchScriptFromModel(Stage):
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
-        return {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
+        key = {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
+        if self._probe_only(ctx):  # a failed trace passes here but fails a cpu build: not one cache entry
+            key["probe_only"] = True
+        return key
 
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
@@ -73,13 +88,14 @@ class TorchScriptFromModel(Stage):
         feeds = probe_feeds(cfg, points, seed=cfg.validate.seed + PROBE_SEED)
         eager = _eager_at_points(cfg, model, points, feeds)
         ctx.probe_outputs = (feeds, eager)  # the export stage probes the same points: one eager pass each
-        order = route_order(mode)
+        probe_only = self._probe_only(ctx)
+        order = ("trace",) if probe_only else route_order(mode)
         tried: list[dict[str, str]] = []
         for route in order:
             try:
                 captured, figures, findings = self._try(ctx, route, model, example, points, feeds, eager)
             except StageError as exc:
-                if len(order) == 1:
+                if len(order) == 1 and not probe_only:
                     raise
                 tried.append({"route": route, "reason": exc.message.removeprefix(f"[{self.name}] ")})
                 continue
@@ -111,6 +127,10 @@ class TorchScriptFromModel(Stage):
                 "tracer_warnings_library": sum(not f.user for f in findings),
             }
             return StageResult(metrics, warnings=warnings)
+        if probe_only:  # nothing here needs the program: the export stage keeps its own order
+            self._artifact = ""
+            why = "tracing not proven for this model: the export stage keeps the exporter that emits the opset"
+            return StageResult({"mode": mode, "route": None, "tried": tried, "artifact": None, "why": why})
         raise StageError(
             self.name,
             "no capture route matches eager PyTorch: "

@@ -280,7 +280,7 @@ def _int8(
 
     def veto(model: Path, judged_outputs: Sequence[Feeds]) -> str | None:
         known = {c: judged_outputs[e] for c, e in golden_views.items() if e < len(judged_outputs)}
-        return goldens_veto(cfg, model, goldens, known)
+        return goldens_veto(cfg, model, goldens, known, qdq_as_written=flavour.qdq_as_written)
 
     from edgedeploy.precision.equalize_choice import choose_equalization
     from edgedeploy.precision.layer_error import layer_errors
@@ -321,7 +321,7 @@ def _int8(
                 bias.configure(trial, fresh=True)
                 m = trial.quantize(work / f"rr{int(choice)}.int8.onnx", calib, exclude=list(p.keep_fp32))
                 rr_scores["7-bit" if choice else "8-bit"] = analysis.accuracy(
-                    reference, analysis.run_model(m, evals or calib), classes
+                    reference, analysis.run_model(m, evals or calib, qdq_as_written=flavour.qdq_as_written), classes
                 )["score"]
             reduce_range = rr_scores["7-bit"] > rr_scores["8-bit"]
         q = Quantizer(model, work, flavour, method=p.calib_method, per_channel=p.per_channel)
@@ -346,7 +346,7 @@ def _int8(
                 from edgedeploy.precision.fallback import layer_sensitivity
 
                 return layer_sensitivity(q, calib[:4], analysis.run_model(q.float_model, calib[:4]), candidates)
-            return layer_errors(naive, q.float_model, calib, work, candidates)
+            return layer_errors(naive, q.float_model, calib, work, candidates, qdq_as_written=flavour.qdq_as_written)
 
         progress = SearchProgress(
             max_tries=p.max_fallback_tries,
@@ -354,6 +354,7 @@ def _int8(
             status=ctx.status,
             latency_feeds=calib[0],
             latency_iters=max(3, min(cfg.validate.latency_iters, 10)),
+            qdq_as_written=flavour.qdq_as_written,
         )
         result = quantize_with_fallback(
             q,

@@ -125,8 +125,8 @@ def choose_equalization(
         m = q.quantize(tmp / f"eq_{name}.int8.onnx", calib, exclude=list(p.keep_fp32))
         bias.shifts, bias.shifts_for = q.output_shifts, q.output_shifts_for  # the final naive try reuses them
         bias.calibrated = folder
-        outputs = analysis.run_model(m, evals, qdq_as_written=flavour.qdq_as_written)
-        scores[name] = analysis.accuracy(reference, outputs, classes)["score"]
+        judged = analysis.run_model(m, evals, qdq_as_written=flavour.qdq_as_written)
+        scores[name] = analysis.accuracy(reference, judged, classes)["score"]
         if name == "bias_corrected" and target is not None and scores[name] >= target:
             note["why"] = f"{why}; bias correction alone met the target ({scores[name]:.4f} >= {target}): kept"
             break

@@ -27,13 +27,22 @@ def load_config(path: str | Path, **overrides: Any) -> DeployConfig:
 def _dotted(overrides: dict[str, Any]) -> dict[str, Any]:
     """Keyword overrides (``build__target``) as dotted config keys, each checked against the schema first.
 
+    A relative path given to a path field (``build__out="build/r18"``) is taken from the working directory, as
+    the same path given to its command-line flag is: it is the caller's path, not the config file's.
+
     Raises:
         ConfigError: a keyword that names no config key (``target``), with the keyword it most likely meant
             (``build__target``): the keyword is at fault, not the config file.
     """
+    from edgedeploy.config_flags import flag_fields
+
     dotted = {k.replace("__", "."): v for k, v in overrides.items()}
     check_override_keys(list(dotted), spell=lambda key: key.replace(".", "__"), what="keyword")
-    return dotted
+    paths = {ff.dotted for ff in flag_fields() if ff.path}
+    return {
+        key: str(Path(value).expanduser().resolve()) if key in paths and isinstance(value, (str, Path)) else value
+        for key, value in dotted.items()
+    }
 
 
 def build(

@@ -54,8 +54,15 @@ def unknown_flag_message(parser: argparse.ArgumentParser, command: str | None, e
         return f"{prog}: unexpected argument(s): {' '.join(extras)} -- fix: see {prog} --help"
     name = flag.split("=", 1)[0]
     options = list(dict.fromkeys(_options(scope)))
-    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
-    fix = f"did you mean {close[0]}?" if close else f"see {prog} --help"
+    if sub is not None and scope is not parser:
+        elsewhere = [p.prog for c, p in sub.choices.items() if c != command and name in _options(p)]
+        if elsewhere:  # a real flag of another command (deploy check --factory): say whose, not a look-alike
+            owners = " and ".join(dict.fromkeys(elsewhere))
+            return f"{prog}: unknown flag {name}: it is a flag of {owners} -- fix: see {prog} --help"
+    # compared without the dashes every flag shares, which alone make unrelated flags look alike
+    bare = {o.lstrip("-"): o for o in options}
+    close = difflib.get_close_matches(name.lstrip("-"), list(bare), n=1, cutoff=0.7)
+    fix = f"did you mean {bare[close[0]]}?" if close else f"see {prog} --help"
     return f"{prog}: unknown flag {name} -- fix: {fix}"
 
 

@@ -413,6 +413,32 @@ def config_from_dict(
     Raises:
         ConfigError: unknown or misspelled key, wrong type, inconsistent dims or inputs.
     """
+    try:
+        return _validated(raw, source=source, base_dir=base_dir, overrides=overrides)
+    except ConfigError as exc:
+        raise _blame_overrides(exc, str(source), overrides or {}) from None
+
+
+def _blame_overrides(exc: ConfigError, source: str, overrides: dict[str, Any]) -> ConfigError:
+    """``exc`` with its where naming the override (a flag or an API keyword) that set the key it is about, not
+    only the config file, which may not hold that key at all; ``exc`` itself when no override set it."""
+    import re
+
+    named = re.findall(r"key '([^']+)'", exc.message)
+    for key in overrides:
+        hit = next((n for n in named if n == key or n.startswith(key + ".") or key.startswith(n + ".")), None)
+        if hit is not None:
+            if exc.message.startswith(f"{source}: "):
+                setter = hit if hit.startswith(key + ".") else key  # --dim sets all of 'dims': name the one at fault
+                message = f"{source}, as overridden by {setter}: " + exc.message[len(source) + 2 :]
+                return ConfigError(message, hint=exc.hint)
+    return exc
+
+
+def _validated(
+    raw: dict[str, Any], *, source: str, base_dir: str | Path, overrides: dict[str, Any] | None
+) -> DeployConfig:
+    """:func:`config_from_dict`'s work, its errors naming the config file."""
     raw = json.loads(json.dumps(raw))  # deep copy; TOML data is JSON-compatible
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)

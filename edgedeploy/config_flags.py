@@ -43,6 +43,8 @@ HELP = {
     "precision.accuracy_target": "held-out score the reduced-precision model must reach (default: from the tolerance)",
     "precision.max_fallback_tries": "quantizations the float-fallback search may spend",
     "precision.keep_fp32": "ONNX node names kept in float",
+    "precision.time_budget_s": "seconds the INT8 fallback search may run (default: no limit)",
+    "validate.goldens_budget_mb": "size bound of goldens.npz in MB (default: the larger of 8 MB and twice the weights)",
     "validate.classifier_outputs": "outputs judged by top-k agreement (classifier logits)",
     "validate.topk": "k of the top-k agreement",
     "validate.latency_warmup": "untimed runs before timing",

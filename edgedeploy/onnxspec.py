@@ -43,7 +43,33 @@ def read_graph(path: Path, where: str) -> Any:
         raise InputError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.graph.output or not model.graph.input:
         raise InputError(f"{path} has no graph inputs or outputs: not an exported ONNX model", hint="export it again")
+    _check_external_data(model, path)
     return model.graph
+
+
+def _check_external_data(model: Any, path: Path) -> None:
+    """Every tensor kept in external data names a plain relative file beside the model: a location that leaves
+    the model's folder (``../../etc/passwd``, an absolute path, a link out of it) is refused before anything
+    reads it.
+
+    Raises:
+        InputError: a tensor's external data location leaves the model's folder.
+    """
+    import os
+
+    folder = path.resolve().parent
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if tensor.data_location != 1:  # onnx.TensorProto.EXTERNAL
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = (folder / location).resolve()
+        if not location or os.path.isabs(location) or folder not in target.parents:
+            raise InputError(
+                f"{path}: tensor {tensor.name!r} keeps its data at {location!r}, outside the model's folder "
+                f"{folder}: refused, nothing read from it",
+                hint="export the model again with its external data file beside it (a plain file name)",
+            )
 
 
 def _dim_name(text: str, fallback: str) -> str:

@@ -144,6 +144,10 @@ def test_calib_resize_flag_is_the_fix_for_dynamic_image_size(tmp_path: Path, cap
         (["build", "--calib-resise=224,224"], "unknown flag --calib-resise -- fix: did you mean --calib-resize?"),
         (["cache", "prune", "--max-szie", "1G"], "unknown flag --max-szie -- fix: did you mean --max-size?"),
         (["build", "--no-simplfy"], "did you mean --no-simplify?"),
+        # another command's flag is named as such, not matched to a look-alike (--factory is not --dla-core)
+        (["check", "-c", "d.toml", "--factory", "m:b"], "unknown flag --factory: it is a flag of deploy build"),
+        (["check", "-c", "d.toml", "--opset", "13"], "unknown flag --opset: it is a flag of deploy build --"),
+        (["check", "-c", "d.toml", "--targte", "cpu"], "unknown flag --targte -- fix: did you mean --target?"),
     ],
 )
 def test_mistyped_flag_names_the_closest_one(capsys, argv: list[str], needle: str) -> None:
@@ -162,6 +166,19 @@ def test_mistyped_choice_names_the_closest_one(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["check", "--onnx", "m.onnx", "--precision", "int9"])
     assert exc.value.code == 2 and "did you mean 'int8'?" in capsys.readouterr().err
+
+
+def test_a_bad_value_given_by_a_flag_is_blamed_on_that_flag_not_the_file(tiny_project: Path, capsys) -> None:
+    for argv, needle in (
+        (["--dim", "batch=8:4:1"], "deploy.toml, as overridden by dims.batch: key 'dims.batch' needs 1 <= min"),
+        (["--set", "tolerance.fp32.atol=abc"], "as overridden by tolerance.fp32.atol: key 'tolerance.fp32.atol'"),
+        (["--calib-samples=-3"], "as overridden by precision.calib_samples: key 'precision.calib_samples' = -3"),
+    ):
+        assert main(["build", "-c", str(tiny_project), *argv]) == 2
+        assert needle in capsys.readouterr().err
+    module = next(tiny_project.parent.glob("tinynet_*.py")).stem
+    assert main(["build", "-c", str(tiny_project), "--factory", f"{module}:biuld"]) == 2
+    assert f"did you mean {module}:build?" in capsys.readouterr().err
 
 
 def test_mistyped_target_names_the_closest_profile(capsys, tmp_path: Path, monkeypatch) -> None:
@@ -188,6 +205,17 @@ def test_api_keyword_typo_blames_the_keyword_not_the_config(tiny_project: Path) 
         edgedeploy.build(cfg, precison__mode="int8")
     assert "did you mean precision__mode?" in err.value.one_line()
     assert not (tiny_project.parent / "out").exists()
+
+
+def test_api_keyword_paths_are_the_callers_like_path_flags(tiny_project: Path, tmp_path: Path, monkeypatch) -> None:
+    import edgedeploy
+
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    cfg = edgedeploy.load_config(tiny_project, build__out="build/r18", build__target="cpu")
+    assert Path(cfg.build.out) == caller / "build" / "r18"  # not beside the config file
+    assert cfg.build.target == "cpu"  # other keywords pass through untouched
 
 
 def test_generate_key_creates_its_folder_and_refuses_to_overwrite(tmp_path: Path, capsys) -> None:

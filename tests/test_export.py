@@ -301,3 +301,18 @@ def test_simplification_infers_shapes_once_and_folds_as_much_as_onnxslim_alone(
     kept, info = simplify_checked(proto, feeds)
     assert info["status"] == "kept" and ops(kept) == without_shapes  # what onnx's inference lets it fold
     assert len(kept.graph.value_info) > 0  # onnx's inference stood in (onnxslim alone would leave none)
+
+
+def test_a_failed_export_offers_only_the_fixes_left_to_try(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from edgedeploy.stages.export import _export_fix
+    from edgedeploy.targets import get_target
+
+    cfg = make_config(tmp_path / "p", GOOD_MODEL)
+    nano = SimpleNamespace(cfg=cfg, target=get_target("jetson-nano"))  # parses opset 13 at most
+    both = _export_fix(nano, ["torchscript", "dynamo"])  # type: ignore[arg-type]
+    assert "export.exporter" not in both and "higher export.opset" not in both
+    assert "opset 13 is the most target 'jetson-nano' parses" in both
+    one = _export_fix(SimpleNamespace(cfg=cfg, target=get_target("cpu")), ["dynamo"])  # type: ignore[arg-type]
+    assert "try export.exporter = 'torchscript'" in one

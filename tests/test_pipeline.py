@@ -115,6 +115,51 @@ def test_validation_data_outside_dims_is_rejected(tiny_project: Path):
         edgedeploy.build(tiny_project, log=lambda _: None, validate__data=str(data))
 
 
+def test_validation_data_is_judged_for_what_it_holds_before_the_model_is(tiny_project: Path):
+    data = tiny_project.parent / "val.npz"
+    bad = np.zeros((2, 3, 16, 16), np.float32)
+    bad[1, 0, 3, 4] = np.nan
+    np.savez(data, image=bad)
+    with pytest.raises(InputError, match=r"val.npz: image: holds 1 NaN/Inf value\(s\)") as err:
+        edgedeploy.build(tiny_project, log=lambda _: None, validate__data=str(data))
+    assert "repair the samples of image" in err.value.one_line()  # the file is at fault, not the model
+    np.savez(data, image=np.zeros((2, 3, 16, 16), np.int64))
+    with pytest.raises(InputError, match="image: dtype int64, the input is float32") as err:
+        edgedeploy.build(tiny_project, log=lambda _: None, validate__data=str(data))
+    assert "save image as float32" in err.value.one_line()
+    np.savez(data, img=np.zeros((2, 3, 16, 16), np.float32))  # one array for one input: read as that input
+    assert edgedeploy.build(tiny_project, log=lambda _: None, validate__data=str(data)).ok
+
+
+def test_feeds_that_do_not_fit_the_spec_get_the_fix_for_what_is_wrong(tiny_project: Path):
+    from edgedeploy.modelio.inputs import check_feeds
+
+    cfg = edgedeploy.load_config(tiny_project)
+    with pytest.raises(InputError) as err:
+        check_feeds(cfg, {"img": np.zeros((1, 3, 16, 16), np.float32)}, "v.npz")
+    assert "fix: name the arrays after the model's inputs: image" in err.value.one_line()
+    with pytest.raises(InputError) as err:
+        check_feeds(cfg, {"image": np.zeros((1, 16, 16, 3), np.float32)}, "v.npz")
+    assert "axis 1 is 16, spec fixes it at 3" in err.value.one_line()
+    assert "fix: give image arrays of shape ['batch', 3, 16, 16]" in err.value.one_line()
+
+
+def test_a_factory_that_raises_is_named_at_its_line_and_a_bad_keyword_at_the_kwargs(tiny_project: Path):
+    broken = tiny_project.parent / "broken_factory.py"
+    broken.write_text("def build(**kwargs):\n    size = 3\n    raise RuntimeError(f'boom {size}')\n")
+    with pytest.raises(ConfigError) as err:
+        edgedeploy.build(tiny_project, log=lambda _: None, model__factory="broken_factory:build", model__kwargs={})
+    line = err.value.one_line()
+    assert (
+        "raised RuntimeError: boom 3 (at broken_factory.py:3)" in line
+        and "fix the factory at broken_factory.py:3" in line
+    )
+    with pytest.raises(ConfigError) as err:
+        edgedeploy.build(tiny_project, log=lambda _: None, model__kwargs={"nope": 1})
+    assert "unexpected keyword argument 'nope'" in err.value.one_line()
+    assert "check model.kwargs against the factory's parameters" in err.value.one_line()
+
+
 def test_factory_that_does_not_import(tiny_project: Path):
     with pytest.raises(ConfigError, match="cannot find module 'no_such_module'"):
         edgedeploy.build(tiny_project, log=lambda _: None, model__factory="no_such_module:build")

@@ -142,6 +142,25 @@ def test_deploy_check_on_an_onnx_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["check", "--onnx", str(tmp_path / "missing.onnx"), "--target", "cpu"]) == 3
 
 
+def test_the_fix_for_an_op_tensorrt_cannot_parse_names_a_release_that_can_or_says_none_can(tmp_path: Path) -> None:
+    det = onnx.load(
+        str(
+            _onnx_file(
+                tmp_path / "det.onnx",
+                [helper.make_node("Det", ["x"], ["y"], name="det")],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 2])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+            )
+        )
+    )
+    (found,) = [f for f in tensorrt_findings(det, trt_version="10.3") if f.severity == "error"]
+    newest = trt_table_versions()[-1]
+    assert f"no TensorRT up to {newest} does" in found.fix and "cpu target" in found.fix  # no device to move to
+    nonzero = onnx.load(str(_nonzero_onnx(tmp_path)))
+    (found,) = [f for f in tensorrt_findings(nonzero, trt_version="8.2") if f.severity == "error"]
+    assert "with TensorRT 8.5 or newer, which parses it" in found.fix  # the first release whose table has it
+
+
 def test_deploy_check_with_a_config(tiny_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--config", str(tiny_project), "--target", "jetson-orin"]) == 0
     out = capsys.readouterr().out

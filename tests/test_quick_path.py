@@ -92,6 +92,10 @@ def test_onnx_model_builds_int8_against_its_own_fp32_run(tmp_path: Path) -> None
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "passed"
     assert report["parity"]["reference"].startswith("onnxruntime-fp32")
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "report.schema.json").read_text())
+    jsonschema.validate(report, schema)  # the documented schema covers a build from --onnx too
     deployed = next(c for c in report["parity"]["candidates"] if c.get("deploy"))
     assert deployed["name"] == "onnxruntime-int8" and deployed["status"] == "passed"
     assert (out / "model.int8.onnx").is_file()
@@ -146,3 +150,38 @@ def test_onnx_file_problems_are_input_errors(tmp_path: Path, capsys) -> None:
     onnx.save(proto, str(dynamic_hw))
     assert main(["build", "--onnx", str(dynamic_hw)]) == 2
     assert "pass --dim height=MIN:OPT:MAX" in capsys.readouterr().err
+
+
+def test_an_onnx_model_whose_weights_point_outside_its_folder_is_refused_unread(tmp_path: Path, capsys) -> None:
+    import onnx
+    from onnx import TensorProto
+
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.zeros(4 * 3 * 3 * 3, np.float32).tobytes())  # a file the model has no business reading
+    folder = tmp_path / "model"
+    folder.mkdir()
+    proto = onnx.load(str(tiny_onnx(folder / "m.onnx")))
+    weight = next(t for t in proto.graph.initializer if t.name == "conv_w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="../secret.bin")
+    onnx.save(proto, str(folder / "m.onnx"))
+    for argv in (["build", "--onnx", str(folder / "m.onnx"), "--out", str(tmp_path / "out")],
+                 ["check", "--onnx", str(folder / "m.onnx"), "--target", "cpu"]):  # fmt: skip
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert "tensor 'conv_w' keeps its data at '../secret.bin', outside the model's folder" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_onnx_model_onnxruntime_cannot_run_is_an_operator_error_naming_the_op(tmp_path: Path, capsys) -> None:
+    import onnx
+    from onnx import helper
+
+    proto = onnx.load(str(tiny_onnx(tmp_path / "m.onnx")))
+    relu = next(n for n in proto.graph.node if n.op_type == "Relu")
+    relu.op_type, relu.domain = "Frobnicate", "com.example"
+    proto.opset_import.append(helper.make_opsetid("com.example", 1))
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    assert main(["build", "--onnx", str(tmp_path / "m.onnx"), "--out", str(tmp_path / "out"), *FAST]) == 5
+    assert "(Frobnicate)" in capsys.readouterr().err

@@ -68,11 +68,10 @@ def _check_file(args: argparse.Namespace) -> tuple[list[dict[str, str]], str]:
 
     target, _ = resolve_target(args.target or "cpu", targets_file=args.targets_file, local_tensorrt=running_tensorrt)
     target.require_dla(args.dla_core)
-    try:
-        import onnx
+    from edgedeploy.onnxspec import read_graph
 
-        if not onnx.load(str(path), load_external_data=False).graph.output:
-            raise InputError(f"{path} has no graph outputs: not an exported ONNX model", hint="export it again")
+    read_graph(path, "--onnx")  # an ONNX model, whose external data (if any) stays beside it
+    try:
         findings = check_model(path, target, dla_core=args.dla_core, precision=args.precision or "fp32")
     except Exception as exc:  # onnx.load's DecodeError and friends: the file is not an ONNX model
         if type(exc).__module__.startswith("edgedeploy"):

@@ -294,6 +294,14 @@ def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str,
                 f"{path}: sha256 {got[:16]}... differs from the expected {expect_sha256[:16]}...",
                 hint="copy the bundle again from the build host",
             )
+    inner = os.path.join(folder, "bundle", BUNDLE_MANIFEST)
+    if not os.path.exists(path) and os.path.isfile(inner):  # the build's output folder, one level above its bundle
+        raise BundleInputError(
+            "{} has no {}: it is a build's output folder, and its device bundle is {}".format(
+                folder, BUNDLE_MANIFEST, os.path.join(folder, "bundle")
+            ),
+            hint="pass the bundle folder: {}".format(os.path.join(folder, "bundle")),
+        )
     manifest = read_json(path, "bundle manifest")
     if manifest.get("schema") != BUNDLE_SCHEMA:
         raise BundleInputError(f"{path} is not an edgedeploy bundle manifest (schema {manifest.get('schema')!r})")

@@ -160,16 +160,19 @@ class OutputFolder:
         self._lock = FileLock(str(self.lock_path))
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
+            # made here first: filelock takes any failure to create its file for a lock held elsewhere and waits
+            # forever (a folder that takes no new files, e.g. under /proc)
+            os.close(os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644))
             try:
                 self._lock.acquire(timeout=0)
             except Timeout:
                 if self.log:
                     self.log(f"waiting for another build into {self.out} to finish (lock {self.lock_path})")
                 self._lock.acquire()
-        except PermissionError as exc:
+        except OSError as exc:
             raise ConfigError(
-                f"build.out: cannot write beside {self.out} ({exc.strerror}: {self.lock_path}); a build is staged "
-                "next to its output folder and switched in by rename",
+                f"build.out: cannot write beside {self.out} ({exc.strerror or exc}: {exc.filename or self.lock_path}); "
+                "a build is staged next to its output folder and switched in by rename",
                 hint="point --out at a folder inside a writable folder",
             ) from None
         try:
@@ -189,6 +192,12 @@ class OutputFolder:
         if out.exists() and not out.is_dir():
             raise ConfigError(
                 f"build.out: {out} is a file, not a folder", hint="pass --out pointing at a (new or empty) folder"
+            )
+        above = next((p for p in out.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise ConfigError(
+                f"build.out: {above} is a file, so {out} cannot be made below it",
+                hint="pass --out pointing at a (new or empty) folder whose parents are folders",
             )
         for p in self.inputs:
             if p == out or out in p.parents:

@@ -64,7 +64,7 @@ def _read_torch(path: Path) -> dict[str, Any]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
-            f"checkpoint {path} carries pickled code or objects, refused without loading them ({_short(exc)})",
+            f"checkpoint {path} carries pickled code or objects, refused without loading them ({_pickled(exc)})",
             hint="save plain tensors: torch.save(model.state_dict(), f) or use safetensors",
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -85,6 +85,29 @@ def _read_torch(path: Path) -> dict[str, Any]:
     return obj
 
 
+def _pickled(exc: BaseException) -> str:
+    """What torch's weights-only refusal names (the global it met), without its advice on how to load the file
+    anyway and without its terminal colour codes."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it names {found.group(1)}"
+    return _short(Exception(text.split("This file can still be loaded")[0].strip() or text))
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc``'s traceback outside the standard library, site-packages
+    and edgedeploy (the user's line that raised), or ""."""
+    import sysconfig
+    import traceback
+
+    skip = [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")] + [str(Path(__file__).parents[1])]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(f.filename.startswith(d) for d in skip)]
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+
+
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:200] + ("..." if len(text) > 200 else "")
@@ -103,13 +126,19 @@ def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
         with running_user_code(cfg):  # its late imports come from the project on disk, like its load's
             model = factory(**cfg.model.kwargs)
     except Exception as exc:  # user code: report it as a config problem with the cause
+        where = _raised_at(exc)
+        kwargs_at_fault = isinstance(exc, TypeError) and "argument" in str(exc)  # a keyword it does not take
         raise ConfigError(
-            f"{cfg.source}: model.factory {cfg.model.factory!r} raised {type(exc).__name__}: {exc}",
-            hint="check model.kwargs",
+            f"{cfg.source}: model.factory {cfg.model.factory!r} raised {type(exc).__name__}: {exc}"
+            + (f" (at {where})" if where else ""),
+            hint="check model.kwargs against the factory's parameters"
+            if kwargs_at_fault
+            else f"fix the factory{' at ' + where if where else ''}: it raised when called with model.kwargs",
         ) from None
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
-            f"{cfg.source}: model.factory {cfg.model.factory!r} returned {type(model).__name__}, not a torch.nn.Module"
+            f"{cfg.source}: model.factory {cfg.model.factory!r} returned {type(model).__name__}, not a torch.nn.Module",
+            hint="return the model (an nn.Module instance) from the factory",
         )
     return model
 

@@ -42,6 +42,7 @@ def check_feeds(cfg: DeployConfig, feeds: dict[str, Any], where: str) -> None:
             dim outside its [min, max], or the same named dim with two sizes.
     """
     problems = []
+    fixes: dict[str, None] = {}  # the fix of each kind of problem found, in order
     names = {s.name for s in cfg.inputs}
     for name in feeds:
         if name not in names:
@@ -53,19 +54,43 @@ def check_feeds(cfg: DeployConfig, feeds: dict[str, Any], where: str) -> None:
         shape = tuple(np.shape(feeds[s.name]))
         if len(shape) != len(s.shape):
             problems.append(f"{s.name}: rank {len(shape)}, spec {list(s.shape)} has rank {len(s.shape)}")
+            fixes[f"give {s.name} arrays of shape {list(s.shape)}"] = None
             continue
         seen: dict[str, int] = {}
         for axis, (want, got) in enumerate(zip(s.shape, shape)):
             if isinstance(want, int):
                 if want != got:
                     problems.append(f"{s.name}: axis {axis} is {got}, spec fixes it at {want}")
+                    fixes[f"give {s.name} arrays of shape {list(s.shape)}"] = None
             else:
                 d = cfg.dims[want]
                 if not d.min <= got <= d.max:
                     problems.append(f"{s.name}: dim '{want}' (axis {axis}) = {got} is outside [{d.min}, {d.max}]")
+                    fixes[f"fit {s.name} into [dims.{want}] min/max, or widen them in the config"] = None
                 if seen.setdefault(want, got) != got:
                     problems.append(f"{s.name}: dim '{want}' has two sizes {seen[want]} and {got}")
+        problems += [f"{s.name}: {p}" for p in _value_problems(s, feeds[s.name])]
+        if any(p.startswith(f"{s.name}: dtype") for p in problems):
+            fixes[f"save {s.name} as {s.dtype}"] = None
+        if any(p.startswith(f"{s.name}: holds") for p in problems):
+            fixes[f"drop or repair the samples of {s.name} holding NaN/Inf"] = None
+    if any(p.startswith(("unknown input", "input ")) for p in problems):
+        fixes = {f"name the arrays after the model's inputs: {', '.join(sorted(names))}": None, **fixes}
     if problems:
-        raise InputError(
-            f"{where}: " + "; ".join(problems), hint="reshape the data or widen [dims.*] min/max in the config"
-        )
+        raise InputError(f"{where}: " + "; ".join(problems), hint="; ".join(fixes) or None)
+
+
+def _value_problems(spec: Any, value: Any) -> list[str]:
+    """What makes ``value`` (an array, or a header with only a shape) unfit for ``spec`` beyond its shape: an
+    integer or boolean array for a float input, or NaN / Inf values in a float array."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not isinstance(value, np.ndarray):  # a header (shape alone): nothing more to check
+        return []
+    want = np.dtype(spec.dtype) if spec.dtype in ("float16", "float32", "float64", "int32", "int64", "bool") else None
+    if want is not None and want.kind == "f" and dtype.kind in "iub":
+        return [f"dtype {dtype}, the input is {spec.dtype} (an integer array is not float data)"]
+    if dtype.kind == "f" and value.size:
+        bad = int(np.count_nonzero(~np.isfinite(value)))
+        if bad:
+            return [f"holds {bad} NaN/Inf value(s) of {value.size}"]
+    return []

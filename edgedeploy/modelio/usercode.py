@@ -276,7 +276,14 @@ def load_factory(cfg: DeployConfig) -> LoadedFactory:
         )
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ConfigError(f"{where}: module {module_name!r} has no callable {attr!r}")
+        import difflib
+
+        names = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n, None))]
+        close = difflib.get_close_matches(attr, names, n=1)
+        raise ConfigError(
+            f"{where}: module {module_name!r} has no callable {attr!r}",
+            hint=f"did you mean {module_name}:{close[0]}?" if close else None,
+        )
     if origin != "config" and not (
         (inspect.isfunction(factory) or inspect.isclass(factory)) and factory.__module__ == module.__name__
     ):

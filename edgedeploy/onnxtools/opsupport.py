@@ -344,9 +344,18 @@ def _node_findings(
 
 
 def _fix_for_missing(op: str, version: str) -> str:
+    """The fix for an op TensorRT ``version`` cannot parse: the newer TensorRT whose table has it, if one does."""
+    newer = [v for v in trt_table_versions() if _version_key(v) > _version_key(version)]
+    parses = next((v for v in newer if op in trt_table(v)["supported"]), None)
+    if parses is not None:
+        return (
+            f"replace the PyTorch call that produces {op}, or target a device with TensorRT {parses} or newer, "
+            "which parses it; run 'deploy check --target NAME' per target to compare"
+        )
+    newest = trt_table_versions()[-1]
     return (
-        f"replace the PyTorch call that produces {op}, or target a device whose TensorRT (newer than {version}) "
-        "parses it; run 'deploy check --target NAME' per target to compare"
+        f"replace the PyTorch call that produces {op} with standard ops TensorRT parses (no TensorRT up to "
+        f"{newest} does), or build for the cpu target (ONNX Runtime)"
     )
 
 

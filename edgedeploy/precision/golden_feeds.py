@@ -206,6 +206,9 @@ def user_batches(cfg: DeployConfig) -> list[Feeds]:
     # one batch of at most the max batch size: a row more is enough for check_feeds to refuse a bigger file
     most = max(cfg.shape_for(s, "max")[0] if cfg.shape_for(s, "max") else 1 for s in cfg.inputs)
     read, _ = read_npz(path, None, limit=most + 1, row_bound=sample_bytes_bound(cfg))
+    names = [s.name for s in cfg.inputs]
+    if len(read) == 1 and len(names) == 1 and names[0] not in read:  # one array for one input, as calibration reads
+        read = {names[0]: next(iter(read.values()))}
     # more rows than a batch takes: check_feeds sees the declared count (a view, nothing more is read) and refuses
     feeds = {
         k: arr if rows <= most else np.broadcast_to(arr[:1], (rows, *arr.shape[1:])) for k, (arr, rows) in read.items()

@@ -41,10 +41,15 @@ class SearchProgress:
         self.iters = latency_iters
         self.qdq_as_written = qdq_as_written  # timed as the search judges it (a stand-in's Q/DQ as written)
         self.rows: list[dict[str, Any]] = []
+        self.nothing_quantized = False  # the all-INT8 try holds no INT8 compute: no node the target quantizes
 
     def __call__(self, row: dict[str, Any], model: Path) -> None:
         if self.feeds is not None:
             row["p50_ms"] = self._p50(model)
+        if not self.rows and row.get("float_nodes") == 0 and row.get("met"):  # the only line that says "all INT8"
+            from edgedeploy.precision.analysis import int8_compute_left
+
+            self.nothing_quantized = not int8_compute_left(model)
         self.rows.append(row)
         self.status(self.line(row))
 
@@ -76,6 +81,8 @@ class SearchProgress:
         if passing:
             best = min(passing, key=lambda r: (r["float_nodes"], r["try"]))
             if row is best and row["float_nodes"] == 0:
+                if self.nothing_quantized:  # it meets the target as the FP32 model it still is
+                    return f"{head}; but nothing was quantized: no node of this model is one this target's INT8 takes"
                 return f"{head}; everything INT8 meets {self.target}: done"
             why = "looking for fewer or faster float nodes" if more else "try budget spent"
             return f"{head}; best so far {best['float_nodes']} float ({best['score']:.4f}); {why}"

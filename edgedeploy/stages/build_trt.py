@@ -95,8 +95,8 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
         "The engine is built on the device, where TensorRT runs. Copy this folder there, then:\n\n"
         f"    python3 -I complete_bundle.py .      # verify hashes, build {plan.engine}, validate against goldens\n"
         f"    python3 -I complete_bundle.py . --verify-only && sh {TRTEXEC_SCRIPT}   # or trtexec (no validation)\n\n"
-        f"Needs TensorRT's Python bindings (JetPack ships them), numpy and polygraphy; Python {device_python}"
-        " or newer (3.6+).\n"
+        f"Needs Python {device_python} or newer, TensorRT's Python bindings (JetPack ships them) and numpy;"
+        " polygraphy runs the engine where it imports (TensorRT >= 8.5), else the bundled trt_runner.py does.\n"
         "Dry run anywhere without TensorRT: python3 -I complete_bundle.py . --runner onnxruntime\n"
     )
 

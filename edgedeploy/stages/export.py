@@ -27,6 +27,7 @@ from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
 from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix
 from edgedeploy.onnxtools.export import (
+    EXPORTER_OPSETS,
     EXTERNAL_DATA_THRESHOLD,
     ExportFailed,
     cheapest_first,
@@ -154,7 +155,7 @@ class OnnxFromTorch(Stage):
         raise StageError(
             self.name,
             ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
-            hint="see the op or dim named above; try another export.exporter or export.opset",
+            hint=_export_fix(ctx, order),
         )
 
     def _finish(
@@ -263,6 +264,21 @@ def _dims_named(errors: list[str]) -> list[str]:
     for group in re.findall(r"dynamic dim\(s\) ((?:'\w+'(?:, )?)+)", text):
         named += re.findall(r"'(\w+)'", group)
     return list(dict.fromkeys(named))
+
+
+def _export_fix(ctx: BuildContext, tried: list[str]) -> str:
+    """The fixes left for an export every exporter in ``tried`` failed: another exporter only where one was not
+    tried, another opset only where the target parses a higher one than was used."""
+    fixes = ["see the op or dim named above: replace or rewrite that call in the model"]
+    untried = [e for e in EXPORTER_OPSETS if e not in tried]
+    if untried:
+        fixes.append(f"try export.exporter = {untried[0]!r}")
+    used = max(choose_opset(ctx.cfg, ctx.target, e) for e in tried)
+    if used < ctx.target.max_opset:
+        fixes.append(f"try a higher export.opset (target '{ctx.target.name}' parses up to {ctx.target.max_opset})")
+    elif ctx.target.name != "cpu":
+        fixes.append(f"opset {used} is the most target '{ctx.target.name}' parses: a newer target may export it")
+    return "; or ".join(fixes)
 
 
 def _order(ctx: BuildContext) -> tuple[list[str], str]:

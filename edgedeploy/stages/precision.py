@@ -716,7 +716,7 @@ def _refuse_without_int8_compute(
     raise NoInt8ComputeError(
         "precision",
         "INT8 leaves no INT8 compute in this model (every Conv/Gemm/MatMul/LSTM/GRU in float: "
-        + (", ".join(causes) or "nothing was quantized")
+        + (", ".join(causes) or "nothing was quantized: no node of this model is one this target's INT8 takes")
         + f"), i.e. an FP32 model: refusing to call it INT8 (held-out {result.final.get('metric')} by float "
         f"nodes: {scores or 'no tries'})",
         hint="; or ".join(fixes or ["build FP32 (--precision fp32), or FP16 on a GPU target"]),

@@ -13,6 +13,8 @@ import numpy as np
 
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import CALIB_CODE, CHECKPOINT, GOLDENS, VALIDATION_DATA
+from edgedeploy.errors import StageError
+from edgedeploy.onnxtools.opsupport import onnxruntime_findings, raise_on_errors
 from edgedeploy.onnxtools.ort import ort_session
 from edgedeploy.precision.golden_feeds import budget_bytes, check_finite, golden_arrays, goldens_config_key
 from edgedeploy.stages.base import BuildContext, Stage, StageResult
@@ -35,7 +37,12 @@ class GoldensFromOnnx(Stage):
     def run(self, ctx: BuildContext) -> StageResult:
         cfg = ctx.cfg
         budget = budget_bytes(cfg, ctx.path(CHECKPOINT).stat().st_size)  # the ONNX file: its weights and graph
-        session = ort_session(ctx.path(CHECKPOINT), stage=self.name)
+        try:
+            session = ort_session(ctx.path(CHECKPOINT), stage=self.name)
+        except StageError:
+            # the runtime refused the model itself: name the node and op as the preflight would (exit 5)
+            raise_on_errors(onnxruntime_findings(ctx.path(CHECKPOINT)), "ONNX Runtime (the reference run)")
+            raise
 
         def outputs(feeds: dict[str, np.ndarray], done: int, total: int, point: str) -> dict[str, np.ndarray]:
             ctx.status(f"ONNX Runtime reference outputs: batch {done} of {total} ({point})", tick=True)

@@ -39,6 +39,15 @@ if TYPE_CHECKING:
 
 INTEGRITY, BUILD, PARITY, PERFORMANCE = 9, 6, 7, 8
 _EXIT_ORDER = (INTEGRITY, BUILD, PARITY, PERFORMANCE)
+# what to do about each kind of failure (the failing checks themselves are listed above the verdict)
+_GATE_FIXES = {
+    INTEGRITY: "rebuild into this folder (deploy build ... --out DIR), or restore it from the release it was copied "
+    "from; never edit a built folder by hand",
+    PARITY: "see the failing checks above: fix the model or its data, or widen [tolerance] only if the difference "
+    "is acceptable for the release",
+    PERFORMANCE: "see the timings above: find what slowed the artifact, or update the baseline if the change is "
+    "intended (--baseline NEW/report.json)",
+}
 _ERRORS: dict[int, Any] = {
     INTEGRITY: ArtifactIntegrityError,
     PARITY: ParityError,
@@ -96,7 +105,7 @@ class GateResult:
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
             return StageError(GATE, message, hint="fix the build failure first; see its report")
-        err = _ERRORS[code](message, hint="see the failing checks listed above")
+        err = _ERRORS[code](message, hint=_GATE_FIXES[code])
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
         return err

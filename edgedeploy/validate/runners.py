@@ -100,7 +100,8 @@ def discover_backends(
         elif engine is None:
             skipped.append(SkippedBackend("tensorrt", "no TensorRT engine in this build"))
         else:
-            found.append(Backend(f"tensorrt-{build_precision}", "tensorrt", build_precision, engine))
+            # one name for the engine candidate, as the device step's rows: a gate's required_backends matches both
+            found.append(Backend("tensorrt", "tensorrt", build_precision, engine))
     return found, skipped
 
 

@@ -92,6 +92,13 @@ def test_deploy_bundle_verify_refuses_unlisted_files(bundle, capsys):
     assert "sub/x.bin is not listed" in err
 
 
+def test_verifying_the_output_folder_instead_of_its_bundle_names_the_bundle(bundle, capsys):
+    out = bundle.parent  # the bundle sits at <out>/bundle, as a build writes it
+    assert main(["bundle", "verify", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert f"pass the bundle folder: {bundle}" in err and "output folder" in err
+
+
 @pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "a/../../x", "a\\..\\x", ""])
 def test_bundle_json_names_are_confined_to_the_bundle(bundle, name):
     manifest = json.loads((bundle / "bundle.json").read_text())

@@ -46,9 +46,21 @@ def test_out_dot_never_overwrites_the_users_files(tiny_project: Path):
     (project / "report.md").write_text("my notes")
     (project / "model.onnx").write_bytes(b"my model")
     with pytest.raises(ConfigError, match="contains this build's input"):
-        edgedeploy.build(tiny_project, build__out=".", **QUIET)
+        edgedeploy.build(tiny_project, build__out=str(project), **QUIET)
     assert (project / "report.md").read_text() == "my notes"
     assert (project / "model.onnx").read_bytes() == b"my model"
+
+
+def test_an_out_path_below_a_file_or_in_a_folder_without_new_files_is_one_config_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"notes.txt is a file, so .*notes.txt/sub cannot be made below it"):
+        with OutputFolder(tmp_path / "notes.txt" / "sub"):
+            pass
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    if Path("/proc/self").is_dir():  # takes no new files: filelock alone would wait for a lock nobody holds
+        with pytest.raises(ConfigError, match="cannot write beside /proc/self/out"):
+            with OutputFolder(Path("/proc/self/out")):
+                pass
 
 
 def test_a_non_empty_folder_that_is_not_an_edgedeploy_output_is_refused(tiny_project: Path, tmp_path):

@@ -19,7 +19,7 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult
 
 class PreflightFromOnnx(Stage):
     name = names.CHECK
-    version = "2"
+    version = "3"  # 3: a missing op's fix names the TensorRT release that parses it
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA,)
     produces = (PREFLIGHT,)

@@ -109,11 +109,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extras:
         print(unknown_flag_message(parser, getattr(args, "command", None), extras), file=sys.stderr)
         return 2
+    previous = _stop_on_sigterm()
     try:
         return int(args.handler(args) or 0)
     except DeployError as exc:
         print(f"deploy: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("deploy: terminated (SIGTERM); the previous output is left as it was", file=sys.stderr)
+        return 128 + 15
     except KeyboardInterrupt:
         print("deploy: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``docker stop``, a cancelled CI job) as an interrupt: the build unwinds as on Ctrl-C, its staging
+    folder removed and the previous output untouched, instead of dying where it stands."""
+
+
+def _stop_on_sigterm() -> Any:
+    """Make SIGTERM raise :class:`Terminated` in this (main) thread; the handler it replaced, or None where
+    signals cannot be handled here (another thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise Terminated
+
+    return signal.signal(signal.SIGTERM, stop)

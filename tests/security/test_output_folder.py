@@ -138,6 +138,28 @@ def test_kill_9_during_a_real_publish_leaves_the_old_release(tiny_project: Path)
     assert list(Path(os.environ["EDGEDEPLOY_CACHE_DIR"]).glob("*/*/stage.json"))  # one cache, outside OUT
 
 
+def test_sigterm_mid_build_unwinds_like_ctrl_c_and_leaves_the_previous_output(tiny_project: Path):
+    first = edgedeploy.build(tiny_project, **QUIET)
+    old_manifest = (first.out / "manifest.json").read_text()
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from edgedeploy.cli import main
+        from edgedeploy.fileio import outdir
+        def stop(step):
+            if step == "marker":  # the finished staging folder is about to be switched in
+                os.kill(os.getpid(), signal.SIGTERM)
+        outdir.step_hook = stop
+        sys.exit(main(["build", "-c", {str(tiny_project)!r}, "--samples", "2"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr
+    assert "terminated (SIGTERM)" in proc.stderr.strip().splitlines()[-1]
+    assert (first.out / "manifest.json").read_text() == old_manifest and verify_artifacts(first.out)
+    assert not list(first.out.parent.glob(f".{first.out.name}.staging-*"))  # unwound, not left for the next build
+
+
 def test_two_concurrent_builds_into_one_out_leave_one_complete_release(tiny_project: Path):
     cmd = [sys.executable, "-m", "edgedeploy", "build", "-c", str(tiny_project)]
     procs = [

@@ -68,7 +68,8 @@ def test_image_folder_is_resized_normalized_and_batched(tmp_path: Path) -> None:
         want = np.asarray(im.convert("RGB").resize((16, 16), Image.Resampling.BILINEAR), dtype=np.float32) / 127.5 - 1.0
     np.testing.assert_allclose(x[0], want.transpose(2, 0, 1), atol=1e-5)
     prov = cs.provenance()
-    assert prov["source_sha256"] == hash_directory(folder) and prov["samples_used"] == 9
+    assert prov["source_sha256"] == hash_directory(folder, 9) and prov["samples_used"] == 9
+    assert hash_directory(folder, 9) != hash_directory(folder)  # the 10th image is not read, so not hashed
     reader = OrtCalibrationReader(cs.batches)
     assert sum(1 for _ in iter(reader.get_next, None)) == 3
     reader.rewind()
@@ -103,6 +104,19 @@ def test_dynamic_spatial_size_needs_resize(tmp_path: Path) -> None:
     assert "precision.calib_resize" in info.value.one_line()
 
 
+def test_a_calibration_folder_is_hashed_for_the_images_it_gives_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+    from edgedeploy.precision import data
+
+    folder = photo_folder(tmp_path / "calib", count=3)
+    (folder / "dump.bin").write_bytes(b"x")  # stands for a huge file beside the photos: never opened
+    hashed: list[str] = []
+    real = data.sha256_file
+    monkeypatch.setattr(data, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    cfg = make_cfg(tmp_path, precision={"calib": str(folder), "calib_samples": 2})
+    calibration_fingerprint(cfg)
+    assert hashed == ["img000.png", "img001.png"]  # the two a 2-sample calibration reads
+
+
 def test_directory_hash_follows_content_not_mtime(tmp_path: Path) -> None:
     folder = photo_folder(tmp_path / "calib", count=3)
     before = hash_directory(folder)
@@ -111,7 +125,8 @@ def test_directory_hash_follows_content_not_mtime(tmp_path: Path) -> None:
     (folder / "img001.png").write_bytes((folder / "img002.png").read_bytes())
     assert hash_directory(folder) != before
     cfg = make_cfg(tmp_path, precision={"calib": str(folder)})
-    assert calibration_fingerprint(cfg) == {"kind": "images", "location": str(folder), "sha256": hash_directory(folder)}
+    want = hash_directory(folder, cfg.precision.calib_samples)
+    assert calibration_fingerprint(cfg) == {"kind": "images", "location": str(folder), "sha256": want}
 
 
 def test_npy_npz_and_shape_errors(tmp_path: Path) -> None:

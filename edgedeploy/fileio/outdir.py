@@ -135,10 +135,20 @@ class OutputFolder:
     Use as a context manager around the whole build.
     """
 
-    def __init__(self, out: Path, *, inputs: Iterable[Path] = (), log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        *,
+        inputs: Iterable[Path] = (),
+        log: Callable[[str], None] | None = None,
+        sha256: Callable[[Path], str] | None = None,
+    ) -> None:
+        """``sha256``: hashes a file of the previous output against its manifest (a digest memo's, so an
+        unchanged file is not read again); default: read every one."""
         self.out = Path(os.path.abspath(out))
         self.inputs = [Path(os.path.abspath(p)) for p in inputs]
         self.log = log
+        self._sha256 = sha256
         self._lock: Any = None
 
     # ---- names beside <out> -----------------------------------------------------------------------
@@ -162,7 +172,8 @@ class OutputFolder:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             # made here first: filelock takes any failure to create its file for a lock held elsewhere and waits
             # forever (a folder that takes no new files, e.g. under /proc)
-            os.close(os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644))
+            # O_NOFOLLOW: a planted link named like the lock must not make a file where it points
+            os.close(os.open(self.lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644))
             try:
                 self._lock.acquire(timeout=0)
             except Timeout:
@@ -216,16 +227,28 @@ class OutputFolder:
 
         Called with the lock held, so no other build is using these folders.
         """
+        # only real folders are a killed build's leftovers: a link named like one (planted) is removed, never
+        # followed, so nothing outside becomes OUT or moves into it
         old = self._siblings("old")
-        if old and not self.out.exists():
-            newest = max(old, key=lambda p: p.stat().st_mtime)
+        planted = [p for p in [*old, *self._siblings("staging")] if p.is_symlink() or not p.is_dir()]
+        for path in planted:
+            path.unlink(missing_ok=True)
+        old = [p for p in old if p not in planted]
+        if old and not os.path.lexists(self.out):
+            newest = max(old, key=lambda p: p.lstat().st_mtime)
             os.rename(newest, self.out)
             if self.log:
                 self.log(f"restored {self.out} from {newest.name} (an earlier build was killed while publishing)")
             old.remove(newest)
-        for staging in self._siblings("staging"):
+        for staging in [p for p in self._siblings("staging") if p not in planted]:
             cache = staging / CACHE_DIR
-            if cache.is_dir() and self.out.is_dir() and not (self.out / CACHE_DIR).exists():
+            if (
+                cache.is_dir()
+                and not cache.is_symlink()
+                and self.out.is_dir()
+                and not self.out.is_symlink()
+                and not os.path.lexists(self.out / CACHE_DIR)
+            ):
                 os.rename(cache, self.out / CACHE_DIR)  # killed after moving the cache over, before the switch
             _rmtree(staging)
         for path in old:
@@ -254,7 +277,10 @@ class OutputFolder:
                 f"(it holds {', '.join(sorted(entries)[:5])}); a build replaces its output folder as a whole",
                 hint="pass --out pointing at a new or empty folder",
             )
-        listed = {n for n in manifest.get("artifacts", {}) if isinstance(n, str)} | {"manifest.json", MARKER, SIGNATURE}
+        artifacts = manifest.get("artifacts")
+        recorded: dict[str, Any] = artifacts if isinstance(artifacts, dict) else {}
+        self._check_recorded(recorded)
+        listed = {n for n in recorded if isinstance(n, str)} | {"manifest.json", MARKER, SIGNATURE}
         foreign = []
         for path in sorted(self.out.rglob("*")):
             rel = path.relative_to(self.out).as_posix()
@@ -272,6 +298,28 @@ class OutputFolder:
                 f"{', ...' if len(foreign) > 5 else ''}); a build replaces its output folder as a whole",
                 hint="move them out of the folder, or pass --out pointing at another folder",
             )
+
+    def _check_recorded(self, recorded: dict[str, Any]) -> None:
+        """Every file the folder's manifest lists is the file it recorded (its sha256): a manifest decides which
+        files a build may delete, so one that does not vouch for what is there (planted beside someone's files,
+        or the files changed since) decides nothing.
+
+        Raises:
+            InputError: a listed file differs from its recorded sha256, or is a link.
+        """
+        from edgedeploy.fileio.hashing import sha256_file
+
+        digest = self._sha256 or sha256_file
+        for name, want in recorded.items():
+            path = self.out / str(name)
+            if not os.path.lexists(path) or not isinstance(name, str) or Path(name).is_absolute() or ".." in name:
+                continue  # absent, or a name no file of this folder answers to: it lists nothing here
+            if path.is_symlink() or not path.is_file() or digest(path) != want:
+                raise InputError(
+                    f"build.out: {path} is not the file {self.out / 'manifest.json'} records (changed since it was "
+                    "built, or the manifest is not this tool's); a build replaces its output folder as a whole",
+                    hint="move the folder away, or pass --out pointing at a new folder",
+                )
 
     # ---- building and publishing ------------------------------------------------------------------
     def new_staging(self) -> Path:

@@ -164,12 +164,21 @@ def run_build(
         console = BuildConsole(sys.stderr, quiet=quiet, log_file=log_file)
         log = console.line
     out = Path(cfg.path(cfg.build.out) or "build")
+    made: list[StageCache] = []
+
+    def cache() -> StageCache:  # one per user, shared by every OUT (see pipeline.cache); made when first needed
+        if not made:
+            made.append(StageCache(default_cache_dir(), log=log))
+        return made[0]
+
+    # the previous output's files, checked against its manifest, are hashed once: later builds read the memo
+    memo = (lambda path: cache().digests().sha256(path)) if cfg.build.cache else None
     try:
         inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
-        with OutputFolder(out, inputs=inputs, log=log) as folder:  # one build per folder; published as a unit
+        with OutputFolder(out, inputs=inputs, log=log, sha256=memo) as folder:  # one build per folder, one unit
             check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
             try:
-                return _run_build(cfg, folder, stages, log, verbose, console)
+                return _run_build(cfg, folder, stages, log, verbose, console, cache())
             except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
                 err = disk_full(exc, folder.out)
                 if err is None:
@@ -191,6 +200,7 @@ def _run_build(
     log: Callable[[str], None],
     verbose: bool,
     console: BuildConsole | None = None,
+    cache: StageCache | None = None,
 ) -> BuildResult:
     t_start = time.perf_counter()
     from edgedeploy.targets.resolve import check_capabilities, resolve_target
@@ -207,7 +217,7 @@ def _run_build(
 
     refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded
     out = folder.out
-    cache = StageCache(default_cache_dir(), log=log)  # one per user, shared by every OUT; see pipeline.cache
+    cache = cache or StageCache(default_cache_dir(), log=log)  # one per user, shared by every OUT; see pipeline.cache
     # setup problems (missing inputs, a factory that does not import, a bad policy) fail before anything is written
     external = _external_inputs(cfg)
     usercode.forget()  # modules an earlier build in this process imported are imported afresh

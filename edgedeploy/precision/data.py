@@ -87,10 +87,16 @@ class OrtCalibrationReader:
         return len(self._batches)
 
 
-def hash_directory(folder: Path) -> str:
-    """sha256 over the sorted relative file list and each file's contents (mtimes never enter)."""
+def hash_directory(folder: Path, limit: int | None = None) -> str:
+    """sha256 over the image files an image-folder calibration reads (the first ``limit`` of them, sorted, as
+    :func:`image_folder_plan` lists them): each one's relative name and contents (mtimes never enter).
+
+    Only those files are read: the other files of a folder given as calibration data (a 200 GB sparse file, a
+    link to a device) are never opened.
+    """
     h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+    images = sorted(q for q in folder.rglob("*") if q.is_file() and q.suffix.lower() in IMAGE_SUFFIXES)
+    for p in images[:limit]:
         h.update(p.relative_to(folder).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
@@ -117,7 +123,7 @@ def calibration_fingerprint(cfg: DeployConfig) -> dict[str, str]:
     if path is None:
         return {"kind": "random", "location": "", "sha256": ""}
     if path.is_dir():
-        return {"kind": "images", "location": str(path), "sha256": hash_directory(path)}
+        return {"kind": "images", "location": str(path), "sha256": hash_directory(path, max(1, p.calib_samples))}
     if path.is_file():
         return {"kind": path.suffix.lstrip(".").lower(), "location": str(path), "sha256": sha256_file(path)}
     raise InputError(f"calibration data not found: {path}", hint="fix precision.calib or --calib")

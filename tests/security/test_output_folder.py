@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -389,3 +390,58 @@ def test_an_out_in_a_read_only_folder_is_a_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="cannot write beside"):
         with OutputFolder(tmp_path / "out"):
             pass
+
+
+# ---- planted files and links beside or inside OUT ------------------------------------------------------
+
+
+def test_a_planted_manifest_does_not_make_someone_elses_files_a_builds_to_delete(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    (docs / "notes").mkdir(parents=True)
+    (docs / "thesis.tex").write_text("mine")
+    (docs / "notes" / "b.txt").write_text("mine too")
+    forged = {"schema": "edgedeploy-manifest/1", "artifacts": {"thesis.tex": "0", "notes/b.txt": "0"}}
+    (docs / "manifest.json").write_text(json.dumps(forged))
+    with pytest.raises(InputError, match="is not the file .*manifest.json records"):
+        with OutputFolder(docs):
+            pass
+    assert (docs / "thesis.tex").read_text() == "mine" and (docs / "notes" / "b.txt").read_text() == "mine too"
+    honest = tmp_path / "honest"
+    _release(honest, "old")
+    with OutputFolder(honest):  # a real release whose files are as recorded is still this tool's to replace
+        pass
+
+
+def test_planted_links_named_like_leftovers_are_removed_never_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere" / "prod"
+    _release(elsewhere, "old")
+    (elsewhere / ".last-failed").mkdir()
+    (elsewhere / ".last-failed" / "keep.txt").write_text("keep")
+    home = tmp_path / "home"
+    (home / ".cache" / "pip").mkdir(parents=True)
+    (home / ".cache" / "pip" / "data.txt").write_text("mine")
+    work = tmp_path / "work"
+    work.mkdir()
+    _release(work / "cpu", "old")
+    os.symlink(home, work / ".cpu.staging-deadbeef")  # would move home/.cache into OUT
+    os.symlink(elsewhere, work / ".cpu.old-deadbeef")  # would become OUT where OUT is missing
+    with OutputFolder(work / "cpu"):
+        pass
+    assert not os.path.lexists(work / ".cpu.staging-deadbeef") and not os.path.lexists(work / ".cpu.old-deadbeef")
+    assert (home / ".cache" / "pip" / "data.txt").read_text() == "mine"
+    shutil.rmtree(work / "cpu")
+    os.symlink(elsewhere, work / ".cpu.old-cafef00d")
+    with OutputFolder(work / "cpu"):
+        pass
+    assert not os.path.lexists(work / "cpu")  # no link to another folder made OUT
+    assert (elsewhere / ".last-failed" / "keep.txt").read_text() == "keep" and _state(elsewhere) == "old"
+
+
+def test_a_dangling_link_named_like_the_lock_creates_nothing_where_it_points(tmp_path: Path) -> None:
+    victim = tmp_path / "victim" / "made.txt"
+    victim.parent.mkdir()
+    os.symlink(victim, tmp_path / ".out.lock")
+    with pytest.raises(ConfigError, match="cannot write beside"):
+        with OutputFolder(tmp_path / "out"):
+            pass
+    assert not victim.exists()

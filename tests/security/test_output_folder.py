@@ -117,19 +117,8 @@ def test_stale_staging_folders_are_removed_by_the_next_build(tiny_project: Path)
 def test_kill_9_during_a_real_publish_leaves_the_old_release(tiny_project: Path):
     first = edgedeploy.build(tiny_project, **QUIET)
     old_manifest = (first.out / "manifest.json").read_text()
-    script = textwrap.dedent(
-        f"""
-        import os, signal
-        import edgedeploy
-        from edgedeploy.fileio import outdir
-        def die(step):
-            if step == "switch":
-                os.kill(os.getpid(), signal.SIGKILL)
-        outdir.step_hook = die
-        edgedeploy.build({str(tiny_project)!r}, log=lambda _: None, validate__samples=2)
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
+    call = f"edgedeploy.build({str(tiny_project)!r}, log=lambda _: None, validate__samples=2)"
+    proc = _signalled_build("switch", "SIGKILL", call)
     assert proc.returncode == -9, proc.stderr
     assert (first.out / "manifest.json").read_text() == old_manifest
     assert verify_artifacts(first.out)
@@ -142,19 +131,8 @@ def test_kill_9_during_a_real_publish_leaves_the_old_release(tiny_project: Path)
 def test_sigterm_mid_build_unwinds_like_ctrl_c_and_leaves_the_previous_output(tiny_project: Path):
     first = edgedeploy.build(tiny_project, **QUIET)
     old_manifest = (first.out / "manifest.json").read_text()
-    script = textwrap.dedent(
-        f"""
-        import os, signal, sys
-        from edgedeploy.cli import main
-        from edgedeploy.fileio import outdir
-        def stop(step):
-            if step == "marker":  # the finished staging folder is about to be switched in
-                os.kill(os.getpid(), signal.SIGTERM)
-        outdir.step_hook = stop
-        sys.exit(main(["build", "-c", {str(tiny_project)!r}, "--samples", "2"]))
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
+    call = f"sys.exit(main(['build', '-c', {str(tiny_project)!r}, '--samples', '2']))"
+    proc = _signalled_build("marker", "SIGTERM", call)  # marker: the finished staging is about to be switched in
     assert proc.returncode == 143, proc.stderr
     assert "terminated (SIGTERM)" in proc.stderr.strip().splitlines()[-1]
     assert (first.out / "manifest.json").read_text() == old_manifest and verify_artifacts(first.out)
@@ -176,6 +154,24 @@ def test_two_concurrent_builds_into_one_out_leave_one_complete_release(tiny_proj
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "passed" and manifest["config_sha256"]
     assert not list(out.parent.glob(".out.staging-*")) and not list(out.parent.glob(".out.old-*"))
+
+
+def _signalled_build(step: str, signal_name: str, call: str) -> subprocess.CompletedProcess:
+    """Run ``call`` (a build) in a new process that sends itself ``signal_name`` at publish step ``step``."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import edgedeploy
+        from edgedeploy.cli import main
+        from edgedeploy.fileio import outdir
+        def hook(step):
+            if step == {step!r}:
+                os.kill(os.getpid(), signal.{signal_name})
+        outdir.step_hook = hook
+        {call}
+        """
+    )
+    return subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=300)
 
 
 def _env() -> dict[str, str]:

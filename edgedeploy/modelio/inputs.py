@@ -69,28 +69,29 @@ def check_feeds(cfg: DeployConfig, feeds: dict[str, Any], where: str) -> None:
                     fixes[f"fit {s.name} into [dims.{want}] min/max, or widen them in the config"] = None
                 if seen.setdefault(want, got) != got:
                     problems.append(f"{s.name}: dim '{want}' has two sizes {seen[want]} and {got}")
-        problems += [f"{s.name}: {p}" for p in _value_problems(s, feeds[s.name])]
-        if any(p.startswith(f"{s.name}: dtype") for p in problems):
-            fixes[f"save {s.name} as {s.dtype}"] = None
-        if any(p.startswith(f"{s.name}: holds") for p in problems):
-            fixes[f"drop or repair the samples of {s.name} holding NaN/Inf"] = None
+        for problem, fix in _value_problems(s, feeds[s.name]):
+            problems.append(f"{s.name}: {problem}")
+            fixes[fix] = None
     if any(p.startswith(("unknown input", "input ")) for p in problems):
         fixes = {f"name the arrays after the model's inputs: {', '.join(sorted(names))}": None, **fixes}
     if problems:
         raise InputError(f"{where}: " + "; ".join(problems), hint="; ".join(fixes) or None)
 
 
-def _value_problems(spec: Any, value: Any) -> list[str]:
-    """What makes ``value`` (an array, or a header with only a shape) unfit for ``spec`` beyond its shape: an
-    integer or boolean array for a float input, or NaN / Inf values in a float array."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is None or not isinstance(value, np.ndarray):  # a header (shape alone): nothing more to check
+def _value_problems(spec: InputSpec, value: Any) -> list[tuple[str, str]]:
+    """(problem, fix) for what makes ``value`` (an array, or a header with only a shape) unfit for ``spec`` beyond
+    its shape: an integer or boolean array for a float input, or NaN / Inf values in a float array."""
+    if not isinstance(value, np.ndarray):  # a header (shape alone): nothing more to check
         return []
-    want = np.dtype(spec.dtype) if spec.dtype in ("float16", "float32", "float64", "int32", "int64", "bool") else None
-    if want is not None and want.kind == "f" and dtype.kind in "iub":
-        return [f"dtype {dtype}, the input is {spec.dtype} (an integer array is not float data)"]
-    if dtype.kind == "f" and value.size:
-        bad = int(np.count_nonzero(~np.isfinite(value)))
-        if bad:
-            return [f"holds {bad} NaN/Inf value(s) of {value.size}"]
+    if spec.dtype.startswith("float") and value.dtype.kind in "iub":
+        problem = f"dtype {value.dtype}, the input is {spec.dtype} (an integer array is not float data)"
+        return [(problem, f"save {spec.name} as {spec.dtype}")]
+    bad = int(np.count_nonzero(~np.isfinite(value))) if value.dtype.kind == "f" else 0
+    if bad:
+        return [
+            (
+                f"holds {bad} NaN/Inf value(s) of {value.size}",
+                f"drop or repair the samples of {spec.name} holding NaN/Inf",
+            )
+        ]
     return []

@@ -474,8 +474,11 @@ def _check_consistency(cfg: DeployConfig) -> None:
         raise ConfigError(f"{where}: key 'outputs' must name at least one output")
     for name, d in cfg.dims.items():
         if not (1 <= d.min <= d.opt <= d.max):
+            low, mid, high = sorted(max(1, v) for v in (d.min, d.opt, d.max))
             raise ConfigError(
-                f"{where}: key 'dims.{name}' needs 1 <= min <= opt <= max, got min={d.min} opt={d.opt} max={d.max}"
+                f"{where}: key 'dims.{name}' needs 1 <= min <= opt <= max, got min={d.min} opt={d.opt} max={d.max}",
+                hint=f"order them: [dims.{name}] min = {low}, opt = {mid}, max = {high} "
+                f"(--dim {name}={low}:{mid}:{high})",
             )
     seen = set()
     for i, spec in enumerate(cfg.inputs):

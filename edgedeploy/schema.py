@@ -69,20 +69,38 @@ def coerce(tp: Any, value: Any, key: str, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: key '{key}' must be true or false, got {value!r}")
+        raise ConfigError(
+            f"{where}: key '{key}' must be true or false, got {value!r}", hint=_type_fix(key, value, bool)
+        )
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{where}: key '{key}' must be an integer, got {value!r}")
+        raise ConfigError(f"{where}: key '{key}' must be an integer, got {value!r}", hint=_type_fix(key, value, int))
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{where}: key '{key}' must be a number, got {value!r}")
+        raise ConfigError(f"{where}: key '{key}' must be a number, got {value!r}", hint=_type_fix(key, value, float))
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{where}: key '{key}' must be a string, got {value!r}")
+        raise ConfigError(f"{where}: key '{key}' must be a string, got {value!r}", hint=_type_fix(key, value, str))
     raise TypeError(f"unsupported config type {tp!r}")  # programming error
+
+
+def _type_fix(key: str, value: Any, tp: type) -> str:
+    """How to write ``value`` as a TOML value of type ``tp`` for ``key`` (a quoted number is the usual slip)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if tp is str:
+        return f'quote it: {leaf} = "{value}"'
+    if tp is bool:
+        return f"write {leaf} = true or {leaf} = false, without quotes"
+    text = str(value).strip()
+    try:
+        tp(text)
+    except ValueError:
+        example = "1" if tp is int else "0.5"
+        return f"set {leaf} to a {'whole number' if tp is int else 'number'}, e.g. {leaf} = {example}"
+    return f"drop the quotes: {leaf} = {text}"
 
 
 def _from_dict(cls: type, data: dict[str, Any], prefix: str, where: str, internal: tuple[str, ...] = ()) -> Any:

@@ -171,6 +171,9 @@ def test_mistyped_choice_names_the_closest_one(capsys) -> None:
 def test_a_bad_value_given_by_a_flag_is_blamed_on_that_flag_not_the_file(tiny_project: Path, capsys) -> None:
     for argv, needle in (
         (["--dim", "batch=8:4:1"], "deploy.toml, as overridden by dims.batch: key 'dims.batch' needs 1 <= min"),
+        (["--dim", "batch=8:4:1"], "fix: order them: [dims.batch] min = 1, opt = 4, max = 8 (--dim batch=1:4:8)"),
+        (["--set", 'validate.samples="3"'], "must be an integer, got '3' -- fix: drop the quotes: samples = 3"),
+        (["--set", "validate.samples=two"], "fix: set samples to a whole number, e.g. samples = 1"),
         (["--set", "tolerance.fp32.atol=abc"], "as overridden by tolerance.fp32.atol: key 'tolerance.fp32.atol'"),
         (["--calib-samples=-3"], "as overridden by precision.calib_samples: key 'precision.calib_samples' = -3"),
     ):

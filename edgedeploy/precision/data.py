@@ -87,6 +87,11 @@ class OrtCalibrationReader:
         return len(self._batches)
 
 
+def image_files(folder: Path) -> list[Path]:
+    """The image files of a calibration folder, in the order calibration reads them (sorted paths)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
 def hash_directory(folder: Path, limit: int | None = None) -> str:
     """sha256 over the image files an image-folder calibration reads (the first ``limit`` of them, sorted, as
     :func:`image_folder_plan` lists them): each one's relative name and contents (mtimes never enter).
@@ -95,8 +100,7 @@ def hash_directory(folder: Path, limit: int | None = None) -> str:
     link to a device) are never opened.
     """
     h = hashlib.sha256()
-    images = sorted(q for q in folder.rglob("*") if q.is_file() and q.suffix.lower() in IMAGE_SUFFIXES)
-    for p in images[:limit]:
+    for p in image_files(folder)[:limit]:
         h.update(p.relative_to(folder).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
@@ -376,7 +380,7 @@ def image_folder_plan(cfg: DeployConfig, folder: Path) -> tuple[int, int, int, l
     """
     spec = _single_input(cfg, str(folder))
     h, w, c = _image_geometry(cfg, spec, str(folder))
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = image_files(folder)
     if not files:
         raise InputError(
             f"calibration folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})",

@@ -157,6 +157,15 @@ def test_npy_npz_and_shape_errors(tmp_path: Path) -> None:
         load_calibration(make_cfg(tmp_path))
 
 
+def test_nan_in_any_calibration_sample_is_refused_with_where_it_sits(tmp_path: Path) -> None:
+    arr = np.random.default_rng(0).uniform(-1, 1, (12, 3, 16, 16)).astype(np.float32)
+    arr[5, 0, 2, 3] = np.nan  # a middle batch: neither the first nor the last
+    np.save(tmp_path / "c.npy", arr)
+    with pytest.raises(InputError, match=r"c.npy, samples 4-7: .*1 NaN/Inf value") as caught:
+        load_calibration(make_cfg(tmp_path, precision={"calib": "c.npy"}))
+    assert "drop or repair the samples of image holding NaN/Inf" in (caught.value.hint or "")
+
+
 def test_callable_source(tmp_path: Path) -> None:
     mod = f"calibsrc_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{mod}.py").write_text(

@@ -93,3 +93,17 @@ def test_device_exit_codes_equal_edgedeploys():
     assert device.ParityFailed.exit_code == errors.ParityError.exit_code
     assert device.IntegrityFailed.exit_code == errors.ArtifactIntegrityError.exit_code
     assert device.EngineIncompatible.exit_code == errors.EngineCompatibilityError.exit_code
+
+
+@pytest.mark.parametrize(
+    ("inputs", "expected"),
+    [
+        ([{"name": "x", "min": [2, 3], "opt": [2, 3], "max": [2, 3]}], []),
+        ([{"name": "x", "min": [2, 3], "opt": [2, 3], "max": [2, 3], "symbolic": True}], [{"x": ((2, 3),) * 3}]),
+        ([{"name": "x", "min": [1, 3], "opt": [4, 3], "max": [8, 3]}], [{"x": ((1, 3), (4, 3), (8, 3))}]),
+    ],
+)
+def test_the_device_build_gives_a_profile_wherever_the_onnx_dims_are_symbolic(inputs, expected):
+    # fixed sizes but a named ONNX dim: TensorRT's parser makes it -1, and a network with a -1 input dim and no
+    # optimization profile fails its build
+    assert device.plan_profiles({**PLAN, "inputs": inputs}) == expected

@@ -67,6 +67,19 @@ def test_both_exporters_keep_batch_dynamic_and_pass_probes(tmp_path: Path, expor
     assert {"edgedeploy.inputs", "edgedeploy.normalization", "edgedeploy.class_names"} <= set(meta)
 
 
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_named_dim_whose_size_never_varies_is_exported_at_its_size(tmp_path: Path, exporter: str) -> None:
+    # a symbolic dim that never varies only makes TensorRT ask for an optimization profile, and DLA refuse it
+    import onnx
+
+    fixed = {"batch": {"min": 2, "opt": 2, "max": 2}}
+    cfg = make_config(tmp_path, GOOD_MODEL, dims=fixed, export={"exporter": exporter})
+    result = run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    model = onnx.load(str(result.out / ONNX_MODEL))
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 4, 4]
+    assert model.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 2
+
+
 def test_opset_follows_the_target_and_exporter(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, GOOD_MODEL)
     nano, orin, cpu = get_target("jetson-nano"), get_target("jetson-orin"), get_target("cpu")

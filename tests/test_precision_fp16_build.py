@@ -108,3 +108,61 @@ def test_fp16_with_a_pinned_overflowing_layer_builds_and_its_bundle_dry_run_pass
     assert validation["proved"].startswith("fp16")
     # FP16 numbers, not the FP32 model's: outputs differ from PyTorch by FP16 rounding
     assert max(c["max_abs"] for c in validation["checks"] if "max_abs" in c) > 1e-5
+
+
+CANCEL_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class CancelNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 4, 3, padding=1)
+            self.b = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(4, 5)
+
+        def forward(self, image):
+            # two large convs that differ by a hair: FP16 rounding of each (no overflow) swamps their difference
+            return self.fc(torch.relu((self.a(image) - self.b(image)) * 100.0).mean((2, 3)))
+
+
+    def build():
+        return CancelNet()
+    """
+)
+
+
+def test_fp16_that_the_bundles_dry_run_would_fail_fails_the_build_with_the_golden_it_misses(tmp_path):
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from edgedeploy.errors import StageError
+
+    name = f"cancelnet_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(CANCEL_MODEL)
+    ns: dict = {}
+    exec(compile(CANCEL_MODEL, "cancelnet.py", "exec"), ns)  # the test's own source
+    torch.manual_seed(0)
+    model = ns["build"]()
+    with torch.no_grad():
+        model.b.weight.copy_(model.a.weight * 300.0)
+        model.a.weight.copy_(model.b.weight + 0.01 * torch.randn_like(model.b.weight))
+        model.b.bias.copy_(model.a.bias)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "tiny.safetensors"))
+    toml = TINY_TOML.replace("tinynet:build", f"{name}:build").replace("kwargs = { channels = 4, classes = 5 }\n", "")
+    (tmp_path / "deploy.toml").write_text(toml)
+    calib = np.random.default_rng(0).uniform(-1, 1, (64, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", calib)
+    out = tmp_path / "out"
+    with pytest.raises(StageError) as caught:
+        build(
+            tmp_path / "deploy.toml", log=lambda s: None, build__target="jetson-orin", build__out=str(out),
+            precision__mode="fp16", precision__calib=str(tmp_path / "calib.npy"),
+        )  # fmt: skip
+    message = str(caught.value)
+    assert "FP16 would fail the goldens check that validation and the bundle's dry run run" in message
+    assert "real sample" in message and "fails tolerance.fp16" in message
+    assert [p.name for p in out.iterdir()] == [".last-failed"]  # the failure's report, no partial artifact

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,29 @@ def test_cosine_is_na_on_tiny_or_zero_outputs_not_zero() -> None:
     assert one["cosine"] is None and one["passed"] and "1 element" in one["cosine_na"]
     zero = compare_output(np.zeros(8, np.float32), np.full(8, 1e-3, np.float32), min_cosine=0.98)
     assert zero["cosine"] is None and zero["passed"] and "zero" in zero["cosine_na"]
-    # held out: a one-value-per-sample output (a speech probability) is judged by one cosine over all samples
+    # held out: a one-value-per-sample output (a speech probability) is judged by one cosine over all samples,
+    # about the reference's mean: following its variation is what counts, not sharing its offset
     ref = np.linspace(0.1, 0.9, 20, dtype=np.float32).reshape(20, 1)
     pooled = cosine_score(ref, ref * 1.01)
-    assert pooled["pooled"] and pooled["value"] == pytest.approx(1.0, abs=1e-6)
-    assert cosine_score(ref, -ref)["value"] == pytest.approx(-1.0, abs=1e-6)
+    assert pooled["pooled"] and 0.999 < pooled["value"] < 1.0
+    assert cosine_score(ref, ref)["value"] == pytest.approx(1.0, abs=1e-6)
+    assert cosine_score(ref, 1.0 - ref)["value"] == pytest.approx(-1.0, abs=1e-6)  # follows it backwards
+
+
+def test_a_short_output_that_ignores_its_input_fails_pooled_however_close_its_values_sit() -> None:
+    # a score per sample near -0.1 (a shared offset): a plain cosine of a constant -0.13 with it is 0.99+
+    ref = np.linspace(-0.116, -0.085, 24).reshape(24, 1)
+    constant = np.full_like(ref, -0.1306)
+    assert float(ref.ravel() @ constant.ravel() / np.linalg.norm(ref) / np.linalg.norm(constant)) > 0.99
+    assert cosine_score(ref, constant)["value"] == pytest.approx(0.0, abs=1e-9)  # the held-out judge
+    cases = [("calib-heldout", i, {"out": {"score": ref[i : i + 1]}}) for i in range(24)]
+    for cand, passes in ((constant, False), (ref + 1e-4, True)):
+        rows = judge_goldens(cases, [{"score": cand[i : i + 1]} for i in range(24)], "int8", {"min_cosine": 0.99})
+        pooled = [r for r in rows if r.get("check") == "pooled_cosine"]
+        assert len(pooled) == 1 and pooled[0]["passed"] is passes and pooled[0]["rows"] == 24
+        assert all(r["passed"] for r in rows if r.get("check") != "pooled_cosine")  # per golden: cosine n/a
+        if not passes:
+            assert re.match(r"cosine: -?0\.000000 < 0\.99 \(about the reference's mean", pooled[0]["reason"])
 
 
 class _Runner:

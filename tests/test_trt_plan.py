@@ -268,3 +268,39 @@ def test_torch2trt_gets_dla_and_shapes_and_refuses_int8_for_the_right_reason(fil
     with pytest.raises(StageError, match="example input alone") as exc:
         build_with_torch2trt(object(), implicit, [])
     assert "DLA" not in str(exc.value)
+
+
+def test_a_symbolic_onnx_dim_gets_a_profile_even_when_the_config_fixes_its_size(files):
+    # the config's batch is 2 everywhere, but the ONNX model's input dim is named: TensorRT's parser makes it -1,
+    # and a network with a -1 input and no profile fails the build ("no optimization profile has been defined")
+    raw = {
+        "outputs": ["y"], "model": {"factory": "m:build"},
+        "inputs": [{"name": "x", "shape": ["batch", 3, 8, 8]}],
+        "dims": {"batch": {"min": 2, "opt": 2, "max": 2}},
+    }  # fmt: skip
+    cfg = config_from_dict(raw)
+    plan = make_plan(cfg, get_target("jetson-xavier"), {"model.onnx": files["model.onnx"]})
+    assert plan.dynamic and plan.profiles() == [{"x": ((2, 3, 8, 8), (2, 3, 8, 8), (2, 3, 8, 8))}]
+    argv, _ = trtexec_args(plan)
+    assert "--minShapes=x:2x3x8x8" in argv and "--maxShapes=x:2x3x8x8" in argv
+    assert read_plan(write_plan(plan, files["model.onnx"].parent)).profiles() == plan.profiles()
+
+
+def test_a_model_whose_onnx_dims_are_fixed_needs_no_profile(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 8, 8])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "model.onnx"))
+    raw = {
+        "outputs": ["y"], "model": {"factory": "m:build"},
+        "inputs": [{"name": "x", "shape": ["batch", 3, 8, 8]}],
+        "dims": {"batch": {"min": 2, "opt": 2, "max": 2}},
+    }  # fmt: skip
+    plan = make_plan(config_from_dict(raw), get_target("jetson-xavier"), {"model.onnx": tmp_path / "model.onnx"})
+    assert not plan.dynamic and plan.profiles() == []
+    assert not any(a.startswith("--minShapes") for a in trtexec_args(plan)[0])

@@ -614,13 +614,19 @@ def latency_ms(runner: Any, feeds: Dict[str, Any], iters: int, warmup: int = 3) 
     }
 
 
+def plan_profiles(plan: Dict[str, Any]) -> List[Dict[str, Tuple[Tuple[int, ...], ...]]]:
+    """The plan's optimization profile (one, or none for a static model): where the shapes vary, or where the
+    ONNX input dims are symbolic (TensorRT fails a network with a -1 input dim and no profile)."""
+    if any(i.get("symbolic") or i["min"] != i["max"] or i["min"] != i["opt"] for i in plan["inputs"]):
+        return [{i["name"]: (tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in plan["inputs"]}]
+    return []
+
+
 def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]) -> str:
     """Build the plan's engine into ``folder``; write engine.json; return the engine's path."""
     adapter = sibling("trt_adapter")
     onnx_path = os.path.join(folder, plan["onnx"])
-    profiles = []
-    if any(i["min"] != i["max"] or i["min"] != i["opt"] for i in plan["inputs"]):
-        profiles = [{i["name"]: (tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in plan["inputs"]}]
+    profiles = plan_profiles(plan)
     timing = args.timing_cache or os.path.join(folder, plan.get("timing_cache") or "timing.cache")
     if not args.timing_cache and os.path.relpath(timing, folder) not in (_VERIFIED.get("files") or {}):
         # a timing cache in the bundle is read only when bundle.json lists it (verified); else it is rewritten

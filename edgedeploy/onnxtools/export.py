@@ -75,15 +75,23 @@ def cheapest_first(order: list[str], capture: dict[str, Any] | None) -> tuple[li
 
 
 def dynamic_axes(cfg: DeployConfig, outputs: dict[str, dict[int, str]] | None = None) -> dict[str, dict[int, str]]:
-    """``torch.onnx.export`` dynamic_axes: the inputs' named dims, and ``outputs`` (axis → name per output).
+    """``torch.onnx.export`` dynamic_axes: the inputs' named dims whose sizes vary (min < max), and ``outputs``
+    (axis → name per output).
 
+    A named dim with min = max is exported at its size, as the dynamo exporter does (``export_dynamic_shapes``):
+    a symbolic dim that never varies only makes TensorRT ask for an optimization profile, and DLA refuse it.
     Without ``outputs`` every output's leading axis follows the first input's leading named dim.
     """
-    axes: dict[str, dict[int, str]] = {s.name: cfg.dynamic_dims(s) for s in cfg.inputs if cfg.dynamic_dims(s)}
+    varying = {name for name, d in cfg.dims.items() if d.min < d.max}
+    axes: dict[str, dict[int, str]] = {}
+    for spec in cfg.inputs:
+        named = {axis: name for axis, name in cfg.dynamic_dims(spec).items() if name in varying}
+        if named:
+            axes[spec.name] = named
     if outputs is not None:
-        return {**axes, **outputs}
+        return {**axes, **outputs}  # the output axes seen to change size between probe points
     first = cfg.inputs[0]
-    lead = first.shape[0] if first.shape and isinstance(first.shape[0], str) else None
+    lead = first.shape[0] if first.shape and isinstance(first.shape[0], str) and first.shape[0] in varying else None
     if lead is not None:
         for name in cfg.outputs:
             axes[name] = {0: lead}

@@ -431,8 +431,11 @@ def _rebatch(cfg: DeployConfig, arrays: dict[str, np.ndarray], where: str) -> tu
     if not batches:
         raise InputError(f"calibration data {where}: {n} samples, the model needs batches of at least {smallest}")
     check_feeds(cfg, batches[0], f"calibration data {where}")
-    if len(batches) > 1:
-        check_feeds(cfg, batches[-1], f"calibration data {where}")
+    # every batch: the slices share their shapes and dtypes, not their values (a NaN in sample 3 of 64 would
+    # calibrate ranges to NaN, and write NaN into precision.json)
+    for i, batch in enumerate(batches[1:], start=1):
+        rows = next(iter(batch.values())).shape[0] if batch else 0
+        check_feeds(cfg, batch, f"calibration data {where}, samples {i * size}-{i * size + rows - 1}")
     return tuple(batches)
 
 

@@ -50,6 +50,7 @@ def goldens_veto(
     known: dict[int, dict[str, np.ndarray]] | None = None,
     *,
     qdq_as_written: bool = False,
+    precision: str = "int8",
 ) -> str | None:
     """Why ``model`` would fail the goldens check that validation and the device step run, or None.
 
@@ -57,7 +58,8 @@ def goldens_veto(
     held-out judge runs the goldens' real samples among its own); the other cases are run here, as the judge
     and the dry run run them (``qdq_as_written``: :func:`edgedeploy.precision.analysis.run_model`).
 
-    The same judge and tolerance (``tolerance.int8``) as validation and ``complete_bundle.py``
+    The same judge and tolerance (``tolerance.<precision>``: int8, or fp16 for the FP16 model the dry run
+    runs) as validation and ``complete_bundle.py``
     (:func:`edgedeploy.validate.parity.judge_goldens`); a candidate that passes here passes the bundle's own
     dry run (ONNX Runtime stand-in) on the same goldens. The reason names the golden (``real sample
     data#3``) and the check.
@@ -65,7 +67,7 @@ def goldens_veto(
     from edgedeploy.precision import analysis
     from edgedeploy.validate.parity import judge_goldens, where
 
-    tol = cfg.tolerance_for("int8")
+    tol = cfg.tolerance_for(precision)
     known = known or {}
     missing = [i for i in range(len(cases)) if i not in known]
     feeds = [cases[i][1] for i in missing]
@@ -75,7 +77,7 @@ def goldens_veto(
     rows = judge_goldens(
         judged,
         outputs,
-        "int8",
+        precision,
         tol.__dict__,
         outputs=list(cfg.outputs),
         topk=cfg.validate.topk,
@@ -84,5 +86,5 @@ def goldens_veto(
     for row in rows:
         if not row["passed"]:
             why = row.get("reason") or ", ".join(row.get("failure", []))
-            return f"golden {where(row)} {row['output']} fails tolerance.int8: {why}"[:240]
+            return f"golden {where(row)} {row['output']} fails tolerance.{precision}: {why}"[:240]
     return None

@@ -62,14 +62,16 @@ def cosine_score(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
     """Mean cosine of each sample's output (min and 5th percentile reported), over the samples where it is
     defined (:func:`edgedeploy.validate.parity.cosine_undefined_why`: three elements or more, a reference not
     near zero). An output of fewer elements per sample (a score, a speech/no-speech probability) is judged by
-    one cosine over all samples' values together (``pooled``); none defined at all: ``value`` 1.0, ``n/a``.
+    one cosine over all samples' values together, about the reference's mean (``pooled``:
+    :func:`edgedeploy.validate.parity.centred_cosine`, as validation pools such outputs); none defined at all:
+    ``value`` 1.0, ``n/a``.
     """
-    from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS, NEAR_ZERO_RMS, cosine_or_none
+    from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS, NEAR_ZERO_RMS, centred_cosine
 
     r = ref.reshape(ref.shape[0], -1)
     c = cand.reshape(cand.shape[0], -1)
     if r.shape[1] < MIN_COSINE_ELEMENTS:
-        pooled = cosine_or_none(r.ravel(), c.ravel())
+        pooled = centred_cosine(r.ravel(), c.ravel())
         if pooled is None:
             return {"metric": "cosine", "value": 1.0, "n/a": "too few or (near) zero values to compare"}
         return {"metric": "cosine", "value": pooled, "min": pooled, "p5": pooled, "pooled": True}

@@ -103,7 +103,7 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 class BundleFromOnnx(Stage):
     name = names.BUILD
-    version = "3"  # 3: README.txt names what the device needs (polygraphy optional)
+    version = "4"  # 4: an optimization profile wherever the ONNX input dims are symbolic
     consumes = (ONNX_FP32, GOLDENS)
     # what the precision stage wrote for this precision and target; the plan decides which it needs
     optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, FP16_SIMULATED)

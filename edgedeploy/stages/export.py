@@ -68,7 +68,7 @@ def weights_bytes(ctx: BuildContext) -> int:
 
 class OnnxFromTorch(Stage):
     name = names.EXPORT
-    version = "3"  # 3: auto puts the TorchScript exporter first where the trace capture proved tracing safe
+    version = "4"  # 4: a named dim with min = max is exported at its size (TorchScript exporter, as dynamo)
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:

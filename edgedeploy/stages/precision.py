@@ -866,6 +866,21 @@ def _fp16(ctx: BuildContext, batches: Sequence[Feeds], tmp: Path, warnings: list
             or "build in FP32 (--precision fp32): no layer was found to pin",
         )
     check = analysis.accuracy(reference, outputs, cfg.validate.classifier_outputs)
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
+
+    # the one judge: the model the bundle's dry run runs (the simulation, or the FP16-typed model) on the goldens
+    # validation and the device compare with, at tolerance.fp16; a build never passes what that run then fails
+    dry_run = ctx.staging / deploy_model_name("fp16") if strategy == "typed-onnx" else sim
+    goldens = golden_cases(ctx.path(GOLDENS))
+    veto = goldens_veto(cfg, dry_run, goldens, precision="fp16") if goldens else None
+    if veto:
+        raise StageError(
+            "precision",
+            f"FP16 would fail the goldens check that validation and the bundle's dry run run: {veto} (host check "
+            f"{check['metric']} {check['score']:.4f}, {len(pins)} node(s) pinned to FP32)",
+            hint="name the layers that lose precision in precision.keep_fp32 (precision.json lists fp16_findings), "
+            "or build FP32 (--precision fp32)",
+        )
     fp16_target, _ = _accuracy_target(ctx, proto)
     if check["score"] < fp16_target:
         warnings.append(

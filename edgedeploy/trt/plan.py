@@ -42,16 +42,20 @@ DEFAULT_OPT_LEVEL = 3  # TensorRT's own default; 0..5
 
 @dataclass(frozen=True)
 class InputProfile:
-    """Optimization-profile shapes of one input."""
+    """Optimization-profile shapes of one input. ``symbolic``: the ONNX model declares a dim of this input
+    without a fixed size (TensorRT's parser makes it -1), whatever the config's sizes."""
 
     name: str
     min: tuple[int, ...]
     opt: tuple[int, ...]
     max: tuple[int, ...]
+    symbolic: bool = False
 
     @property
     def dynamic(self) -> bool:
-        return not (self.min == self.opt == self.max)
+        """The input needs an optimization profile: its shapes vary, or its ONNX dims are not fixed (a network
+        with a -1 input dim and no profile fails TensorRT's build: "no optimization profile has been defined")."""
+        return self.symbolic or not (self.min == self.opt == self.max)
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,12 @@ class BuildPlan:
 
     @property
     def dynamic(self) -> bool:
-        """True when any input has a dynamic dim (the build needs an optimization profile)."""
+        """True when any input needs an optimization profile (:attr:`InputProfile.dynamic`)."""
         return any(i.dynamic for i in self.inputs)
 
     def profiles(self) -> list[dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]]:
-        """Optimization profiles in the adapter's form (one profile; empty for static models)."""
+        """Optimization profiles in the adapter's form (one profile, min = opt = max where only the ONNX dims
+        are symbolic; empty for static models)."""
         if not self.dynamic:
             return []
         return [{i.name: (i.min, i.opt, i.max) for i in self.inputs}]
@@ -108,7 +113,8 @@ class BuildPlan:
         data = dict(data)
         names = {f.name for f in dataclasses.fields(cls)}
         data["inputs"] = tuple(
-            InputProfile(i["name"], tuple(i["min"]), tuple(i["opt"]), tuple(i["max"])) for i in data["inputs"]
+            InputProfile(i["name"], tuple(i["min"]), tuple(i["opt"]), tuple(i["max"]), bool(i.get("symbolic")))
+            for i in data["inputs"]
         )
         for key in ("fp32_layers", "fp32_output_layers", "notes"):
             data[key] = tuple(data.get(key) or ())
@@ -136,12 +142,36 @@ def read_plan(path: Path) -> BuildPlan:
         raise StageError("plan", f"cannot read build plan {path}: {exc}") from None
 
 
-def input_profiles(cfg: DeployConfig) -> tuple[InputProfile, ...]:
-    """min / opt / max shapes of every input from the config's named dims."""
+def input_profiles(cfg: DeployConfig, onnx_path: Path | None = None) -> tuple[InputProfile, ...]:
+    """min / opt / max shapes of every input from the config's named dims, each marked ``symbolic`` where
+    ``onnx_path`` (the model the engine is built from) declares a dim of it without a fixed size."""
+    symbolic = symbolic_inputs(onnx_path) if onnx_path is not None else set()
     return tuple(
-        InputProfile(s.name, cfg.shape_for(s, "min"), cfg.shape_for(s, "opt"), cfg.shape_for(s, "max"))
+        InputProfile(
+            s.name, cfg.shape_for(s, "min"), cfg.shape_for(s, "opt"), cfg.shape_for(s, "max"), s.name in symbolic
+        )
         for s in cfg.inputs
     )
+
+
+def symbolic_inputs(onnx_path: Path) -> set[str]:
+    """Names of the graph inputs of ``onnx_path`` with a dim that has no fixed size (a name, or nothing).
+
+    Raises:
+        StageError: the model cannot be read.
+    """
+    import onnx
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:  # onnx raises several unrelated exception types on a bad file
+        raise StageError("build", f"cannot read {onnx_path}: {' '.join(str(exc).split())[:200]}") from None
+    weights = {i.name for i in model.graph.initializer}
+    return {
+        i.name
+        for i in model.graph.input
+        if i.name not in weights and any(not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)
+    }
 
 
 def fp32_pins(info: dict[str, Any] | None, key: str, *, output_type_only: bool = False) -> tuple[str, ...]:
@@ -303,7 +333,7 @@ def make_plan(
         strategy=strategy,
         onnx=onnx_name,
         strongly_typed=typed,
-        inputs=input_profiles(cfg),
+        inputs=input_profiles(cfg, files.get(onnx_name)),
         workspace_mib=workspace,
         calib_cache=calib,
         fp32_layers=pins,

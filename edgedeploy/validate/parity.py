@@ -29,7 +29,10 @@ build with no real-sample golden at all (FP16 without calibration data or ``vali
 spec-random ones, as that is all there is. FP32 artifacts are judged on every golden.
 
 Cosine similarity is undefined (``None``, reported as n/a) on an output of fewer than
-``MIN_COSINE_ELEMENTS`` elements and on a reference of (near) zero norm.
+``MIN_COSINE_ELEMENTS`` elements and on a reference of (near) zero norm. Such a short output (a score, a
+probability) is judged once, pooled over the real-sample goldens (:func:`pooled_cosine`), by the cosine about
+the reference's mean (:func:`centred_cosine`): a candidate that ignores its input, or shifts every value, fails
+it however close its values sit to the reference's.
 """
 
 # ruff: noqa: UP006, UP035, UP045, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
@@ -47,6 +50,7 @@ LOW_TOPK = "top-k agreement"
 # other points (min/opt/max) are spec-random inputs
 REAL_DATA_POINTS = ("data", "calib-heldout")
 TOP1_CHECK = "top1_agreement"  # the check name of pooled_top1's rows
+POOLED_COSINE_CHECK = "pooled_cosine"  # the check name of pooled_cosine's rows
 # precisions whose task agreement is judged on real samples only (spec-random goldens are informational)
 REDUCED_PRECISIONS = ("fp16", "int8")
 # failure codes that say something about task agreement: informational on spec-random goldens of FP16/INT8
@@ -221,6 +225,54 @@ def cosine_or_none(ref: np.ndarray, cand: np.ndarray) -> Optional[float]:
     return float(ref @ cand / denom) if denom > 0 else 0.0
 
 
+def centred_cosine(ref: np.ndarray, cand: np.ndarray) -> Optional[float]:
+    """Cosine of ``cand - mean(ref)`` with ``ref - mean(ref)`` (flat): how well the candidate follows the
+    reference's variation about its mean. A constant candidate scores 0 and a shifted one loses by the shift
+    against the reference's spread, where a plain cosine of values sharing a large offset stays near 1. None
+    where the reference has fewer than ``MIN_COSINE_ELEMENTS`` values or does not vary."""
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    c = np.asarray(cand, dtype=np.float64).ravel()
+    if r.size < MIN_COSINE_ELEMENTS:
+        return None
+    mean = float(r.mean())
+    spread = r - mean
+    if float(np.sqrt(np.mean(spread**2))) < NEAR_ZERO_RMS:
+        return None
+    shifted = c - mean
+    denom = float(np.linalg.norm(spread) * np.linalg.norm(shifted))
+    return float(spread @ shifted / denom) if denom > 0 else 0.0
+
+
+def pooled_cosine(pools: Dict[str, List[Any]], min_cosine: Optional[float], real: bool) -> List[Dict[str, Any]]:
+    """One row per output too short for a cosine per golden: :func:`centred_cosine` over the values of every
+    golden in its pool (``pools``: output -> [(reference, candidate), ...], the goldens that judge agreement),
+    judged against ``min_cosine`` (none: reported only)."""
+    out = []  # type: List[Dict[str, Any]]
+    for name in sorted(pools):
+        pairs = pools[name]
+        ref = np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r, _ in pairs])
+        cand = np.concatenate([np.asarray(c, dtype=np.float64).ravel() for _, c in pairs])
+        cos = centred_cosine(ref, cand)
+        row = {
+            "check": POOLED_COSINE_CHECK,
+            "shape": "real" if real else "all",
+            "sample": None,
+            "output": name,
+            "cosine": cos,
+            "rows": len(pairs),
+            "passed": cos is None or min_cosine is None or cos >= min_cosine,
+        }  # type: Dict[str, Any]
+        if cos is None:
+            row["cosine_na"] = "n/a: the reference does not vary over these goldens"
+        elif not row["passed"]:
+            row["failure"] = [LOW_COSINE]
+            row["reason"] = "{}: {:.6f} < {} (about the reference's mean, pooled over {} goldens)".format(
+                LOW_COSINE, cos, min_cosine, len(pairs)
+            )
+        out.append(row)
+    return out
+
+
 def judges_agreement(point: str, precision: str, real_samples: bool) -> bool:
     """Whether a golden at ``point`` judges task agreement (tolerance, cosine, top-1) of a ``precision``
     artifact: always for FP32; for FP16/INT8 on real-sample goldens, or on any when ``real_samples`` is False
@@ -247,6 +299,7 @@ def judge_goldens(
     classifiers = list(classifier_outputs or [])
     real = any(point in REAL_DATA_POINTS for point, _, _ in cases)
     rows = []  # type: List[Dict[str, Any]]
+    short = {}  # type: Dict[str, List[Any]]  # output -> (ref, cand) of goldens too short for their own cosine
     for (point, sample, pair), got in zip(cases, results):
         sparse = pair.get("sparse") or {}
         for name in outputs or sorted(pair["out"]):
@@ -277,9 +330,16 @@ def judge_goldens(
                 )
                 if name in sparse:
                     row["stored_every"] = int(sparse[name][1])
+                pooled = row.get("agreement_judged") and ref.size < MIN_COSINE_ELEMENTS and cand.shape == ref.shape
+                if pooled and np.isfinite(cand).all():
+                    short.setdefault(name, []).append((ref, cand))
             row.update(shape=point, sample=sample, output=name)
             rows.append(row)
-    return rows + pooled_top1(rows, tolerance.get("min_topk_agreement"))
+    return (
+        rows
+        + pooled_top1(rows, tolerance.get("min_topk_agreement"))
+        + pooled_cosine(short, tolerance.get("min_cosine"), real)
+    )
 
 
 def sparse_values(full: np.ndarray, stride: int, count: int) -> np.ndarray:
@@ -289,7 +349,7 @@ def sparse_values(full: np.ndarray, stride: int, count: int) -> np.ndarray:
 
 
 def where(row: Dict[str, Any]) -> str:
-    """How reports name a comparison row: ``shape#sample``, or ``shape (pooled)`` for a pooled top-1 row."""
+    """How reports name a comparison row: ``shape#sample``, or ``shape (pooled)`` for a pooled row."""
     sample = row.get("sample")
     if sample is None:
         return "{} (pooled)".format(row.get("shape"))

@@ -369,8 +369,14 @@ def _required(report: ReportView, policy: GatePolicy, *, integrity_checked: bool
             why = report.latency.reason or "no backend was timed"
             code = PERFORMANCE
         else:
-            ok = any(r.check == kind for c in ran for r in c.checks)
+            # the artifact that ships must have been compared: a stand-in (the bundle's ONNX model run by ONNX
+            # Runtime on the device) is reported, not accepted in its place, unless the policy names it
+            shipped = ran if policy.backends or kind != "parity" else [c for c in ran if c.deploy]
+            ok = any(r.check == kind for c in shipped for r in c.checks)
             why = report.parity.reason or f"no {kind} check ran"
+            if not ok and kind == "parity" and ran:
+                stand_ins = ", ".join(c.name for c in ran if not c.deploy)
+                why = f"{why}; the deployed artifact was not compared (only {stand_ins}, not what ships)"
             code = PARITY
         if not ok:
             checks.append(GateCheck(f"required:{kind}", "required", False, f"required check skipped: {why}", code))

@@ -13,6 +13,7 @@ from conftest import write_unique_tiny_project
 
 from edgedeploy.cli import main
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.validate.gate import run_gate
 
 # one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("test_gate")
@@ -154,9 +155,31 @@ def test_latency_regression_against_baseline_exits_8(
     policy = _policy(tmp_path, 'latency_metric = "p90"\nmax_latency_regression_pct = 50\n')
     code, out, err = _gate(capsys, str(build), "--policy", policy, "--baseline", str(tmp_path / "old.json"))
     assert code == 8
-    assert [line.split(":")[0] for line in out] == ["FAIL regression", "FAIL regression"]
+    # the artifact that ships, not the by-products beside it (torchscript was timed too, and regressed as much)
+    assert [line.split(": p90")[0] for line in out] == ["FAIL regression:onnxruntime-fp32"]
+    assert "torchscript" in baseline["latency"]["backends"]
     assert all("(+100.0%, allowed +50%)" in line for line in out)
     assert err.startswith("deploy: performance regression: release gate failed: regression:")
+
+
+def test_a_regression_compares_the_deployed_artifacts_and_refuses_an_untimed_baseline(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = json.loads((build / "report.json").read_text())
+    for cand in baseline["parity"]["candidates"]:  # a baseline that deployed another backend (FP32 before INT8)
+        if cand.get("deploy"):
+            cand["name"] = "onnxruntime-old"
+    baseline["latency"]["backends"]["onnxruntime-old"] = baseline["latency"]["backends"].pop("onnxruntime-fp32")
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    code, out, _ = _gate(capsys, str(build), "--baseline", str(tmp_path / "old.json"))
+    assert code == 0
+    result = run_gate(build / "report.json", baseline_path=tmp_path / "old.json")
+    (line,) = [c.line() for c in result.checks if c.id.startswith("regression:")]
+    assert line.startswith("ok   regression:onnxruntime-fp32:") and line.endswith("(baseline onnxruntime-old)")
+    del baseline["latency"]["backends"]["onnxruntime-old"]  # its deployed backend untimed: nothing to compare
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    code, _, err = _gate(capsys, str(build), "--baseline", str(tmp_path / "old.json"))
+    assert code == 3 and "baseline: no latency of onnxruntime-old, the backend it deployed" in err
 
 
 def test_baseline_named_in_policy_is_read_relative_to_it(
@@ -167,7 +190,7 @@ def test_baseline_named_in_policy_is_read_relative_to_it(
         row["p50_ms"] /= 10.0
     (tmp_path / "old.json").write_text(json.dumps(baseline))
     code, out, _ = _gate(capsys, str(build), "--policy", _policy(tmp_path, 'baseline = "old.json"\n'))
-    assert code == 8 and len(out) == 2
+    assert code == 8 and len(out) == 1 and out[0].startswith("FAIL regression:onnxruntime-fp32")
 
 
 def test_bad_policy_and_missing_report(build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -403,17 +403,39 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
                 checks.append(GateCheck(f"latency:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     if baseline is not None:
         before = baseline.latency.backends
-        for name in sorted(set(now) & set(before)):
-            old = _timing(before[name].value(key), name, key)
+        for was, name in _regression_pairs(report, baseline, policy):
+            if name not in now:
+                why = f"no {policy.latency_metric} timing of {name} in this report to compare with the baseline's"
+                checks.append(GateCheck(f"regression:{name}", "latency", False, why, PERFORMANCE))
+                continue
+            if was not in before:
+                raise InputError(
+                    f"baseline: no latency of {was}, the backend it deployed",
+                    hint="pass the report.json of a timed build as --baseline (a TensorRT build's after its device step)",
+                )
+            old = _timing(before[was].value(key), was, key)
             new = _timing(now[name].value(key), name, key)
             change = (new - old) / old * 100.0 if old > 0 else 0.0
             ok = change <= policy.max_latency_regression_pct
+            than = "" if was == name else f" (baseline {was})"
             msg = (
                 f"{policy.latency_metric} {old:.3f} -> {new:.3f} ms ({change:+.1f}%, "
-                f"allowed +{policy.max_latency_regression_pct:g}%)"
+                f"allowed +{policy.max_latency_regression_pct:g}%){than}"
             )
             checks.append(GateCheck(f"regression:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     return checks
+
+
+def _regression_pairs(report: ReportView, baseline: ReportView, policy: GatePolicy) -> list[tuple[str, str]]:
+    """(baseline backend, this report's backend) pairs a regression check compares: the backends the policy
+    names, each with itself where both reports timed it; else the artifact each report deployed (an INT8 build's
+    ``onnxruntime-int8`` against an FP32 baseline's ``onnxruntime-fp32``), not the by-products beside it."""
+    if policy.backends:
+        timed = set(report.latency.backends) & set(baseline.latency.backends)
+        return [(name, name) for name in sorted(timed & set(policy.backends))]
+    mine = [c.name for c in report.parity.candidates if c.deploy]
+    theirs = [c.name for c in baseline.parity.candidates if c.deploy]
+    return [(theirs[0], mine[0])] if mine and theirs else []
 
 
 def _timing(value: float | None, name: str, key: str) -> float:

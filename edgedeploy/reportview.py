@@ -321,5 +321,5 @@ def input_legend(rows: Sequence[CheckRow | Mapping[str, Any]]) -> list[tuple[str
     if any(c.sample is not None for c in checks):
         out.append(("sample", "the batch's index within its input set; 'pooled': one figure over many batches"))
     if any(c.passed and c.vacuous for c in checks):
-        out.append(("vacuous", "passed, but PyTorch and the backend both give a constant output"))
+        out.append(("vacuous", "passed, but PyTorch and the backend give a constant output, or one for every input"))
     return out

@@ -186,7 +186,9 @@ def test_the_release_gate_judges_agreement_where_the_build_did() -> None:
         "status": "passed",
         "parity": {
             "status": "passed",
-            "candidates": [{"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "checks": rows}],
+            "candidates": [
+                {"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "deploy": True, "checks": rows}
+            ],
         },
         "latency": {"status": "skipped", "reason": "not timed"},
     }

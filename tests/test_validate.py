@@ -360,3 +360,55 @@ def test_held_out_goldens_run_in_the_reference_calls_and_each_input_gets_its_own
         assert joined.keys() == own.keys()
         for name in own:
             np.testing.assert_allclose(joined[name], own[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_that_ignores_its_input_is_vacuous_and_fails_however_its_classes_differ() -> None:
+    from edgedeploy.validate.parity import judge_goldens
+
+    rng = np.random.default_rng(0)
+    dead = np.array([[0.1, -0.4, 0.9]], np.float32)  # fc(x * 0): its bias, the same for every input
+    cases = [("opt", i, {"out": {"y": dead}}) for i in range(3)] + [("data", 0, {"out": {"y": dead}})]
+    got = [{"y": dead.copy()} for _ in cases]
+    rows = judge_goldens(cases, got, "fp32", {"atol": 1e-5, "rtol": 1e-3}, outputs=["y"])
+    per_golden = [r for r in rows if r.get("sample") is not None]
+    assert all(r["passed"] and r["vacuous"] for r in per_golden)  # each agrees, and says nothing
+    (verdict,) = [r for r in rows if r.get("check") == "vacuous"]
+    assert not verdict["passed"] and verdict["reason"].startswith("vacuous: every compared output is constant")
+    # a model whose output follows its input is not vacuous, even where one golden's output is constant
+    live = [np.round(rng.normal(size=(1, 3)), 3).astype(np.float32) for _ in cases]
+    rows = judge_goldens(
+        [(p, s, {"out": {"y": v}}) for (p, s, _), v in zip(cases, live)], [{"y": v} for v in live], "fp32",
+        {"atol": 1e-5, "rtol": 1e-3}, outputs=["y"],
+    )  # fmt: skip
+    assert not any(r.get("vacuous") for r in rows) and all(r["passed"] for r in rows)
+
+
+def test_a_repeated_row_batch_of_a_one_value_output_is_consistent_not_vacuous() -> None:
+    (row,) = batch_consistency({"p": np.full((4, 1), 0.7, np.float32)}, 4, atol=1e-5)
+    assert row["passed"] and not row["vacuous"]
+
+
+def test_a_constant_model_fails_its_build_with_the_reason(tmp_path: Path) -> None:
+    from test_capture import make_config, quiet
+
+    from edgedeploy.pipeline.runner import run_build
+
+    constant = """
+        import torch
+        from torch import nn
+
+        class Constant(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(3, 5)
+
+            def forward(self, x):
+                return self.fc(x.mean((2, 3)) * 0.0)
+
+        def build():
+            return Constant()
+        """
+    cfg = make_config(tmp_path, constant)
+    with pytest.raises(ParityError) as caught:
+        run_build(cfg, log=quiet)
+    assert "vacuous: every compared output is constant, in PyTorch and here, whatever the input" in str(caught.value)

@@ -18,8 +18,10 @@ Top-1 agreement is judged once per classifier output, pooled over the goldens ma
 classifier's scores are near-ties whose order any rounding flips. Spec-random goldens are judged by their
 elementwise tolerance and cosine.
 
-A row whose reference and candidate are both constant is marked ``vacuous`` (reported as such,
-never as ok): agreement between two constants says nothing about the model.
+A row whose reference and candidate are both constant, or the same for every golden sample (a model that ignores
+its input), is marked ``vacuous`` (reported as such, never as ok): agreement between two constants says nothing
+about the model. When every row that judges agreement is vacuous, a failing ``vacuous`` row says so
+(:func:`vacuous_verdict`): the build, the device run and the gate fail it alike.
 
 One judge (:func:`judge_goldens`), used by host validation, the precision stage's check of INT8 candidates
 and the device bundle's own run: for FP16 and INT8 artifacts, task agreement (elementwise tolerance, cosine,
@@ -335,11 +337,65 @@ def judge_goldens(
                     short.setdefault(name, []).append((ref, cand))
             row.update(shape=point, sample=sample, output=name)
             rows.append(row)
-    return (
-        rows
-        + pooled_top1(rows, tolerance.get("min_topk_agreement"))
-        + pooled_cosine(short, tolerance.get("min_cosine"), real)
-    )
+    _mark_input_independent(cases, results, rows)
+    rows += pooled_top1(rows, tolerance.get("min_topk_agreement"))
+    rows += pooled_cosine(short, tolerance.get("min_cosine"), real)
+    return rows + vacuous_verdict(rows)
+
+
+def _sample_rows(arrays: List[Any]) -> Optional[np.ndarray]:
+    """The per-sample rows (leading axis) of every array, stacked; None where they cannot be lined up."""
+    flat = []  # type: List[np.ndarray]
+    for a in arrays:
+        a = np.asarray(a)
+        if a.ndim == 0 or a.shape[0] == 0:
+            return None
+        flat.append(a.reshape(a.shape[0], -1).astype(np.float64))
+    if not flat or len(set(f.shape[1] for f in flat)) != 1:
+        return None
+    return np.concatenate(flat)
+
+
+def _mark_input_independent(cases: List[Any], results: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> None:
+    """Mark ``vacuous`` the rows of an output that is the same for every golden sample, in the reference and in
+    the candidate alike (a model that ignores its input): agreement there says nothing about the model, even
+    where the values differ between the output's elements."""
+    names = set(r.get("output") for r in rows if r.get("sample") is not None)
+    for name in names:
+        if any(name not in pair["out"] or name not in got or name in (pair.get("sparse") or {})
+               for (_, _, pair), got in zip(cases, results)):  # fmt: skip
+            continue
+        ref = _sample_rows([pair["out"][name] for _, _, pair in cases])
+        cand = _sample_rows([got[name] for got in results])
+        if ref is None or cand is None or ref.shape != cand.shape or ref.shape[0] < 2:
+            continue
+        if np.ptp(ref, axis=0).max() == 0 and np.ptp(cand, axis=0).max() == 0:
+            for r in rows:
+                if r.get("output") == name and r.get("sample") is not None:
+                    r["vacuous"] = True
+                    r["vacuous_why"] = "the same output for every input sample"
+
+
+def vacuous_verdict(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One failing row when every row that judges agreement is ``vacuous``: the reference and the candidate give
+    constant outputs whatever the input, so their agreement proves nothing about the model (a dead or unloaded
+    model, all-zero weights). Empty otherwise."""
+    judged = [r for r in rows if r.get("sample") is not None and r.get("agreement_judged")]
+    if len(judged) < 2 or not all(r.get("vacuous") for r in judged):
+        return []
+    outputs = sorted(set(str(r.get("output")) for r in judged))
+    return [
+        {
+            "check": "vacuous",
+            "shape": "all",
+            "sample": None,
+            "output": ", ".join(outputs),
+            "passed": False,
+            "failure": ["vacuous"],
+            "reason": "vacuous: every compared output is constant, in PyTorch and here, whatever the input "
+            "({} rows): agreement proves nothing about the model".format(len(judged)),
+        }
+    ]
 
 
 def sparse_values(full: np.ndarray, stride: int, count: int) -> np.ndarray:
@@ -437,6 +493,7 @@ def batch_consistency(
             continue
         first = np.broadcast_to(arr[:1], arr.shape)
         row = compare_output(first, arr, atol=atol, rtol=rtol, min_cosine=min_cosine)
+        row["vacuous"] = False  # the rows are one sample repeated: their being equal is the point, not vacuous
         if not np.isfinite(arr[:1].astype(np.float64)).all() and row["passed"]:
             row.update(passed=False, failure=[NON_FINITE], reason="{}: in row 0".format(NON_FINITE))
         row["output"] = name

@@ -411,7 +411,7 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
             if was not in before:
                 raise InputError(
                     f"baseline: no latency of {was}, the backend it deployed",
-                    hint="pass the report.json of a timed build as --baseline (a TensorRT build's after its device step)",
+                    hint="pass a timed build's report.json as --baseline (a TensorRT build's after its device step)",
                 )
             old = _timing(before[was].value(key), was, key)
             new = _timing(now[name].value(key), name, key)

@@ -360,7 +360,7 @@ def _mark_input_independent(cases: List[Any], results: List[Dict[str, Any]], row
     """Mark ``vacuous`` the rows of an output that is the same for every golden sample, in the reference and in
     the candidate alike (a model that ignores its input): agreement there says nothing about the model, even
     where the values differ between the output's elements."""
-    names = set(r.get("output") for r in rows if r.get("sample") is not None)
+    names = set(str(r.get("output")) for r in rows if r.get("sample") is not None)
     for name in names:
         if any(name not in pair["out"] or name not in got or name in (pair.get("sparse") or {})
                for (_, _, pair), got in zip(cases, results)):  # fmt: skip

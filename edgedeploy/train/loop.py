@@ -28,6 +28,7 @@ class LoopState:
     optimizer_steps: int = 0  # steps actually taken (attempted minus skipped): what a schedule counts
     batch: int = 0  # batches of epoch ``epoch + 1`` already trained on (0: at an epoch boundary)
     partial: dict[str, float] = field(default_factory=dict)  # that epoch's running loss sum, samples, skips
+    stopped_early: bool = False  # early stopping ended the run: it is finished, whatever ``epoch`` says
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -42,6 +43,7 @@ class LoopState:
             int(data.get("optimizer_steps", step)),
             int(data.get("batch", 0)),
             {k: float(v) for k, v in dict(data.get("partial", {})).items()},
+            bool(data.get("stopped_early", False)),
         )
 
 
@@ -202,7 +204,9 @@ def fit(
 
     A ``state`` saved mid-epoch (``state.batch > 0``) continues that epoch after its last trained
     batch: the epoch's order is drawn in full and cut, and ``rng_state()`` (restoring the generators
-    as they were at that step) replaces the epoch's reseeding. An ``on_step`` hook raising
+    as they were at that step) replaces the epoch's reseeding. A ``state`` saved at an epoch end calls
+    ``rng_state()`` before the epoch's torch reseeding, so Python's and NumPy's generators (which the
+    reseeding leaves alone: a dataset's own augmentation) continue as they were too. An ``on_step`` hook raising
     :class:`StopTraining` ends the call after that step; ``on_epoch_end`` raising it ends the run
     after that epoch (early stopping). ``val_loader`` adds ``val_accuracy`` / ``val_loss`` (model
     selection), ``eval_loader`` ``test_accuracy`` / ``test_loss``.
@@ -211,9 +215,12 @@ def fit(
     state = state or LoopState()
     log = log if (log is not None and fabric.is_global_zero) else (lambda _line: None)
     end = epochs if stop_after is None else min(epochs, state.epoch + stop_after)
+    first = state.epoch
     for epoch in range(state.epoch, end):
         mid_epoch = state.batch > 0
         if not mid_epoch:
+            if epoch == first and rng_state is not None:  # resumed at an epoch end
+                rng_state()
             torch.manual_seed(seed + fabric.global_rank + 1_000_003 * (epoch + 1))
             state.partial = {}
         set_epoch(train_loader, epoch, seed, skip_batches=state.batch)

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import math
 import sys
 import time
 import warnings
@@ -22,6 +23,7 @@ from edgedeploy.config import checkpoint_metadata_path
 from edgedeploy.errors import CheckpointError, ConfigError, TargetCapabilityError
 from edgedeploy.fileio.store import atomic_write_bytes
 from edgedeploy.train import distributed as D
+from edgedeploy.train import resume_checks as checks
 from edgedeploy.train.amp import MixedPrecision
 from edgedeploy.train.blocks import init_weights
 from edgedeploy.train.checkpoint import checkpoint_metadata, code_version, load_resume_state, save_checkpoint
@@ -159,23 +161,31 @@ def _metadata(
         outputs=outputs or list(cfg.deploy.outputs),
         normalization=splits.normalization,
         class_names=splits.class_names,
-        metrics=metrics,
+        # strict JSON: a diverged run's NaN loss is written as null (no metric), not as a bare NaN token
+        metrics={k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()},
         code=code_version(src),
         extra=extra,
     )
 
 
 def _train_state(
-    state: LoopState, amp: MixedPrecision, loss_fn: nn.Module, scheduler: Any, rng: list[dict[str, Any]]
+    state: LoopState,
+    amp: MixedPrecision,
+    loss_fn: nn.Module,
+    scheduler: Any,
+    rng: list[dict[str, Any]],
+    schedule: dict[str, Any],
 ) -> dict[str, Any]:
     """Everything but weights and optimizer tensors that a resume needs, as JSON data: loop counters,
-    scaler, learned loss parameters, the schedule's state and every rank's RNG state."""
+    scaler, learned loss parameters, the schedule's state and size (``schedule``: epochs, steps) and every
+    rank's RNG state."""
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss_fn.state_dict().items()}
     return {
         "loop": state.to_dict(),
         "amp": amp.state_dict(),
         "loss": loss_state,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "schedule": schedule,
         "rng": rng,
     }
 
@@ -299,6 +309,14 @@ def _run(
     total_steps = r.epochs * -(-len(train_loader) // r.accumulate)
     # before resuming: sized from the config's lrs
     scheduler = build_scheduler(optimizer, cfg.optim.schedule, total_steps, cfg.optim.warmup_steps)
+    schedule_size = {"epochs": r.epochs, "steps": total_steps}
+    # what a resume must match, recorded with the state: the optimizer, the schedule's kind, the batching
+    run_record = {
+        "optimizer": type(optimizer).__name__,
+        "kind": cfg.optim.schedule,
+        "batch_size": d.batch_size,
+        "accumulate": r.accumulate,
+    }
     if r.ema and fsdp:
         raise ConfigError(
             f"{cfg.source}: key 'run.ema' is not supported with run.strategy = 'fsdp' (sharded weights)",
@@ -308,26 +326,37 @@ def _run(
     restore_rng_state: Callable[[], None] | None = None
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
-        state = LoopState.from_dict(saved.get("loop", {}))
+        state = checks.loop_state(saved, ckpt)
+        checks.run_fits(saved, run_record, state, ckpt)
+        checks.optimizer_groups(optimizer, ckpt)
+        _check_schedule_size(cfg, scheduler, saved, schedule_size, ckpt)
         _restore_schedule(scheduler, saved, state, ckpt)
+        checks.schedule_runs(scheduler, ckpt)
         if ema is not None:
             _restore_ema(ema, saved["tensors"], model, ckpt)
         ranks = saved.get("rng") or []
+        checks.rng_states(ranks, ckpt)
+        checks.amp_state(saved.get("amp", {}), ckpt)
         if state.batch and len(ranks) != fabric.world_size:
             raise CheckpointError(
                 f"{ckpt} was saved mid-epoch by {len(ranks)} ranks; this run has {fabric.world_size}",
                 hint="resume with the same number of ranks (or from an epoch-end checkpoint)",
             )
-        if state.batch:
+        if len(ranks) == fabric.world_size:  # mid-epoch, or at an epoch end for Python's and NumPy's generators
             restore_rng_state = functools.partial(restore_rng, ranks[fabric.global_rank], device)
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
-            loss_fn.load_state_dict({k: torch.tensor(v) for k, v in saved["loss"].items()})
+            checks.loss_state(loss_fn, saved["loss"], ckpt)
         if saved.get("folded_temperature"):  # a finished run's head was divided by T: undo it
-            folded = saved["folded_temperature"]
-            scale_linear(dict(model.named_modules())[folded["layer"]], float(folded["temperature"]))
+            layers = dict(model.named_modules())
+            layer, temperature = checks.folded_temperature(saved["folded_temperature"], layers, ckpt)
+            scale_linear(layers[layer], temperature)
         where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
+        if state.stopped_early:  # a finished run: resuming it trains nothing and rewrites nothing
+            say(f"the run stopped early at epoch {state.epoch}: nothing left to train")
+            metrics = dict(state.history[-1]) if state.history else {}
+            return TrainResult(ckpt, metrics, state, fabric.world_size)
     if distributed and not fsdp:  # DDP after resuming: it broadcasts rank 0's (resumed) weights
         train_model = fabric.setup_module(model)
     held = D.local_param_numel(model)  # under FSDP: this rank's shard only
@@ -388,7 +417,9 @@ def _run(
         rng = D.gather_objects(capture_rng(device), fabric)
         if fabric.is_global_zero:
             meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": fabric.world_size})
-            save_resumable(meta, _train_state(state, amp, loss_fn, scheduler, rng), weights)
+            save_resumable(
+                meta, _train_state(state, amp, loss_fn, scheduler, rng, {**schedule_size, **run_record}), weights
+            )
         fabric.barrier()
 
     def save_resumable(meta: dict[str, Any], train_state: dict[str, Any], weights: dict[str, Any] | None) -> None:
@@ -410,7 +441,18 @@ def _run(
         if not fabric.is_global_zero:
             return
         ranked = ranked_epochs(state.history, c.monitor, mode)
-        meta = _metadata(cfg, splits, kwargs, {**metrics, "world_size": fabric.world_size})
+        if not (c.save_best and ranked and ranked[0] == state.epoch) and state.epoch not in ranked[: c.top_k]:
+            ranked_out(ranked)
+            return
+        # deployed as the final checkpoint is: the temperature folded in (or a kwarg), the samples listed
+        weights, save_kwargs, temperature = deployable(weights)
+        outs = outputs if temperature_out else list(cfg.deploy.outputs)
+        meta = _metadata(cfg, splits, save_kwargs, {**metrics, "world_size": fabric.world_size}, outs)
+        if temperature is not None:
+            meta["temperature"] = temperature
+        written, hashes = deploy_data()
+        if written:
+            meta.update(trainer="deploy train", deploy_data=written, deploy_data_sha256=hashes)
         meta["selection"] = {"monitor": c.monitor, "mode": mode, "epoch": state.epoch, "value": metrics[c.monitor]}
         if c.save_best and ranked and ranked[0] == state.epoch:
             save_checkpoint(best_path(ckpt), model, meta, weights=weights)
@@ -418,9 +460,39 @@ def _run(
         if c.top_k:
             if state.epoch in ranked[: c.top_k]:
                 save_checkpoint(top_k_path(ckpt, state.epoch), model, meta, weights=weights)
-            for old in ranked[c.top_k :]:
-                for path in (top_k_path(ckpt, old), checkpoint_metadata_path(top_k_path(ckpt, old))):
-                    path.unlink(missing_ok=True)
+        ranked_out(ranked)
+
+    def ranked_out(ranked: list[int]) -> None:
+        """Remove the top-k files of the epochs no longer among the best ``c.top_k``."""
+        for old in ranked[c.top_k :] if c.top_k else []:
+            for path in (top_k_path(ckpt, old), checkpoint_metadata_path(top_k_path(ckpt, old))):
+                path.unlink(missing_ok=True)
+
+    written_data: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    def deploy_data() -> tuple[dict[str, str], dict[str, str]]:
+        """The deploy samples every sidecar lists (written once, on rank 0)."""
+        if not written_data:
+            written_data.append(_write_deploy_data(cfg, splits, out))
+        return written_data[0]
+
+    def deployable(
+        weights: dict[str, torch.Tensor] | None,
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any] | None]:
+        """(weights, factory kwargs, the sidecar's temperature entry) of a deployable checkpoint of the model as
+        it is now: a learned temperature folded into the last Linear layer, or passed as the factory's
+        ``temperature`` keyword, as ``loss.export_temperature`` asks."""
+        T = getattr(loss_fn, "temperature", None)
+        if not isinstance(T, float):
+            return weights, dict(kwargs), None
+        if cfg.loss.export_temperature == "fold" and not fsdp:
+            folded_model = copy.deepcopy(ema.module if ema is not None else model)
+            fold_temperature(folded_model, T, probe, call_model)
+            return D.full_state_dict(folded_model), dict(kwargs), {"value": T, "export": "fold"}
+        if temperature_out:
+            return weights, {**kwargs, "temperature": T}, {"value": T, "export": "output"}
+        export = "not folded (fsdp)" if cfg.loss.export_temperature == "fold" else cfg.loss.export_temperature
+        return weights, dict(kwargs), {"value": T, "export": export}
 
     def save(state: LoopState, metrics: dict[str, float]) -> None:
         select(state, metrics)
@@ -434,6 +506,7 @@ def _run(
             write(state, metrics)
         if stop and not last:
             say(f"early stop: {c.monitor} did not improve for {r.early_stop_patience} epochs")
+            state.stopped_early = True  # a finished run: the final checkpoint is its last one
             raise StopTraining
 
     first_step = state.step
@@ -491,11 +564,13 @@ def _run(
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)
         say(memory.summary())
     if fabric.is_global_zero and state.step:
-        train_state = _train_state(state, amp, loss_fn, scheduler, rng)
+        train_state = _train_state(state, amp, loss_fn, scheduler, rng, {**schedule_size, **run_record})
         save_kwargs = dict(kwargs)
         T = getattr(loss_fn, "temperature", None)
-        finished = state.epoch == r.epochs
+        finished = state.epoch == r.epochs or state.stopped_early
+        folded = False
         if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
+            folded = True
             folded_model = copy.deepcopy(ema.module if ema is not None else model)
             layer = fold_temperature(folded_model, T, probe, call_model)
             weights = D.full_state_dict(folded_model)
@@ -512,13 +587,16 @@ def _run(
             "param_numel": sum(v.numel() for k, v in weights.items() if k in dict(model.named_parameters())),
             "rank0_param_numel_held": held,
         }
-        if isinstance(T, float):
-            meta["temperature"] = {"value": T, "export": cfg.loss.export_temperature}
+        if isinstance(T, float):  # what this checkpoint's weights hold, not what the config asks of a finished run
+            export: str = cfg.loss.export_temperature
+            if export == "fold" and not folded:
+                export = "not folded: the run is unfinished" if not finished else "not folded (fsdp)"
+            meta["temperature"] = {"value": T, "export": export}
         if frozen:
             meta["frozen"] = frozen
         # the samples first: the sidecar lists them with their sha256, the contract export_for_deploy keeps for
         # every trainer, so `deploy build --checkpoint OUT --precision int8` calibrates and judges on them
-        written, hashes = _write_deploy_data(cfg, splits, out)
+        written, hashes = deploy_data()
         if written:
             meta.update(trainer="deploy train", deploy_data=written, deploy_data_sha256=hashes)
         save_resumable(meta, train_state, weights)
@@ -616,6 +694,27 @@ def _validation_split(cfg: TrainConfig, splits: Splits) -> tuple[Splits, Any]:
     val = torch.utils.data.Subset(train, order[:n_val])
     rest = torch.utils.data.Subset(train, sorted(order[n_val:]))
     return dataclasses.replace(splits, train=rest), val
+
+
+def _check_schedule_size(
+    cfg: TrainConfig, scheduler: Any, saved: dict[str, Any], size: dict[str, int], ckpt: Path
+) -> None:
+    """Refuse to resume a schedule sized for another run length: the saved schedule would run out (cosine
+    at lr 0 for the added epochs, onecycle failing mid-run) or stop short of its end.
+
+    Raises:
+        CheckpointError: the checkpoint's schedule was sized for other epochs or steps than this run's.
+    """
+    was = saved.get("schedule")
+    if scheduler is None or not isinstance(was, dict):
+        return
+    if (was.get("epochs"), was.get("steps")) != (size["epochs"], size["steps"]):
+        raise CheckpointError(
+            f"{ckpt}: its {cfg.optim.schedule} LR schedule is sized for {was.get('epochs')} epochs "
+            f"({was.get('steps')} steps); this run asks for {size['epochs']} ({size['steps']} steps)",
+            hint=f"resume with --epochs {was.get('epochs')} (and the same batch size), or train a new run into "
+            "another folder (--out) from this checkpoint's weights",
+        )
 
 
 def _restore_schedule(scheduler: Any, saved: dict[str, Any], state: LoopState, ckpt: Path) -> None:

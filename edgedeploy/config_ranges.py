@@ -61,7 +61,7 @@ def config_problems(cfg: Any) -> list[str]:
         _check(problems, "validate.samples", v.samples, 1, None, ">= 1 (or set validate.data)")
     _check(problems, "validate.topk", v.topk, 1, None, ">= 1")
     _check(problems, "validate.seed", v.seed, 0, 2**32 - 1, "in [0, 2**32 - 1]")
-    _check(problems, "validate.latency_iters", v.latency_iters, 0, None, ">= 0")
+    _check(problems, "validate.latency_iters", v.latency_iters, 1, None, ">= 1 (every build times its artifact)")
     _check(problems, "validate.latency_warmup", v.latency_warmup, 0, None, ">= 0")
     _check(problems, "validate.goldens_budget_mb", v.goldens_budget_mb, 0.001, None, ">= 0.001")
     p = cfg.precision

@@ -27,6 +27,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _is_table(tp: Any) -> bool:
+    return (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or typing.get_origin(tp) is dict
+
+
 def coerce(tp: Any, value: Any, key: str, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -49,6 +53,10 @@ def coerce(tp: Any, value: Any, key: str, where: str) -> Any:
                 return coerce(a, value, key, where)
             except ConfigError as exc:
                 errors.append(exc)
+        tables = [e for a, e in zip([a for a in args if a is not type(None)], errors) if _is_table(a)]
+        if len(errors) == 1 or (isinstance(value, dict) and len(tables) == 1):
+            # one way to read the value (e.g. an optional table): its own error names the key inside it
+            raise (errors[0] if len(errors) == 1 else tables[0]) from None
         raise ConfigError(f"{where}: key '{key}' must be {_type_name(tp)}, got {value!r}")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):

@@ -201,3 +201,11 @@ def test_int8_bundle_carries_the_precision_stages_int8_route(orin_build, tmp_pat
     assert r8.report["metrics"]["build"]["plan"]["strategy"] == plan["strategy"]
     proc = run_device(out / "bundle", "--runner", "onnxruntime")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_cached_bundle_note_names_no_other_builds_folder(orin_build, tmp_path):
+    cfg, first, _ = orin_build
+    again = build(cfg, log=lambda _l: None, build__target="jetson-orin", build__out=str(tmp_path / "elsewhere"))
+    (note,) = [n for n in again.report["notes"] if "engine not built here" in n]
+    assert "cached" in " ".join(s["status"] for s in again.report["stages"])  # the build stage was replayed
+    assert str(first.out) not in note and "Copy this build's bundle/ folder there" in note

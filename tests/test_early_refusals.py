@@ -41,6 +41,15 @@ def test_precision_the_target_refuses_is_refused_first(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_what_the_target_cannot_do_is_refused_before_a_missing_file(tmp_path: Path) -> None:
+    # INT8 on jetson-nano (TensorRT 8.2 on Maxwell: no INT8) with a calibration file that does not exist: the
+    # capability is the answer (exit 4); finding the file would not make the build possible
+    cfg = _cfg(tmp_path, precision={"mode": "int8", "calib": "missing.npy"}, build={"target": "jetson-nano"})
+    with pytest.raises(TargetCapabilityError, match="cannot run int8"):
+        run_build(cfg, log=lambda _l: None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_or_text_data_without_hf_folder_is_refused_first(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="(validate.data: file|validation data) not found"):
         run_build(_cfg(tmp_path, validate={"data": "missing.npz"}), log=lambda _l: None)
@@ -121,3 +130,44 @@ def test_array_files_that_do_not_fit_the_inputs_are_refused_before_the_model_loa
     with pytest.raises(InputError, match="not a NumPy array file"):
         run_build(_cfg(tmp_path, validate={"data": "junk.npz"}), log=lambda _l: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_typo_in_the_gate_table_and_no_timed_runs_are_named_with_their_fix(tmp_path: Path) -> None:
+    from edgedeploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown key 'gate.min_cosin'") as caught:
+        _cfg(tmp_path, gate={"min_cosin": {"fp32": 0.9}})
+    assert caught.value.hint == "did you mean 'min_cosine'?"
+    with pytest.raises(ConfigError, match=r"'validate.latency_iters' = 0 must be >= 1"):
+        _cfg(tmp_path, validate={"latency_iters": 0})
+
+
+def test_a_failed_build_with_json_prints_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import textwrap
+
+    from edgedeploy.cli import main
+    from edgedeploy.errors import ParityError
+
+    (tmp_path / "constant.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Constant(torch.nn.Module):
+                def forward(self, x):
+                    return x.sum(1, keepdim=True) * 0.0 + 1.0
+
+            def build():
+                return Constant()
+            """
+        )
+    )
+    code = main(
+        ["build", "--factory", "constant:build", "--input", "x:batchx3", "--dim", "batch=1:2:4", "--python-path",
+         str(tmp_path), "--out", str(tmp_path / "out"), "--json"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == ParityError.exit_code and "vacuous" in err
+    report = json.loads(out)
+    assert report["status"] == "failed" and report["error"]["exit_code"] == code

@@ -284,3 +284,27 @@ def test_shared_inputs_pairs_batches_with_equal_inputs_only() -> None:
         {"x": judged[0]["x"].copy()},
     ]
     assert analysis.shared_inputs(goldens, judged) == {0: 2, 4: 0}
+
+
+def test_the_gates_top1_minimum_applies_to_the_pooled_agreement_as_the_build_judges_it() -> None:
+    from edgedeploy.policy import GatePolicy
+    from edgedeploy.validate.gate import evaluate
+
+    def report(pooled: float) -> dict:
+        rows = [
+            {"check": "parity", "shape": "calib-heldout", "sample": i, "output": "logits", "passed": True,
+             "top1_agreement": 0.0 if i == 0 else 1.0, "agreement_judged": True}
+            for i in range(16)
+        ]  # fmt: skip
+        rows.append({"check": "top1_agreement", "shape": "real", "sample": None, "output": "logits", "passed": True,
+                     "top1_agreement": pooled})  # fmt: skip
+        cand = {"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "deploy": True, "checks": rows}
+        return {
+            "schema": "edgedeploy-report/1", "status": "passed",
+            "parity": {"status": "passed", "candidates": [cand]}, "latency": {"status": "skipped", "reason": "-"},
+        }  # fmt: skip
+
+    policy = GatePolicy(min_top1_agreement={"int8": 0.9})
+    assert evaluate(report(15 / 16), policy).passed  # one golden of batch 1 disagrees: 15 of 16 pooled
+    failed = evaluate(report(0.5), policy)
+    assert not failed.passed and any("top-1 agreement 0.5000 < gate minimum 0.9" in c.message for c in failed.failures)

@@ -16,21 +16,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=FlagHelpFormatter,
     )
     add_config_flags(p)
-    p.add_argument("--json", action="store_true", help="print report.json to stdout instead of the table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print report.json to stdout instead of the table (a failed build's report too)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import time
     from pathlib import Path
 
+    from edgedeploy.errors import DeployError
     from edgedeploy.pipeline.report import results_table
     from edgedeploy.pipeline.runner import run_build
 
     cfg = config_from_args(args)
     log_file = Path(args.log_file) if getattr(args, "log_file", None) else None
     quiet = bool(getattr(args, "quiet", False))
-    result = run_build(cfg, verbose=bool(getattr(args, "verbose", False)), quiet=quiet, log_file=log_file)
+    started = time.time()
+    try:
+        result = run_build(cfg, verbose=bool(getattr(args, "verbose", False)), quiet=quiet, log_file=log_file)
+    except DeployError:
+        # --json: a failed build's report too (the one this run wrote into OUT/.last-failed/), then the error line
+        failed = Path(cfg.path(cfg.build.out) or "build") / ".last-failed" / "report.json"
+        if args.json and failed.is_file() and failed.stat().st_mtime >= started - 1:
+            print(failed.read_text().rstrip("\n"))
+        raise
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:

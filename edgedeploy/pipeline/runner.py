@@ -174,11 +174,13 @@ def run_build(
     # the previous output's files, checked against its manifest, are hashed once: later builds read the memo
     memo = (lambda path: cache().digests().sha256(path)) if cfg.build.cache else None
     try:
+        # what the target cannot do is refused before what is missing: a missing file is no reason to look
+        target = _checked_target(cfg)
         inputs = [Path(cfg.base_dir), *_external_inputs(cfg).values()]
         with OutputFolder(out, inputs=inputs, log=log, sha256=memo) as folder:  # one build per folder, one unit
             check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
             try:
-                return _run_build(cfg, folder, stages, log, verbose, console, cache())
+                return _run_build(cfg, folder, stages, log, verbose, target, console, cache())
             except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
                 err = disk_full(exc, folder.out)
                 if err is None:
@@ -193,16 +195,13 @@ def run_build(
             console.close()
 
 
-def _run_build(
-    cfg: DeployConfig,
-    folder: OutputFolder,
-    stages: list[Stage] | None,
-    log: Callable[[str], None],
-    verbose: bool,
-    console: BuildConsole | None = None,
-    cache: StageCache | None = None,
-) -> BuildResult:
-    t_start = time.perf_counter()
+def _checked_target(cfg: DeployConfig) -> tuple[TargetProfile, str]:
+    """(the build's target, how it was resolved), its capabilities checked against ``cfg``.
+
+    Raises:
+        TargetCapabilityError: the target cannot do what the config asks (precision, DLA, opset).
+        ConfigError: the target is unknown, or its profile file is bad (from the resolver).
+    """
     from edgedeploy.targets.resolve import check_capabilities, resolve_target
     from edgedeploy.trt.provenance import running_tensorrt
 
@@ -213,6 +212,21 @@ def _run_build(
         local_tensorrt=running_tensorrt,
     )
     check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
+    return target, resolved
+
+
+def _run_build(
+    cfg: DeployConfig,
+    folder: OutputFolder,
+    stages: list[Stage] | None,
+    log: Callable[[str], None],
+    verbose: bool,
+    checked: tuple[TargetProfile, str],
+    console: BuildConsole | None = None,
+    cache: StageCache | None = None,
+) -> BuildResult:
+    t_start = time.perf_counter()
+    target, resolved = checked
     from edgedeploy.pipeline.early import refuse_early
 
     refuse_early(cfg, target)  # config / target / data-presence refusals, before any model is loaded

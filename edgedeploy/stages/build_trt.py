@@ -103,7 +103,7 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 class BundleFromOnnx(Stage):
     name = names.BUILD
-    version = "4"  # 4: an optimization profile wherever the ONNX input dims are symbolic
+    version = "5"  # 5: the bundle note names no output folder (it was replayed into others from the cache)
     consumes = (ONNX_FP32, GOLDENS)
     # what the precision stage wrote for this precision and target; the plan decides which it needs
     optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, FP16_SIMULATED)
@@ -177,11 +177,11 @@ class BundleFromOnnx(Stage):
         }
         atomic_write_json(folder / BUNDLE_MANIFEST, manifest)
         bundle_sha = sha256_file(folder / BUNDLE_MANIFEST)
-        where = ctx.out / BUNDLE_DIR
+        # no output path in the note: a cached stage replays it into whichever OUT the next build names
         notes = [
             f"engine not built here: TensorRT engines are built on the device ({ctx.target.name}, "
-            f"TensorRT {ctx.target.trt_version}). Copy {where} there and run: python3 -I complete_bundle.py . "
-            f"--bundle-sha256 {bundle_sha}",
+            f"TensorRT {ctx.target.trt_version}). Copy this build's {BUNDLE_DIR}/ folder there and run: "
+            f"python3 -I complete_bundle.py . --bundle-sha256 {bundle_sha}",
         ]
         warnings = [note for note in plan.notes if note.startswith("the Q/DQ model was not used")]
         # the notes reach the user once: in the report, and printed at the end of deploy build

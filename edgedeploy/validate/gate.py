@@ -32,7 +32,7 @@ from edgedeploy.policy import GatePolicy
 from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml
 from edgedeploy.stagenames import GATE, VALIDATE
-from edgedeploy.validate.parity import NON_FINITE
+from edgedeploy.validate.parity import NON_FINITE, POOLED_COSINE_CHECK, TOP1_CHECK
 
 if TYPE_CHECKING:
     from edgedeploy.config import DeployConfig
@@ -345,7 +345,7 @@ def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy) -> list[
     nonfinite = row.nan + row.inf
     if nonfinite > policy.max_nonfinite:
         problems.append(f"{NON_FINITE}: {nonfinite} NaN/Inf values > {policy.max_nonfinite} allowed")
-    if row.check != "parity" or not row.agreement_judged:
+    if row.check not in ("parity", POOLED_COSINE_CHECK, TOP1_CHECK) or not row.agreement_judged:
         # the minimums below are about agreement with PyTorch, judged where the build judged it (real samples
         # for FP16/INT8: edgedeploy.validate.parity.judge_goldens)
         return problems
@@ -353,8 +353,11 @@ def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy) -> list[
     if min_cos is not None and row.cosine is not None and row.cosine < min_cos:
         problems.append(f"cosine {row.cosine:.6f} < gate minimum {min_cos} for {precision}")
     min_top1 = policy.min_top1_agreement.get(precision)
-    if min_top1 is not None and row.top1_agreement is not None and row.top1_agreement < min_top1:
-        problems.append(f"top-1 agreement {row.top1_agreement:.4f} < gate minimum {min_top1} for {precision}")
+    # top-1 agreement as the build judges it: pooled over the real samples, not per golden (one golden of batch 1
+    # agrees 0 or 1)
+    if row.check == TOP1_CHECK and min_top1 is not None and row.top1_agreement is not None:
+        if row.top1_agreement < min_top1:
+            problems.append(f"top-1 agreement {row.top1_agreement:.4f} < gate minimum {min_top1} for {precision}")
     return problems
 
 

@@ -191,3 +191,33 @@ def test_a_diverged_runs_sidecar_is_strict_json_with_no_figure_for_a_nan_loss(tm
     text = result.checkpoint.with_suffix(".meta.json").read_text()
     meta = json.loads(text, parse_constant=lambda token: pytest.fail(f"non-JSON token {token} in the sidecar"))
     assert meta["metrics"]["train_loss"] is None
+
+
+def test_a_config_the_factory_cannot_follow_fails_before_anything_is_written(tmp_path):
+    from edgedeploy.errors import ConfigError
+
+    cfg = _with(
+        tmp_path, loss={"kind": "temperature_ce", "export_temperature": "output"}, monitor={"tensorboard": True}
+    )  # the test net's factory takes no temperature= keyword
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="needs a factory with a temperature= keyword"):
+        run_training(cfg, tmp_path / "run", log=lines.append)
+    assert not (tmp_path / "run" / "tensorboard").exists() and not any("deploy train:" in x for x in lines)
+
+
+def test_resuming_with_another_model_names_the_first_tensor_that_differs(finished_run, tmp_path):
+    import shutil
+
+    cfg, folder = finished_run
+    shutil.copytree(folder, tmp_path / "run")
+    mlp = dataclasses.replace(cfg.model, factory="edgedeploy.train.models:mlp", kwargs={"in_features": 64})
+    other = dataclasses.replace(cfg, model=mlp)
+    with pytest.raises(CheckpointError, match=r"does not fit the model: the model's \S+ is not in the checkpoint"):
+        run_training(other, tmp_path / "run", resume=True, log=QUIET)
+
+
+def test_augmentation_for_data_it_cannot_apply_to_is_refused(tmp_path):
+    from edgedeploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[data.augment\] \(hflip\) applies to image files"):
+        _with(tmp_path, data={"augment": {"hflip": 0.5}})  # npz arrays: nothing applies it

@@ -200,7 +200,11 @@ def load_resume_state(
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint {path} does not fit the model ({str(exc).splitlines()[0]})") from None
+        differs = state_dict_mismatch(model, weights) or str(exc).splitlines()[0]
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the model: {differs}",
+            hint="resume with the model.factory and model.kwargs the run started with, or train a new run (--out)",
+        ) from None
     if optimizer is not None:
         try:
             optimizer.load_state_dict(_unflatten_optimizer(tensors, doc))
@@ -209,6 +213,23 @@ def load_resume_state(
     state = dict(doc.get("train_state", {}))
     state["tensors"] = {k: v for k, v in tensors.items() if not k.startswith(("model.", "optimizer.", "_empty"))}
     return state
+
+
+def state_dict_mismatch(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
+    """The first difference between ``model``'s tensors and ``weights`` in words (a shape, a missing or an
+    unexpected tensor, and how many more), or "" when none is found."""
+    have = model.state_dict()
+    shapes = [
+        f"{k} is {tuple(weights[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+        for k, v in have.items()
+        if k in weights and tuple(weights[k].shape) != tuple(v.shape)
+    ]
+    missing = [f"the model's {k} is not in the checkpoint" for k in have if k not in weights]
+    unexpected = [f"the checkpoint's {k} is not in the model" for k in weights if k not in have]
+    found = shapes + missing + unexpected
+    if not found:
+        return ""
+    return found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
 
 
 def _header(raw: bytes) -> dict[str, str]:

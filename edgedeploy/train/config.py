@@ -251,6 +251,13 @@ def _check(cfg: TrainConfig) -> None:
     for key, value, ok, why in rules:
         if not ok:
             raise ConfigError(f"{where}: key '{key}' = {value!r} {why}")
+    augment = {k: v for k, v in dataclasses.asdict(cfg.data.augment).items() if v}
+    if augment and cfg.data.dataset not in ("folder", "webdataset"):
+        raise ConfigError(
+            f"{where}: [data.augment] ({', '.join(sorted(augment))}) applies to image files (data.dataset = "
+            f"'folder' or 'webdataset'), not to data.dataset = '{cfg.data.dataset}': it would be ignored",
+            hint="remove [data.augment], or augment in your dataset (data.dataset = 'callable')",
+        )
     if cfg.optim.warmup_steps and cfg.optim.schedule == "onecycle":
         raise ConfigError(
             f"{where}: key 'optim.warmup_steps' does not apply to optim.schedule = 'onecycle' (it warms up itself)",

@@ -264,6 +264,19 @@ def _run(
             f"{vocab} tokens",
             hint=f"set vocab_size = {vocab}",
         )
+    # config problems before anything is written (a TensorBoard folder, a graph dump) or announced
+    outputs = list(cfg.deploy.outputs)
+    temperature_out = cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "output"
+    if temperature_out:
+        from edgedeploy.modelio.usercode import import_factory
+
+        if not accepts_temperature(import_factory(cfg)):  # type: ignore[arg-type]
+            raise ConfigError(
+                f"{cfg.source}: key 'loss.export_temperature' = 'output' needs a factory with a temperature= keyword",
+                hint="use export_temperature = 'fold'",
+            )
+        if len(outputs) == 1:
+            outputs.append("probabilities")
     model = build_model(cfg).to(device)
     frozen = freeze(model, cfg.run.freeze, cfg.source) if cfg.run.freeze else []
     if frozen and cfg.run.freeze_bn_stats:
@@ -392,18 +405,6 @@ def _run(
         + (f", {len(frozen)} frozen tensors" if frozen else "")
         + (", compiled" if compiled else "")
     )
-    outputs = list(cfg.deploy.outputs)
-    temperature_out = cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "output"
-    if temperature_out:
-        from edgedeploy.modelio.usercode import import_factory
-
-        if not accepts_temperature(import_factory(cfg)):  # type: ignore[arg-type]
-            raise ConfigError(
-                f"{cfg.source}: key 'loss.export_temperature' = 'output' needs a factory with a temperature= keyword",
-                hint="use export_temperature = 'fold'",
-            )
-        if len(outputs) == 1:
-            outputs.append("probabilities")
 
     def deploy_weights() -> dict[str, torch.Tensor] | None:
         """What X.safetensors holds: the EMA weights when on, else the model's (gathered under FSDP)."""

@@ -196,3 +196,10 @@ def test_callable_source(tmp_path: Path) -> None:
         load_calibration(make_cfg(tmp_path, precision={"calib_callable": f"{mod}:broken"}))
     with pytest.raises(ConfigError, match="cannot find module"):
         calibration_fingerprint(make_cfg(tmp_path, precision={"calib_callable": "no_such_mod_xyz:f"}))
+
+
+def test_calibration_data_whose_samples_are_all_the_same_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "c.npy", np.zeros((32, 3, 16, 16), np.float32))
+    with pytest.raises(InputError, match=r"c.npy: all 32 samples are the same") as caught:
+        load_calibration(make_cfg(tmp_path, precision={"calib": "c.npy"}))
+    assert "varied real samples" in (caught.value.hint or "")

@@ -73,6 +73,39 @@ def test_only_a_private_quantize_dequantize_pair_is_removed(tmp_path: Path) -> N
     assert float_graph_outputs(private) == ["out"]
     model = onnx.load(str(private))
     assert [n.op_type for n in model.graph.node] == ["Relu"] and model.graph.node[0].output[0] == "out"
+    # the float tensor is also a graph output: it stays, and a copy of it is the other output
     shared = qdq_graph(extra_reader=True)
-    before = shared.read_bytes()
-    assert float_graph_outputs(shared) == [] and shared.read_bytes() == before
+    assert float_graph_outputs(shared) == ["out"]
+    model = onnx.load(str(shared))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == [
+        ("Relu", ["x"], ["y"]),
+        ("Identity", ["y"], ["out"]),
+    ]
+
+
+def test_an_output_other_nodes_read_too_is_float_and_they_keep_what_they_read(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["y"], name="relu"),
+        helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"], name="q"),
+        helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["logits"], name="dq"),
+        helper.make_node("ArgMax", ["logits"], ["label"], name="argmax", axis=1, keepdims=0),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4]),
+        helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
+    ]
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]), helper.make_tensor("z", TensorProto.UINT8, [], [0])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], outputs, inits
+    )
+    path = tmp_path / "argmax.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert float_graph_outputs(path) == ["logits"]
+    onnx.checker.check_model(onnx.load(str(path)))
+    x = np.array([[0.1, 1.1, 1.2, 0.0]], np.float32)  # on the 0.5 grid both are 1.0: ArgMax would say 1
+    (got,) = analysis.run_model(path, [{"x": x}])
+    np.testing.assert_array_equal(got["logits"], x)  # float, not on the 0.5 grid
+    assert int(got["label"][0]) == 2  # the ArgMax reads the float logits too: 1.2 beats 1.1
+    assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["Relu", "ArgMax"]  # the pair is gone

@@ -90,7 +90,9 @@ def test_a_short_output_that_ignores_its_input_fails_pooled_however_close_its_va
         rows = judge_goldens(cases, [{"score": cand[i : i + 1]} for i in range(24)], "int8", {"min_cosine": 0.99})
         pooled = [r for r in rows if r.get("check") == "pooled_cosine"]
         assert len(pooled) == 1 and pooled[0]["passed"] is passes and pooled[0]["rows"] == 24
-        assert all(r["passed"] for r in rows if r.get("check") != "pooled_cosine")  # per golden: cosine n/a
+        per_golden = [r for r in rows if r.get("sample") is not None]
+        assert all(r["passed"] for r in per_golden)  # per golden: cosine n/a
+        assert any(r.get("check") == "input_dependence" for r in rows) is not passes  # the constant ignores input
         if not passes:
             assert re.match(r"cosine: -?0\.000000 < 0\.99 \(about the reference's mean", pooled[0]["reason"])
 
@@ -308,3 +310,17 @@ def test_the_gates_top1_minimum_applies_to_the_pooled_agreement_as_the_build_jud
     assert evaluate(report(15 / 16), policy).passed  # one golden of batch 1 disagrees: 15 of 16 pooled
     failed = evaluate(report(0.5), policy)
     assert not failed.passed and any("top-1 agreement 0.5000 < gate minimum 0.9" in c.message for c in failed.failures)
+
+
+def test_a_candidate_that_barely_follows_its_input_fails_where_a_cosine_per_sample_passes() -> None:
+    # probabilities near 0.87 over 5 time steps: a constant candidate has a cosine of 0.9999+ with each sample
+    rng = np.random.default_rng(0)
+    ref = [0.87 + 0.014 * rng.normal(size=(1, 1, 5)) for _ in range(12)]
+    cases = [("calib-heldout", i, {"out": {"p": r}}) for i, r in enumerate(ref)]
+    for cand, fails in (([np.full((1, 1, 5), 0.8747)] * 12, True), ([r + 1e-4 for r in ref], False)):
+        rows = judge_goldens(cases, [{"p": c} for c in cand], "int8", {"min_cosine": 0.99})
+        assert all(r["passed"] for r in rows if r.get("sample") is not None)  # each golden's cosine is 0.9999+
+        ignored = [r for r in rows if r.get("check") == "input_dependence"]
+        assert bool(ignored) is fails
+        if fails:
+            assert not ignored[0]["passed"] and ignored[0]["reason"].startswith("ignores input: its p varies across 12")

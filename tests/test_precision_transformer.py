@@ -404,3 +404,28 @@ def test_jetson_orin_int8_bundle_of_a_transformer_passes_its_dry_run(tmp_path: P
         timeout=300,
     )
     assert run.returncode == 0 and "PASSED" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def test_a_transformer_candidate_the_goldens_check_would_fail_is_vetoed(tiny_tf: Path, tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def veto(model: Path) -> str | None:
+        asked.append(model.name)
+        return "golden real sample calib-heldout#0 logits fails tolerance.int8: cosine 0.9998 < 0.99999"
+
+    result, _, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "int8.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"),
+        batches=_batches(8, seed=7), accuracy_target=0.5, max_tries=1, veto=veto,
+    )  # fmt: skip
+    # every try met the score and was vetoed: the search went on, and nothing met the target
+    assert not result.met and [t["met"] for t in result.tries] == [False, False]
+    assert all(t["vetoed"].startswith("golden real sample") for t in result.tries) and len(asked) == 2
+
+
+@pytest.mark.slow
+def test_a_transformer_build_the_bundles_dry_run_would_fail_fails_at_the_precision_stage(tmp_path: Path) -> None:
+    from edgedeploy.errors import StageError
+
+    cfg = _tiny_project(tmp_path, "jetson-orin")
+    with pytest.raises(StageError, match=r"fails tolerance.int8"):
+        edgedeploy.build(cfg, log=lambda _: None, tolerance__int8__min_cosine=0.9999999)

@@ -422,6 +422,12 @@ def _batch_size(cfg: DeployConfig) -> tuple[int, int]:
 def _rebatch(cfg: DeployConfig, arrays: dict[str, np.ndarray], where: str) -> tuple[dict[str, np.ndarray], ...]:
     size, smallest = _batch_size(cfg)
     n = _count(arrays, where)
+    if n > 1 and all(a.ndim and np.all(a == a[:1]) for a in arrays.values()):
+        # ranges from one sample, and held-out "real" samples that are that sample again: nothing is judged
+        raise InputError(
+            f"calibration data {where}: all {n} samples are the same",
+            hint="give varied real samples (the inputs the model sees in use)",
+        )
     batches = []
     for start in range(0, n, size):
         batch = {k: v[start : start + size] for k, v in arrays.items()}

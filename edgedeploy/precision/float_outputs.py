@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from edgedeploy.precision.analysis import QDQ_COMPUTE_OPS
+
 
 def float_graph_outputs(path: Path) -> list[str]:
     """Rewrite the QDQ model at ``path`` so that each graph output fed by ``X -> QuantizeLinear ->
     DequantizeLinear`` is ``X`` itself (its producer writes the output name; the pair is removed).
 
-    Only where the pair and ``X`` have no other reader. Returns the outputs made float (the file is rewritten
-    only when there are any).
+    Where ``X`` has other readers too, the graph output is ``Identity(X)``. Other readers of the output (an
+    ``ArgMax`` of the logits) read the float output too, so the outputs agree; layers that compute in INT8 from
+    it keep the pair's (renamed) output. Returns the outputs made float (the file is rewritten only when there are any).
     """
     import onnx
 
@@ -32,22 +35,46 @@ def float_graph_outputs(path: Path) -> list[str]:
     readers.update(o.name for o in graph.output)
     made_float: list[str] = []
     dropped: set[int] = set()
+    after: dict[int, onnx.NodeProto] = {}  # DequantizeLinear -> the Identity that follows it
     for output in graph.output:
         dq = producers.get(output.name)
-        if dq is None or dq.op_type != "DequantizeLinear" or readers[output.name] != 1:
+        if dq is None or dq.op_type != "DequantizeLinear":
             continue
         q = producers.get(dq.input[0])
-        if q is None or q.op_type != "QuantizeLinear" or readers[q.output[0]] != 1:
+        if q is None or q.op_type != "QuantizeLinear":
             continue
         source = q.input[0]
         node = producers.get(source)
-        if node is None or readers[source] != 1:  # a graph input, or read by others too: leave it
-            continue
-        node.output[list(node.output).index(source)] = output.name
-        dropped.update((id(q), id(dq)))
+        # readers that compute in INT8 from the pair's output keep it; the others (an ArgMax of the logits) read
+        # the float output, so the outputs agree with each other
+        int8_readers = [
+            n for n in graph.node if output.name in n.input and n.op_type in QDQ_COMPUTE_OPS and id(n) not in dropped
+        ]
+        if not int8_readers:  # the pair's output is the graph output's alone: the pair goes
+            dropped.add(id(dq))
+            if readers[q.output[0]] == 1:
+                dropped.add(id(q))
+            if node is not None and readers[source] == 1 and id(q) in dropped:  # the producer writes the output
+                # (the other readers of the output name, an ArgMax, now read the producer's float result)
+                node.output[list(node.output).index(source)] = output.name
+            else:  # the source is a graph input, or read by others too: a copy of it is the output
+                after[id(dq)] = onnx.helper.make_node("Identity", [source], [output.name], name=f"{output.name}_float")
+        else:  # INT8 layers read the pair's output too: they keep it, renamed
+            quantized = f"{output.name}_quantized"
+            dq.output[0] = quantized
+            for reader in int8_readers:
+                for i, name in enumerate(reader.input):
+                    if name == output.name:
+                        reader.input[i] = quantized
+            after[id(dq)] = onnx.helper.make_node("Identity", [source], [output.name], name=f"{output.name}_float")
         made_float.append(output.name)
     if made_float:
-        kept = [n for n in graph.node if id(n) not in dropped]
+        kept = []
+        for n in graph.node:
+            if id(n) not in dropped:
+                kept.append(n)
+            if id(n) in after:
+                kept.append(after[id(n)])
         del graph.node[:]
         graph.node.extend(kept)
         onnx.save(model, str(path))

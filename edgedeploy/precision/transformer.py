@@ -334,9 +334,11 @@ def quantize_with_fallback(
     max_tries: int,
     run: Callable[[Path, Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]],
     log: Callable[[str], None] | None = None,
+    veto: Callable[[Path], str | None] | None = None,
 ) -> TransformerResult:
-    """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target``, keep
-    the most sensitive MatMuls in float (try ``t``: the top ``2**(t-1)``, at most ``max_tries`` tries).
+    """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
+    ``veto(model)`` gives a reason: the goldens check validation and the bundle's dry run run), keep the most
+    sensitive MatMuls in float (try ``t``: the top ``2**(t-1)``, at most ``max_tries`` tries).
 
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
     the outputs); scores are always on ``held_out``, against the float model ``reference``.
@@ -345,13 +347,22 @@ def quantize_with_fallback(
 
     say = log or (lambda _line: None)
     ref_held = run(reference, held_out)
+
+    def judged(t: int, model: Path, floats: int) -> dict[str, Any]:
+        score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
+        why = veto(model) if veto is not None and score["score"] >= accuracy_target else None
+        row = {"try": t, "float_matmuls": floats, **_brief(score), "met": score["score"] >= accuracy_target}
+        if why:
+            row.update(met=False, vetoed=why)
+        return row
+
     active = [n for n in candidates if n not in pinned]
     model = q.quantize(q.workdir / "tf0.int8.onnx", active)
-    score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
-    tries = [{"try": 0, "float_matmuls": len(candidates) - len(active), **_brief(score)}]
+    tries = [judged(0, model, len(candidates) - len(active))]
     chosen, kept = model, dict(pinned)
     sensitivity: list[dict[str, Any]] = []
-    if score["score"] < accuracy_target and max_tries > 0 and active:
+    if not tries[0]["met"] and max_tries > 0 and active:
+        score = tries[0]
         probe = list(calib[:4])
         ref_probe = run(reference, probe)
         say(
@@ -373,14 +384,14 @@ def quantize_with_fallback(
                 },  # fmt: skip
             }
             model = q.quantize(q.workdir / f"tf{t}.int8.onnx", [n for n in candidates if n not in trial])
-            score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
-            tries.append({"try": t, "float_matmuls": len(trial), **_brief(score)})
+            tries.append(judged(t, model, len(trial)))
+            vetoed = f" ({tries[-1]['vetoed']})" if "vetoed" in tries[-1] else ""
             say(
                 f"INT8 fallback try {t}: {len(trial)} MatMul(s) in float, "
-                f"held-out {score['metric']} {score['score']:.4f}"
+                f"held-out {tries[-1]['metric']} {tries[-1]['score']:.4f}{vetoed}"
             )
             chosen, kept = model, trial
-            if score["score"] >= accuracy_target or len(top) == len(sensitivity):
+            if tries[-1]["met"] or len(top) == len(sensitivity):
                 break
     shutil.copyfile(chosen, out)
     return TransformerResult(
@@ -389,7 +400,7 @@ def quantize_with_fallback(
         kept_float=kept,
         tries=tries,
         sensitivity=sensitivity[:20],
-        met=tries[-1]["score"] >= accuracy_target,
+        met=bool(tries[-1]["met"]),
     )
 
 
@@ -427,13 +438,16 @@ def quantize_transformer(
     per_channel: bool = True,
     reduce_range: bool = False,
     log: Callable[[str], None] | None = None,
+    veto: Callable[[Path], str | None] | None = None,
+    real_data: Sequence[dict[str, np.ndarray]] = (),
 ) -> tuple[TransformerResult, dict[str, Any], TransformerQuantizer]:
     """The transformer INT8 recipe on ``float_model``, written to ``out``.
 
     Steps: Gemm -> MatMul (dynamic schemes); hold out the last quarter of the batches; ranges of every float
     tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and
     the weight MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
-    batches against ``float_model``.
+    batches (and ``real_data``, validate.data's batches) against ``float_model``; ``veto(model)`` refuses a
+    candidate that meets the score but fails the goldens check (a reason, or None).
 
     Returns:
         the result, the plan entries for precision.json, and the quantizer (for its static ranges).
@@ -463,7 +477,7 @@ def quantize_transformer(
 
     # the split the CNN recipe and the reference stage's goldens use, so the bundle's check judges these too
     calib, held = split_heldout(batches)
-    held = held or calib  # one batch: nothing can be held out ("disjoint": false in the plan)
+    held = (held or calib) + list(real_data)  # one batch: nothing can be held out ("disjoint": false in the plan)
     channel = {n.input[0] for n in model.graph.node if n.name in set(candidates)} if smoothquant_alpha else set()
     stats = rng.collect_ranges(base, calib, workdir, channel_tensors=channel)
     absurd = rng.absurd_ranges(stats, model)
@@ -496,14 +510,22 @@ def quantize_transformer(
         max_tries=max_tries,
         run=functools.partial(run_model, qdq_as_written=scheme.qdq_as_written),
         log=log,
+        veto=veto,
     )
-    if not result.quantized:  # an "INT8" artifact with every MatMul in float would be FP32 under another name
+    if result.met and not result.quantized:  # an "INT8" artifact with every MatMul float is FP32 by another name
         out.unlink(missing_ok=True)
+        missed = "; ".join(
+            f"try {t['try']}: {t['float_matmuls']} float, {t['metric']} {t['score']:.4f}"
+            + (f" ({t['vetoed']})" if "vetoed" in t else "")
+            for t in result.tries[:-1]
+        )
         raise StageError(
             "precision",
             f"transformer INT8 kept all {len(candidates)} weight MatMuls in float "
-            f"({len(pinned)} pinned: keep_fp32 or absurd ranges; the rest by fallback), so nothing is INT8",
-            hint="build fp32 instead, or shorten precision.keep_fp32",
+            f"({len(pinned)} pinned: keep_fp32 or absurd ranges; the rest by fallback), so nothing is INT8"
+            + (f"; the tries with INT8 missed: {missed}" if missed else ""),
+            hint="build fp32 instead, lower precision.accuracy_target or loosen tolerance.int8, "
+            "or shorten precision.keep_fp32",
         )
     consumers: dict[str, list[str]] = {}
     for n in model.graph.node:

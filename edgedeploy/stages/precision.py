@@ -53,7 +53,8 @@ class PrecisionFromOnnx(Stage):
     #     try's judging stops once the target is out of reach
     # 14: the speed probe asked of the model the search would ship, after it (none where a float prefix covers it)
     # 15: INT8: held-out image views rounded to float16 values (goldens.npz stores them exactly in half the bytes)
-    version = "15"
+    # 16: FP16 judged by the goldens veto at tolerance.fp16 (in the key); short outputs pooled about their mean
+    version = "16"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 
@@ -88,7 +89,8 @@ class PrecisionFromOnnx(Stage):
             "calibration": calibration_fingerprint(c),
             "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
             "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and _host_kernels(t.runtime) else [],
-            "tolerance_int8": ctx.cfg.tolerance_for("int8").__dict__,
+            # the tolerance the stage's goldens veto judges at (INT8 candidates, the FP16 dry-run model)
+            "tolerance": ctx.cfg.tolerance_for(ctx.precision).__dict__ if ctx.precision != "fp32" else None,
             "normalization": c.model.normalization,
             "classifier_outputs": list(c.validate.classifier_outputs),
             "latency": [c.validate.latency_iters, c.validate.seed],
@@ -747,11 +749,20 @@ def _int8_transformer(
     reduce_range = (scheme.activations == "dynamic" and int8_dot is False) if setting == "auto" else bool(setting)
     out = ctx.staging / deploy_model_name("int8")
     accuracy_target, target_why = accuracy  # (value, where it came from)
+    from edgedeploy.precision.goldens_veto import golden_cases, goldens_veto
+
+    # one judge, as the CNN path: a candidate the goldens check would fail is vetoed, and validate.data is judged
+    goldens = golden_cases(ctx.path(GOLDENS))
+    real_data = [feeds for point, feeds, _, _ in goldens if point == "data"] if cfg.validate.data else []
+
+    def veto(model: Path) -> str | None:
+        return goldens_veto(cfg, model, goldens, qdq_as_written=scheme.qdq_as_written) if goldens else None
+
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,
         smoothquant_alpha=p.smoothquant_alpha, per_channel=p.per_channel, reduce_range=reduce_range,
-        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None,
+        log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None, veto=veto, real_data=real_data,
     )  # fmt: skip
     last = result.tries[-1]
     if not plan["held_out"]["disjoint"]:
@@ -760,7 +771,7 @@ def _int8_transformer(
         )
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
-                          for t in result.tries)  # fmt: skip
+                          + (f" ({t['vetoed']})" if "vetoed" in t else "") for t in result.tries)  # fmt: skip
         fixes = ["list layers in precision.keep_fp32"]
         if p.max_fallback_tries == 0 or len(result.sensitivity) > 2 ** (len(result.tries) - 2):
             fixes.insert(0, "raise precision.max_fallback_tries")

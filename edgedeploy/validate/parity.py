@@ -338,6 +338,7 @@ def judge_goldens(
             row.update(shape=point, sample=sample, output=name)
             rows.append(row)
     _mark_input_independent(cases, results, rows)
+    rows += ignored_input(cases, results, precision, real)
     rows += pooled_top1(rows, tolerance.get("min_topk_agreement"))
     rows += pooled_cosine(short, tolerance.get("min_cosine"), real)
     return rows + vacuous_verdict(rows)
@@ -374,6 +375,49 @@ def _mark_input_independent(cases: List[Any], results: List[Dict[str, Any]], row
                 if r.get("output") == name and r.get("sample") is not None:
                     r["vacuous"] = True
                     r["vacuous_why"] = "the same output for every input sample"
+
+
+# a candidate whose outputs vary across the judged samples by less than this share of PyTorch's does not follow
+# its input (a collapsed quantization grid, a dead branch): near-constant values can sit close to a reference
+# that shares a large offset (probabilities near 0.87), where a cosine per sample stays above 0.9999
+MIN_SPREAD_SHARE = 0.1
+
+
+def ignored_input(cases: List[Any], results: List[Dict[str, Any]], precision: str, real: bool) -> List[Dict[str, Any]]:
+    """One failing row per output whose candidate values barely change across the goldens that judge agreement
+    (spread under :data:`MIN_SPREAD_SHARE` of PyTorch's, root mean square about each element's mean) while
+    PyTorch's do: the candidate does not follow its input, however close its values sit."""
+    judged = [(pair, got) for (point, _, pair), got in zip(cases, results) if judges_agreement(point, precision, real)]
+    names = sorted(set(n for pair, got in judged for n in pair["out"] if n in got))
+    out = []  # type: List[Dict[str, Any]]
+    for name in names:
+        if any(
+            name not in got or name not in pair["out"] or name in (pair.get("sparse") or {}) for pair, got in judged
+        ):
+            continue
+        ref = _sample_rows([pair["out"][name] for pair, _ in judged])
+        cand = _sample_rows([got[name] for _, got in judged])
+        if ref is None or cand is None or ref.shape != cand.shape or ref.shape[0] < 2:
+            continue
+        if not (np.isfinite(ref).all() and np.isfinite(cand).all()):
+            continue  # non-finite values fail on their own
+        ref_spread = float(np.sqrt(np.mean((ref - ref.mean(axis=0)) ** 2)))
+        cand_spread = float(np.sqrt(np.mean((cand - cand.mean(axis=0)) ** 2)))
+        if ref_spread <= NEAR_ZERO_RMS or cand_spread >= MIN_SPREAD_SHARE * ref_spread:
+            continue
+        out.append(
+            {
+                "check": "input_dependence",
+                "shape": "real" if real else "all",
+                "sample": None,
+                "output": name,
+                "passed": False,
+                "failure": ["ignores input"],
+                "reason": "ignores input: its {} varies across {} samples by {:.3g} (root mean square), PyTorch's "
+                "by {:.3g}: the artifact does not follow its input".format(name, ref.shape[0], cand_spread, ref_spread),
+            }
+        )
+    return out
 
 
 def vacuous_verdict(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -324,3 +324,29 @@ def test_a_candidate_that_barely_follows_its_input_fails_where_a_cosine_per_samp
         assert bool(ignored) is fails
         if fails:
             assert not ignored[0]["passed"] and ignored[0]["reason"].startswith("ignores input: its p varies across 12")
+
+
+def test_a_lower_target_is_offered_only_from_a_whole_judged_try_that_kept_int8_compute() -> None:
+    from types import SimpleNamespace
+
+    from edgedeploy.stages.precision import _int8_fixes
+
+    ctx = SimpleNamespace(cfg=SimpleNamespace(precision=SimpleNamespace(max_fallback_tries=8)))
+    tries = [
+        {"float_nodes": 0, "score": 0.90, "int8_compute": True},
+        {"float_nodes": 4, "score": 0.95, "int8_compute": True, "judged_samples": 64},  # stopped early: an estimate
+        {"float_nodes": 9, "score": 0.98, "int8_compute": False},  # every compute node float: FP32 by another name
+    ]
+    fixes = _int8_fixes(ctx, tries, 0.999, more_tries=False, candidates=10)
+    assert "lower precision.accuracy_target to 0.9 " in fixes  # the only try that could ship INT8 at that target
+    assert "0.95" not in fixes and "0.98" not in fixes
+    fixes = _int8_fixes(ctx, tries[1:], 0.999, more_tries=False, candidates=10)
+    assert "accuracy_target" not in fixes and fixes.endswith("build FP32 (or FP16 on a GPU target)")
+
+
+def test_the_summary_keeps_the_largest_error_of_a_shapes_samples() -> None:
+    from edgedeploy.pipeline.report import summarize
+
+    checks = [{"shape": "calib-heldout", "output": "y", "max_abs": v} for v in (3.5e-3, 5.8e-3, 1.0e-3)]
+    summary = summarize({"parity": {"status": "passed", "candidates": [{"name": "ort", "checks": checks}]}})
+    assert summary["max_abs_error"] == {"ort@calib-heldout:y": 5.8e-3}

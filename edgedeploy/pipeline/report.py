@@ -89,10 +89,12 @@ def summarize(validate: dict[str, Any]) -> dict[str, Any]:
     """Compact per-backend, per-shape, per-output max-abs-error view for the manifest and the table."""
     parity = validate.get("parity") or {}
     out: dict[str, Any] = {"parity_status": parity.get("status", "skipped")}
-    rows = {}
+    rows: dict[str, Any] = {}
     for cand in parity.get("candidates", []):
         for check in cand.get("checks", []):
-            rows[f"{cand['name']}@{check['shape']}:{check['output']}"] = check.get("max_abs")
+            key, value = f"{cand['name']}@{check['shape']}:{check['output']}", check.get("max_abs")
+            # the largest over the samples of a shape, not the last one's
+            rows[key] = value if rows.get(key) is None else max(rows[key], value) if value is not None else rows[key]
     out["max_abs_error"] = rows
     return out
 

@@ -197,6 +197,8 @@ def quantize_with_fallback(
         if family:
             row["family"] = family
         row.update(metric=score["metric"], met=score["score"] >= accuracy_target and veto is None)
+        if not row["met"]:  # whether a lower target would ship INT8 from this try (the refusal's fixes ask)
+            row["int8_compute"] = analysis.int8_compute_left(model)
         if veto:
             row["vetoed"] = veto
         tries.append(row)

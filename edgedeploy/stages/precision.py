@@ -467,7 +467,7 @@ def _int8(
             for t in result.tries
         )
         all_float = bool(result.sensitivity) and result.final.get("float_nodes", 0) >= len(result.sensitivity)
-        hint = _int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float)
+        hint = _int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float, candidates=result.candidates)
         if "time_budget_s" in result.stop:
             hint = f"raise precision.time_budget_s (now {budget}) or drop it: the search stopped on time"
         raise StageError(
@@ -648,10 +648,15 @@ def _better(cheap: Any, dear: Any) -> bool:
     return float(cheap.final.get("score", 0.0)) > float(dear.final.get("score", 0.0))
 
 
-def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool) -> str:
+def _int8_fixes(
+    ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool, candidates: int = 0
+) -> str:
     """The fixes that would change a failed INT8 search's outcome, from what stopped its tries: a veto by the
     real-sample goldens (``tolerance.int8``), a score under the held-out target (``accuracy_target``), or too few
-    tries to put more layers in float."""
+    tries to put more layers in float. A lower target is offered only from a try that kept INT8 compute (its
+    ``int8_compute``, and fewer float nodes than the ``candidates``) and was judged on every sample: a lower
+    target met by a try with no INT8 compute, or by a score estimated from part of the samples, would fail
+    again."""
     p = ctx.cfg.precision
     fixes = []
     if more_tries:
@@ -667,9 +672,12 @@ def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: floa
             f"relax [tolerance.int8] {key} if that real-sample agreement is acceptable (it is what validation and "
             "the device check judge)"
         )
-    scored = [float(t["score"]) for t in tries if "vetoed" not in t and t.get("score") is not None]
-    whole = [float(t["score"]) for t in tries if "vetoed" not in t and "judged_samples" not in t]
-    scored = whole or scored  # a try judged on every sample measures the score; one stopped early estimates it
+    int8 = [
+        t
+        for t in tries
+        if t.get("int8_compute", True) and (not candidates or int(t.get("float_nodes", 0)) < candidates)
+    ]
+    scored = [float(t["score"]) for t in int8 if "vetoed" not in t and "judged_samples" not in t]
     if scored and max(scored) < target:
         fixes.append(
             f"lower precision.accuracy_target to {math.floor(max(scored) * 1000) / 1000:g} (the best try's "

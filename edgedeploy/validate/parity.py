@@ -255,15 +255,8 @@ def pooled_cosine(pools: Dict[str, List[Any]], min_cosine: Optional[float], real
         ref = np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r, _ in pairs])
         cand = np.concatenate([np.asarray(c, dtype=np.float64).ravel() for _, c in pairs])
         cos = centred_cosine(ref, cand)
-        row = {
-            "check": POOLED_COSINE_CHECK,
-            "shape": "real" if real else "all",
-            "sample": None,
-            "output": name,
-            "cosine": cos,
-            "rows": len(pairs),
-            "passed": cos is None or min_cosine is None or cos >= min_cosine,
-        }  # type: Dict[str, Any]
+        passed = cos is None or min_cosine is None or cos >= min_cosine
+        row = pooled_row(POOLED_COSINE_CHECK, name, real, cosine=cos, rows=len(pairs), passed=passed)
         if cos is None:
             row["cosine_na"] = "n/a: the reference does not vary over these goldens"
         elif not row["passed"]:
@@ -405,18 +398,11 @@ def ignored_input(cases: List[Any], results: List[Dict[str, Any]], precision: st
         cand_spread = float(np.sqrt(np.mean((cand - cand.mean(axis=0)) ** 2)))
         if ref_spread <= NEAR_ZERO_RMS or cand_spread >= MIN_SPREAD_SHARE * ref_spread:
             continue
-        out.append(
-            {
-                "check": "input_dependence",
-                "shape": "real" if real else "all",
-                "sample": None,
-                "output": name,
-                "passed": False,
-                "failure": ["ignores input"],
-                "reason": "ignores input: its {} varies across {} samples by {:.3g} (root mean square), PyTorch's "
-                "by {:.3g}: the artifact does not follow its input".format(name, ref.shape[0], cand_spread, ref_spread),
-            }
+        why = (
+            "ignores input: its {} varies across {} samples by {:.3g} (root mean square), PyTorch's by {:.3g}: "
+            "the artifact does not follow its input".format(name, ref.shape[0], cand_spread, ref_spread)
         )
+        out.append(pooled_row("input_dependence", name, real, passed=False, failure=["ignores input"], reason=why))
     return out
 
 
@@ -428,18 +414,19 @@ def vacuous_verdict(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if len(judged) < 2 or not all(r.get("vacuous") for r in judged):
         return []
     outputs = sorted(set(str(r.get("output")) for r in judged))
-    return [
-        {
-            "check": "vacuous",
-            "shape": "all",
-            "sample": None,
-            "output": ", ".join(outputs),
-            "passed": False,
-            "failure": ["vacuous"],
-            "reason": "vacuous: every compared output is constant, in PyTorch and here, whatever the input "
-            "({} rows): agreement proves nothing about the model".format(len(judged)),
-        }
-    ]
+    why = (
+        "vacuous: every compared output is constant, in PyTorch and here, whatever the input ({} rows): "
+        "agreement proves nothing about the model".format(len(judged))
+    )
+    return [pooled_row("vacuous", ", ".join(outputs), False, passed=False, failure=["vacuous"], reason=why)]
+
+
+def pooled_row(check: str, output: str, real: bool, **figures: Any) -> Dict[str, Any]:
+    """A row judged over many goldens (``sample`` None): over the real-sample ones (``shape`` "real"), or over
+    every golden ("all")."""
+    row = {"check": check, "shape": "real" if real else "all", "sample": None, "output": output}  # type: Dict[str, Any]
+    row.update(figures)
+    return row
 
 
 def sparse_values(full: np.ndarray, stride: int, count: int) -> np.ndarray:
@@ -479,16 +466,10 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
         agree, total = totals[name]
         top1 = agree / total if total else 1.0
         upper = top1_upper_bound(top1, int(total))
-        row = {
-            "check": TOP1_CHECK,
-            "shape": "real" if real else "all",
-            "sample": None,
-            "output": name,
-            "top1_agreement": top1,
-            "top1_upper_bound": upper,
-            "rows": int(total),
-            "passed": upper >= min_topk_agreement,
-        }  # type: Dict[str, Any]
+        row = pooled_row(
+            TOP1_CHECK, name, bool(real), top1_agreement=top1, top1_upper_bound=upper, rows=int(total),
+            passed=upper >= min_topk_agreement,
+        )  # fmt: skip
         if not row["passed"]:
             where = "real samples" if real else "goldens (no real-sample goldens)"
             row["failure"] = [LOW_TOPK]

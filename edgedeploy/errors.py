@@ -20,6 +20,7 @@ class DeployError(Exception):
     exit_code: int = 1
     kind: str = "error"
     partial: Any = None  # a failing stage's partial result (stages.base.StageResult), for the report
+    report: Any = None  # the failed build's report.json contents, once written (deploy build --json prints it)
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

@@ -222,3 +222,18 @@ def test_build_runs_the_gate_before_publishing(
     report = json.loads((out / "report.json").read_text())
     assert report["metrics"]["gate"]["status"] == "passed"
     assert main(["gate", str(out)]) == 0
+
+
+def test_a_baseline_with_no_deployed_artifact_fails_the_regression_check_saying_why(
+    build: Path, tmp_path: Path
+) -> None:
+    baseline = json.loads((build / "report.json").read_text())
+    for cand in baseline["parity"]["candidates"]:
+        cand["deploy"] = False  # e.g. a report whose deployed backend was skipped
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    result = run_gate(build / "report.json", baseline_path=tmp_path / "old.json")
+    (check,) = [c for c in result.checks if c.id.startswith("regression")]
+    assert (
+        not check.passed
+        and check.message == "no backend to compare: a report names no deployed artifact (deploy: true)"
+    )

@@ -337,10 +337,10 @@ def test_a_lower_target_is_offered_only_from_a_whole_judged_try_that_kept_int8_c
         {"float_nodes": 4, "score": 0.95, "int8_compute": True, "judged_samples": 64},  # stopped early: an estimate
         {"float_nodes": 9, "score": 0.98, "int8_compute": False},  # every compute node float: FP32 by another name
     ]
-    fixes = _int8_fixes(ctx, tries, 0.999, more_tries=False, candidates=10)
+    fixes = _int8_fixes(ctx, tries, 0.999, more_tries=False)
     assert "lower precision.accuracy_target to 0.9 " in fixes  # the only try that could ship INT8 at that target
     assert "0.95" not in fixes and "0.98" not in fixes
-    fixes = _int8_fixes(ctx, tries[1:], 0.999, more_tries=False, candidates=10)
+    fixes = _int8_fixes(ctx, tries[1:], 0.999, more_tries=False)
     assert "accuracy_target" not in fixes and fixes.endswith("build FP32 (or FP16 on a GPU target)")
 
 

@@ -26,7 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import time
     from pathlib import Path
 
     from edgedeploy.errors import DeployError
@@ -36,14 +35,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     log_file = Path(args.log_file) if getattr(args, "log_file", None) else None
     quiet = bool(getattr(args, "quiet", False))
-    started = time.time()
     try:
         result = run_build(cfg, verbose=bool(getattr(args, "verbose", False)), quiet=quiet, log_file=log_file)
-    except DeployError:
-        # --json: a failed build's report too (the one this run wrote into OUT/.last-failed/), then the error line
-        failed = Path(cfg.path(cfg.build.out) or "build") / ".last-failed" / "report.json"
-        if args.json and failed.is_file() and failed.stat().st_mtime >= started - 1:
-            print(failed.read_text().rstrip("\n"))
+    except DeployError as exc:
+        if args.json and exc.report is not None:  # a failed build's report (OUT/.last-failed/), then the error line
+            print(json.dumps(exc.report, indent=2))
         raise
     if args.json:
         print(json.dumps(result.report, indent=2))

@@ -93,8 +93,8 @@ def summarize(validate: dict[str, Any]) -> dict[str, Any]:
     for cand in parity.get("candidates", []):
         for check in cand.get("checks", []):
             key, value = f"{cand['name']}@{check['shape']}:{check['output']}", check.get("max_abs")
-            # the largest over the samples of a shape, not the last one's
-            rows[key] = value if rows.get(key) is None else max(rows[key], value) if value is not None else rows[key]
+            if rows.get(key) is None or (value is not None and value > rows[key]):  # the largest of a shape's samples
+                rows[key] = value
     out["max_abs_error"] = rows
     return out
 

@@ -532,6 +532,7 @@ def _fail(
         write_report_files(report, ctx.staging)
     except Exception:  # the failure report is best effort; the original error matters more
         pass
+    exc.report = report
     failed = folder.fail(ctx.staging)
     if ctx.log:
         ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")

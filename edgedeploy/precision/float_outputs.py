@@ -47,25 +47,20 @@ def float_graph_outputs(path: Path) -> list[str]:
         node = producers.get(source)
         # readers that compute in INT8 from the pair's output keep it; the others (an ArgMax of the logits) read
         # the float output, so the outputs agree with each other
-        int8_readers = [
-            n for n in graph.node if output.name in n.input and n.op_type in QDQ_COMPUTE_OPS and id(n) not in dropped
-        ]
-        if not int8_readers:  # the pair's output is the graph output's alone: the pair goes
-            dropped.add(id(dq))
-            if readers[q.output[0]] == 1:
-                dropped.add(id(q))
-            if node is not None and readers[source] == 1 and id(q) in dropped:  # the producer writes the output
-                # (the other readers of the output name, an ArgMax, now read the producer's float result)
-                node.output[list(node.output).index(source)] = output.name
-            else:  # the source is a graph input, or read by others too: a copy of it is the output
-                after[id(dq)] = onnx.helper.make_node("Identity", [source], [output.name], name=f"{output.name}_float")
-        else:  # INT8 layers read the pair's output too: they keep it, renamed
+        int8_readers = [n for n in graph.node if output.name in n.input and n.op_type in QDQ_COMPUTE_OPS]
+        if int8_readers:  # INT8 layers read the pair's output too: they keep it, renamed
             quantized = f"{output.name}_quantized"
             dq.output[0] = quantized
             for reader in int8_readers:
-                for i, name in enumerate(reader.input):
-                    if name == output.name:
-                        reader.input[i] = quantized
+                reader.input[:] = [quantized if name == output.name else name for name in reader.input]
+        else:  # the pair's output is the graph output's alone: the pair goes
+            dropped.add(id(dq))
+            if readers[q.output[0]] == 1:
+                dropped.add(id(q))
+        if not int8_readers and node is not None and readers[source] == 1 and id(q) in dropped:
+            # the producer writes the output (other readers of the name, an ArgMax, read its float result)
+            node.output[list(node.output).index(source)] = output.name
+        else:  # the source is a graph input, or read by others too: a copy of it is the output
             after[id(dq)] = onnx.helper.make_node("Identity", [source], [output.name], name=f"{output.name}_float")
         made_float.append(output.name)
     if made_float:

@@ -362,11 +362,10 @@ def quantize_with_fallback(
     chosen, kept = model, dict(pinned)
     sensitivity: list[dict[str, Any]] = []
     if not tries[0]["met"] and max_tries > 0 and active:
-        score = tries[0]
         probe = list(calib[:4])
         ref_probe = run(reference, probe)
         say(
-            f"INT8 held-out {score['metric']} {score['score']:.4f} < target {accuracy_target}: measuring the "
+            f"INT8 held-out {tries[0]['metric']} {tries[0]['score']:.4f} < target {accuracy_target}: measuring the "
             f"sensitivity of {len(active)} MatMuls"
         )
         for i, node in enumerate(active):

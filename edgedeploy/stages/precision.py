@@ -467,7 +467,7 @@ def _int8(
             for t in result.tries
         )
         all_float = bool(result.sensitivity) and result.final.get("float_nodes", 0) >= len(result.sensitivity)
-        hint = _int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float, candidates=result.candidates)
+        hint = _int8_fixes(ctx, result.tries, accuracy_target, more_tries=not all_float)
         if "time_budget_s" in result.stop:
             hint = f"raise precision.time_budget_s (now {budget}) or drop it: the search stopped on time"
         raise StageError(
@@ -648,15 +648,12 @@ def _better(cheap: Any, dear: Any) -> bool:
     return float(cheap.final.get("score", 0.0)) > float(dear.final.get("score", 0.0))
 
 
-def _int8_fixes(
-    ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool, candidates: int = 0
-) -> str:
+def _int8_fixes(ctx: BuildContext, tries: Sequence[dict[str, Any]], target: float, *, more_tries: bool) -> str:
     """The fixes that would change a failed INT8 search's outcome, from what stopped its tries: a veto by the
     real-sample goldens (``tolerance.int8``), a score under the held-out target (``accuracy_target``), or too few
     tries to put more layers in float. A lower target is offered only from a try that kept INT8 compute (its
-    ``int8_compute``, and fewer float nodes than the ``candidates``) and was judged on every sample: a lower
-    target met by a try with no INT8 compute, or by a score estimated from part of the samples, would fail
-    again."""
+    ``int8_compute``) and was judged on every sample: a lower target met by a try with no INT8 compute, or by a
+    score estimated from part of the samples, would fail again."""
     p = ctx.cfg.precision
     fixes = []
     if more_tries:
@@ -672,11 +669,7 @@ def _int8_fixes(
             f"relax [tolerance.int8] {key} if that real-sample agreement is acceptable (it is what validation and "
             "the device check judge)"
         )
-    int8 = [
-        t
-        for t in tries
-        if t.get("int8_compute", True) and (not candidates or int(t.get("float_nodes", 0)) < candidates)
-    ]
+    int8 = [t for t in tries if t.get("int8_compute", True)]
     scored = [float(t["score"]) for t in int8 if "vetoed" not in t and "judged_samples" not in t]
     if scored and max(scored) < target:
         fixes.append(
@@ -787,7 +780,7 @@ def _int8_transformer(
             fixes.insert(0, "set precision.smoothquant_alpha = 0.5")
         raise StageError(
             "precision",
-            f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out calibration "
+            f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out "
             f"data after {len(result.tries) - 1} fallback tries ({table})",
             hint=", or ".join(fixes),
         )

@@ -353,8 +353,8 @@ def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy) -> list[
     if min_cos is not None and row.cosine is not None and row.cosine < min_cos:
         problems.append(f"cosine {row.cosine:.6f} < gate minimum {min_cos} for {precision}")
     min_top1 = policy.min_top1_agreement.get(precision)
-    # top-1 agreement as the build judges it: pooled over the real samples, not per golden (one golden of batch 1
-    # agrees 0 or 1)
+    # top-1 agreement pooled over the real samples, as the build pools it, not per golden (one golden of batch 1
+    # agrees 0 or 1); the policy's minimum applies to the observed agreement (the build's to its upper bound)
     if row.check == TOP1_CHECK and min_top1 is not None and row.top1_agreement is not None:
         if row.top1_agreement < min_top1:
             problems.append(f"top-1 agreement {row.top1_agreement:.4f} < gate minimum {min_top1} for {precision}")
@@ -377,8 +377,8 @@ def _required(report: ReportView, policy: GatePolicy, *, integrity_checked: bool
             shipped = ran if policy.backends or kind != "parity" else [c for c in ran if c.deploy]
             ok = any(r.check == kind for c in shipped for r in c.checks)
             why = report.parity.reason or f"no {kind} check ran"
-            if not ok and kind == "parity" and ran:
-                stand_ins = ", ".join(c.name for c in ran if not c.deploy)
+            stand_ins = ", ".join(c.name for c in ran if not c.deploy)
+            if not ok and kind == "parity" and not policy.backends and stand_ins:
                 why = f"{why}; the deployed artifact was not compared (only {stand_ins}, not what ships)"
             code = PARITY
         if not ok:
@@ -406,7 +406,15 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
                 checks.append(GateCheck(f"latency:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     if baseline is not None:
         before = baseline.latency.backends
-        for was, name in _regression_pairs(report, baseline, policy):
+        pairs = _regression_pairs(report, baseline, policy)
+        if not pairs:  # a baseline was asked for: say why nothing was compared, never pass in silence
+            why = "no backend to compare: " + (
+                "none of the policy's backends was timed in both reports"
+                if policy.backends
+                else "a report names no deployed artifact (deploy: true)"
+            )
+            checks.append(GateCheck("regression", "latency", False, why, PERFORMANCE))
+        for was, name in pairs:
             if name not in now:
                 why = f"no {policy.latency_metric} timing of {name} in this report to compare with the baseline's"
                 checks.append(GateCheck(f"regression:{name}", "latency", False, why, PERFORMANCE))

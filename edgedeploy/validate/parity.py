@@ -231,18 +231,11 @@ def centred_cosine(ref: np.ndarray, cand: np.ndarray) -> Optional[float]:
     """Cosine of ``cand - mean(ref)`` with ``ref - mean(ref)`` (flat): how well the candidate follows the
     reference's variation about its mean. A constant candidate scores 0 and a shifted one loses by the shift
     against the reference's spread, where a plain cosine of values sharing a large offset stays near 1. None
-    where the reference has fewer than ``MIN_COSINE_ELEMENTS`` values or does not vary."""
+    where the centred reference is undefined for a cosine (:func:`cosine_undefined_why`: too few values, or no
+    variation)."""
     r = np.asarray(ref, dtype=np.float64).ravel()
-    c = np.asarray(cand, dtype=np.float64).ravel()
-    if r.size < MIN_COSINE_ELEMENTS:
-        return None
-    mean = float(r.mean())
-    spread = r - mean
-    if float(np.sqrt(np.mean(spread**2))) < NEAR_ZERO_RMS:
-        return None
-    shifted = c - mean
-    denom = float(np.linalg.norm(spread) * np.linalg.norm(shifted))
-    return float(spread @ shifted / denom) if denom > 0 else 0.0
+    mean = float(r.mean()) if r.size else 0.0
+    return cosine_or_none(r - mean, np.asarray(cand, dtype=np.float64).ravel() - mean)
 
 
 def pooled_cosine(pools: Dict[str, List[Any]], min_cosine: Optional[float], real: bool) -> List[Dict[str, Any]]:
@@ -334,7 +327,7 @@ def judge_goldens(
     rows += ignored_input(cases, results, precision, real)
     rows += pooled_top1(rows, tolerance.get("min_topk_agreement"))
     rows += pooled_cosine(short, tolerance.get("min_cosine"), real)
-    return rows + vacuous_verdict(rows)
+    return rows + vacuous_verdict(rows, real)
 
 
 def _sample_rows(arrays: List[Any]) -> Optional[np.ndarray]:
@@ -350,19 +343,28 @@ def _sample_rows(arrays: List[Any]) -> Optional[np.ndarray]:
     return np.concatenate(flat)
 
 
+def _stacked(name: str, pairs: List[Any]) -> Optional[Any]:
+    """(reference, candidate) per-sample rows of output ``name`` over ``pairs`` (golden pair, candidate outputs),
+    stacked; None where an output is missing or stored sparingly, the rows cannot be lined up, or fewer than two."""
+    if any(name not in got or name not in pair["out"] or name in (pair.get("sparse") or {}) for pair, got in pairs):
+        return None
+    ref = _sample_rows([pair["out"][name] for pair, _ in pairs])
+    cand = _sample_rows([got[name] for _, got in pairs])
+    if ref is None or cand is None or ref.shape != cand.shape or ref.shape[0] < 2:
+        return None
+    return ref, cand
+
+
 def _mark_input_independent(cases: List[Any], results: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> None:
     """Mark ``vacuous`` the rows of an output that is the same for every golden sample, in the reference and in
     the candidate alike (a model that ignores its input): agreement there says nothing about the model, even
     where the values differ between the output's elements."""
     names = set(str(r.get("output")) for r in rows if r.get("sample") is not None)
     for name in names:
-        if any(name not in pair["out"] or name not in got or name in (pair.get("sparse") or {})
-               for (_, _, pair), got in zip(cases, results)):  # fmt: skip
+        stacked = _stacked(name, [(pair, got) for (_, _, pair), got in zip(cases, results)])
+        if stacked is None:
             continue
-        ref = _sample_rows([pair["out"][name] for _, _, pair in cases])
-        cand = _sample_rows([got[name] for got in results])
-        if ref is None or cand is None or ref.shape != cand.shape or ref.shape[0] < 2:
-            continue
+        ref, cand = stacked
         if np.ptp(ref, axis=0).max() == 0 and np.ptp(cand, axis=0).max() == 0:
             for r in rows:
                 if r.get("output") == name and r.get("sample") is not None:
@@ -384,14 +386,10 @@ def ignored_input(cases: List[Any], results: List[Dict[str, Any]], precision: st
     names = sorted(set(n for pair, got in judged for n in pair["out"] if n in got))
     out = []  # type: List[Dict[str, Any]]
     for name in names:
-        if any(
-            name not in got or name not in pair["out"] or name in (pair.get("sparse") or {}) for pair, got in judged
-        ):
+        stacked = _stacked(name, judged)
+        if stacked is None:
             continue
-        ref = _sample_rows([pair["out"][name] for pair, _ in judged])
-        cand = _sample_rows([got[name] for _, got in judged])
-        if ref is None or cand is None or ref.shape != cand.shape or ref.shape[0] < 2:
-            continue
+        ref, cand = stacked
         if not (np.isfinite(ref).all() and np.isfinite(cand).all()):
             continue  # non-finite values fail on their own
         ref_spread = float(np.sqrt(np.mean((ref - ref.mean(axis=0)) ** 2)))
@@ -406,7 +404,7 @@ def ignored_input(cases: List[Any], results: List[Dict[str, Any]], precision: st
     return out
 
 
-def vacuous_verdict(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def vacuous_verdict(rows: List[Dict[str, Any]], real: bool = False) -> List[Dict[str, Any]]:
     """One failing row when every row that judges agreement is ``vacuous``: the reference and the candidate give
     constant outputs whatever the input, so their agreement proves nothing about the model (a dead or unloaded
     model, all-zero weights). Empty otherwise."""
@@ -418,7 +416,7 @@ def vacuous_verdict(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         "vacuous: every compared output is constant, in PyTorch and here, whatever the input ({} rows): "
         "agreement proves nothing about the model".format(len(judged))
     )
-    return [pooled_row("vacuous", ", ".join(outputs), False, passed=False, failure=["vacuous"], reason=why)]
+    return [pooled_row("vacuous", ", ".join(outputs), real, passed=False, failure=["vacuous"], reason=why)]
 
 
 def pooled_row(check: str, output: str, real: bool, **figures: Any) -> Dict[str, Any]:

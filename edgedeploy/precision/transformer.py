@@ -542,7 +542,8 @@ def quantize_transformer(
         "quantized_matmuls": len(result.quantized),
         "gemms_rewritten_as_matmul": rewritten,
         "held_out": {
-            "batches": len(held),
+            "batches": len(held) - len(real_data),
+            "validate_data_batches": len(real_data),
             "calibration_batches": len(calib),
             "disjoint": len(batches) >= 2,
             "rule": "the last quarter of the calibration batches is held out (the goldens carry the same ones): never "

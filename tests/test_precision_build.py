@@ -6,6 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_calib_data import photo_folder
 
@@ -73,6 +74,29 @@ def test_int8_without_calibration_data_fails_cleanly(tiny_project: Path) -> None
     with pytest.raises(InputError, match="needs calibration data"):
         edgedeploy.build(tiny_project, log=lambda _: None, precision__mode="int8")
     assert not (tiny_project.parent / "out" / "model.int8.onnx").exists()
+
+
+def test_int8_calibration_of_one_batch_is_refused_before_anything_is_judged_on_it(
+    tiny_project: Path, tmp_path: Path, capsys
+) -> None:
+    """Two photos make one batch of two: nothing can be held out, and a model judged on its own calibration
+    samples scores what it memorized. The build exits 3 with the fix, and writes no output; given
+    validate.data, the same photos calibrate and the candidates are judged on validate.data instead."""
+    cfg = _normalized_project(tiny_project)
+    calib = photo_folder(tmp_path / "photos", count=2, size=40)
+    out = tmp_path / "int8-out"
+    argv = ["build", "--config", str(cfg), "--out", str(out), "--target", "cpu", "--precision", "int8"]
+    assert main([*argv, "--calib", str(calib)]) == 3
+    err = capsys.readouterr().err
+    assert "makes one batch (2 sample(s), 2 per batch)" in err and "at least 4 samples" in err
+    assert "validate.data" in err and not (out / "manifest.json").exists() and not (out / "model.int8.onnx").exists()
+    real = np.random.default_rng(1).uniform(-1, 1, (4, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "real.npz", image=real)
+    cfg.write_text(cfg.read_text().replace("[validate]\n", f'[validate]\ndata = "{(tmp_path / "real.npz").as_posix()}"\n'))
+    assert main([*argv, "--calib", str(calib)]) == 0
+    prec = json.loads((out / "precision.json").read_text())
+    assert prec["judged_on"]["calibration_batches"] == 1 and prec["judged_on"]["validate_data_batches"] >= 1
+    assert prec["judged_on"]["heldout_batches"] == 0
 
 
 OUTLIER_MODEL = textwrap.dedent(

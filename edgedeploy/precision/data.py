@@ -469,6 +469,26 @@ HELDOUT_FRACTION = 0.25
 HELDOUT_POINT = "calib-heldout"
 
 
+def require_heldout(calib: CalibrationSet, *, judged_elsewhere: bool) -> None:
+    """Refuse INT8 calibration data that leaves nothing to judge on: one batch cannot be split
+    (:func:`split_heldout`), and a model judged on the samples its ranges came from scores what it memorized.
+
+    ``judged_elsewhere``: ``validate.data`` is configured, and the candidates are judged on it instead.
+
+    Raises:
+        InputError: one calibration batch and no ``validate.data``.
+    """
+    if len(calib.batches) >= 2 or judged_elsewhere:
+        return
+    rows = next(iter(calib.batches[0].values())).shape[0] if calib.batches and calib.batches[0] else 0
+    raise InputError(
+        f"INT8 calibration data {calib.location} makes one batch ({calib.samples} sample(s), {rows} per batch): "
+        "nothing can be held out, so INT8 would be judged on the very samples it was calibrated on",
+        hint=f"give at least {2 * max(rows, 1)} samples (a quarter of the batches is held out for judging; "
+        "more judge better: precision.calib_samples), or set validate.data to real samples to judge on",
+    )
+
+
 def split_heldout(
     batches: Sequence[dict[str, np.ndarray]], fraction: float = HELDOUT_FRACTION
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:

@@ -476,7 +476,10 @@ def quantize_transformer(
 
     # the split the CNN recipe and the reference stage's goldens use, so the bundle's check judges these too
     calib, held = split_heldout(batches)
-    held = (held or calib) + list(real_data)  # one batch: nothing can be held out ("disjoint": false in the plan)
+    # one batch holds nothing out: judged on validate.data alone, or (called without any, which the precision
+    # stage refuses) on the calibration batch itself ("disjoint": false in the plan)
+    disjoint = bool(held or real_data)
+    held = (held or ([] if real_data else calib)) + list(real_data)
     channel = {n.input[0] for n in model.graph.node if n.name in set(candidates)} if smoothquant_alpha else set()
     stats = rng.collect_ranges(base, calib, workdir, channel_tensors=channel)
     absurd = rng.absurd_ranges(stats, model)
@@ -545,7 +548,7 @@ def quantize_transformer(
             "batches": len(held) - len(real_data),
             "validate_data_batches": len(real_data),
             "calibration_batches": len(calib),
-            "disjoint": len(batches) >= 2,
+            "disjoint": disjoint,
             "rule": "the last quarter of the calibration batches is held out (the goldens carry the same ones): never "
             "used for ranges, smoothing or sensitivity",
         },

@@ -97,13 +97,15 @@ class PrecisionFromOnnx(Stage):
         }
 
     def run(self, ctx: BuildContext) -> StageResult:
-        from edgedeploy.precision.data import load_calibration
+        from edgedeploy.precision.data import load_calibration, require_heldout
 
         cfg = ctx.cfg
         result = StageResult()
         warnings = result.warnings
         with partial_result(result):  # warnings given before a failure reach the failure report
             calib = load_calibration(cfg, allow_random=ctx.precision == "fp16")
+            if ctx.precision == "int8":
+                require_heldout(calib, judged_elsewhere=bool(cfg.validate.data))
             ranges = calibration_ranges(ctx, calib)
             warnings += _data_warnings(ctx, calib, ranges)
             with tempfile.TemporaryDirectory(prefix="precision-", dir=ctx.staging) as tmp:
@@ -268,9 +270,7 @@ def _int8(
     goldens = golden_cases(ctx.path(GOLDENS))
     # validate.data only: without it a "data" golden is a calibration batch (nothing held out), not new evidence
     real_data = [feeds for point, feeds, _, _ in goldens if point == "data"] if cfg.validate.data else []
-    evals = held + real_data
-    if not evals:
-        warnings.append("INT8: one calibration batch, nothing held out: scored on the calibration data itself")
+    evals = held + real_data  # never empty: the stage refuses one calibration batch without validate.data
     judged.update(validate_data_batches=len(real_data), calibration_batches=len(calib))
     judged["samples"] = sum(len(next(iter(b.values()))) for b in evals) if evals else 0
     # independent sources among the judged batches: each held-out batch with its views, each validate.data batch
@@ -766,10 +766,6 @@ def _int8_transformer(
         log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None, veto=veto, real_data=real_data,
     )  # fmt: skip
     last = result.tries[-1]
-    if not plan["held_out"]["disjoint"]:
-        warnings.append(
-            "INT8 judged on its own calibration data (one batch: nothing to hold out); add calibration samples"
-        )
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           + (f" ({t['vetoed']})" if "vetoed" in t else "") for t in result.tries)  # fmt: skip

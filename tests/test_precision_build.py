@@ -92,7 +92,8 @@ def test_int8_calibration_of_one_batch_is_refused_before_anything_is_judged_on_i
     assert "validate.data" in err and not (out / "manifest.json").exists() and not (out / "model.int8.onnx").exists()
     real = np.random.default_rng(1).uniform(-1, 1, (4, 3, 16, 16)).astype(np.float32)
     np.savez(tmp_path / "real.npz", image=real)
-    cfg.write_text(cfg.read_text().replace("[validate]\n", f'[validate]\ndata = "{(tmp_path / "real.npz").as_posix()}"\n'))
+    data = f'[validate]\ndata = "{(tmp_path / "real.npz").as_posix()}"\n'
+    cfg.write_text(cfg.read_text().replace("[validate]\n", data))
     assert main([*argv, "--calib", str(calib)]) == 0
     prec = json.loads((out / "precision.json").read_text())
     assert prec["judged_on"]["calibration_batches"] == 1 and prec["judged_on"]["validate_data_batches"] >= 1

@@ -266,7 +266,9 @@ def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("opset", [17, 20])  # ReduceMean's axes: an attribute before opset 18, an input from it
-def test_float_conv_means_reduced_in_the_graph_equal_the_means_of_the_fetched_outputs(tmp_path: Path, opset: int) -> None:
+def test_float_conv_means_reduced_in_the_graph_equal_the_means_of_the_fetched_outputs(
+    tmp_path: Path, opset: int
+) -> None:
     """The float model's per-channel conv output means, reduced inside the ONNX graph (a few floats per conv
     fetched), are the means of the full activations over every sample, and a conv whose weights are computed
     (rank unknown) is still measured, from its fetched output."""

@@ -350,3 +350,37 @@ def test_the_summary_keeps_the_largest_error_of_a_shapes_samples() -> None:
     checks = [{"shape": "calib-heldout", "output": "y", "max_abs": v} for v in (3.5e-3, 5.8e-3, 1.0e-3)]
     summary = summarize({"parity": {"status": "passed", "candidates": [{"name": "ort", "checks": checks}]}})
     assert summary["max_abs_error"] == {"ort@calib-heldout:y": 5.8e-3}
+
+
+def test_integer_outputs_are_judged_by_exact_agreement_not_by_cosine_or_distance() -> None:
+    """Class ids (an argmax output) are decisions: id 7 instead of 6 is as wrong as 0 instead of 6. A cosine of
+    ids passes nearly anything (0.99 here for 4 of 16 ids changed), so integer values are compared exactly: per
+    golden under FP32's rule (every value equal), pooled like top-1 under a reduced precision's minimum."""
+    ids = np.arange(16, dtype=np.int64) % 9 + 3
+    moved = ids.copy()
+    moved[:4] += 1  # four neighbours' ids
+    assert float(ids @ moved / np.linalg.norm(ids) / np.linalg.norm(moved)) > 0.99
+    row = compare_output(ids, moved, min_cosine=0.98)
+    assert row["cosine"] is None and row["cosine_na"].startswith("n/a: integer output")
+    assert row["top1_agreement"] == 0.75 and row["top1_rows"] == 16 and not row["passed"]
+    assert "4 of 16 integer values differ, compared exactly (first at flat index 0: ref 3, got 4)" in row["reason"]
+    assert compare_output(ids, ids.copy(), min_cosine=0.98)["passed"]
+    fp32 = {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.9999, "min_topk_agreement": None}
+    cases = [("calib-heldout", i, {"out": {"cls": ids[i : i + 1]}}) for i in range(16)]
+    got = [{"cls": moved[i : i + 1]} for i in range(16)]
+    rows = judge_goldens(cases, got, "fp32", fp32)
+    assert sum(not r["passed"] for r in rows) == 4 and all(r.get("check") != "pooled_cosine" for r in rows)
+    # INT8: one pooled exact-agreement row against min_topk_agreement, as a classifier's top-1 (12 of 16: fails)
+    rows = judge_goldens(cases, got, "int8", INT8)
+    pooled = [r for r in rows if r.get("check") == "top1_agreement"]
+    assert len(pooled) == 1 and pooled[0]["integer"] and not pooled[0]["passed"] and pooled[0]["rows"] == 16
+    assert "exact agreement 0.7500 (12 of 16 integer values of real samples" in pooled[0]["reason"]
+    assert all(r["passed"] for r in rows if r.get("sample") is not None)  # per golden: pooled instead
+    closer = [{"cls": (moved if i == 0 else ids)[i : i + 1]} for i in range(16)]
+    assert all(r["passed"] for r in judge_goldens(cases, closer, "int8", {**INT8, "min_topk_agreement": 0.9}))
+    # the precision stage's judge: the share of equal values is the score, whatever the classifier list says
+    score = analysis.accuracy([{"cls": ids}], [{"cls": moved}], classifier_outputs=[])
+    assert score["metric"] == "top1_agreement" and score["score"] == 0.75
+    from edgedeploy.precision.heldout import held_out_score
+
+    assert held_out_score([{"cls": ids}], [{"cls": moved}])["outputs"]["cls"]["value"] == 0.75

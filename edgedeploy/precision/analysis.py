@@ -306,7 +306,8 @@ def accuracy(
         cand = np.concatenate([c[name] for c in candidate])
         classifier = name in classifier_outputs
         row = compare_output(ref, cand, atol=None, rtol=None, min_cosine=None, classifier=classifier)
-        metric = "top1_agreement" if classifier and "top1_agreement" in row else "cosine"
+        integer = bool(row.get("integer"))  # class ids, a label map: the share of values exactly equal
+        metric = "top1_agreement" if (classifier or integer) and "top1_agreement" in row else "cosine"
         undefined = row.get(metric) is None  # cosine of (near) zero or under three values: nothing to judge
         value = 0.0 if row.get("nan") or row.get("inf") else 1.0 if undefined else float(row[metric])
         per_output[name] = {
@@ -317,7 +318,9 @@ def accuracy(
         }
         if undefined:
             per_output[name]["n/a"] = row.get("cosine_na")
-        if metric == "top1_agreement" and value > 0.0:
+        if integer:
+            per_output[name]["compared"] = "integer values, exactly"
+        elif metric == "top1_agreement" and value > 0.0:
             from edgedeploy.precision.heldout import top1_score
 
             per_output[name].update(top1_score(value, ref, cand))

@@ -39,15 +39,21 @@ def held_out_score(
     """Agreement of ``candidate`` with ``reference`` sample by sample.
 
     Classifier outputs: top-1 agreement, the lower of the observed fraction and
-    :func:`expected_top1_agreement` (both reported). Others: cosine similarity of each sample's output (mean is
-    the score; min and 5th percentile reported). ``score`` is the worst output's.
+    :func:`expected_top1_agreement` (both reported). Integer outputs: the share of values exactly equal.
+    Others: cosine similarity of each sample's output (mean is the score; min and 5th percentile reported).
+    ``score`` is the worst output's.
     """
     per_output: dict[str, dict[str, Any]] = {}
     for name in reference[0]:
-        ref = np.concatenate([r[name] for r in reference]).astype(np.float64)
+        raw = np.concatenate([r[name] for r in reference])
+        ref = raw.astype(np.float64)
         cand = np.concatenate([c[name] for c in candidate]).astype(np.float64)
         if not np.isfinite(cand).all():
             per_output[name] = {"metric": "cosine", "value": 0.0, "nonfinite": True}
+            continue
+        if raw.dtype.kind in "biu":  # class ids, a label map: the values agree or they do not
+            agree = float(np.mean(ref == cand)) if ref.size else 1.0
+            per_output[name] = {"metric": "top1_agreement", "value": agree, "compared": "integer values, exactly"}
             continue
         if name in classifier_outputs:
             agree = float(np.mean(ref.argmax(-1) == cand.argmax(-1)))

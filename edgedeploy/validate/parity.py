@@ -61,6 +61,7 @@ AGREEMENT_FAILURES = (OUTSIDE_TOLERANCE, LOW_COSINE, LOW_TOPK)
 MIN_COSINE_ELEMENTS = 3
 # a reference whose root mean square is below this has no direction to agree with
 NEAR_ZERO_RMS = 1e-6
+INTEGER_NA = "n/a: integer output, compared value by value"
 # The pooled top-1 check fails an artifact whose agreement is more than one standard error (Wilson score
 # interval, z = 1) below the target. A count on a few dozen goldens cannot resolve a target of 0.95: on 96
 # views of 16 photos one ambiguous photo moves it by 6 points, and EfficientNet-Lite0 INT8 models that agree
@@ -120,8 +121,14 @@ def compare_output(
     topk: int = 1,
     classifier: bool = False,
     agreement: bool = True,
+    exact_integers: bool = True,
 ) -> Dict[str, Any]:
     """Error figures for one output and whether they pass the tolerance.
+
+    An integer or boolean output (class ids, a label map, a count) is a decision, not a measurement: it has no
+    cosine, and its agreement is the share of values that are exactly equal (``top1_agreement`` over
+    ``top1_rows`` values, pooled by :func:`pooled_top1` like a classifier's top-1). With ``exact_integers``
+    (no ``min_topk_agreement`` to pool against) and no atol / rtol, every value must be equal.
 
     ``agreement`` False (a spec-random golden of an FP16/INT8 artifact, :func:`judges_agreement`): the
     tolerance, cosine and top-k figures are reported (``informational`` holds what they would have failed) but
@@ -158,8 +165,24 @@ def compare_output(
     row["max_rel"] = float(rel.max()) if rel.size else 0.0
     row["p99_rel"] = float(np.percentile(rel, 99)) if rel.size else 0.0
     rf, cf = r[finite].ravel(), c[finite].ravel()
-    row["cosine"] = cosine_or_none(rf, cf)
-    if row["cosine"] is None:
+    integer = ref.dtype.kind in "biu"
+    if integer:
+        # a mean over class ids or label values says nothing: the values agree or they do not
+        equal = r == c
+        row.update(cosine=None, cosine_na=INTEGER_NA, integer=True)
+        row["top1_agreement"] = float(equal.mean()) if equal.size else 1.0
+        row["top1_rows"] = int(equal.size)
+        if exact_integers and atol is None and rtol is None and not equal.all():
+            first = int(np.argmax(~equal.ravel()))
+            failures.append(OUTSIDE_TOLERANCE)
+            reasons.append(
+                "{}: {} of {} integer values differ, compared exactly (first at flat index {}: ref {}, got {})".format(
+                    OUTSIDE_TOLERANCE, int((~equal).sum()), equal.size, first, ref.ravel()[first], cand.ravel()[first]
+                )
+            )
+    else:
+        row["cosine"] = cosine_or_none(rf, cf)
+    if row["cosine"] is None and not integer:
         row["cosine_na"] = cosine_undefined_why(rf)
     if atol is not None or rtol is not None:
         a = atol or 0.0
@@ -177,7 +200,7 @@ def compare_output(
     if min_cosine is not None and row["cosine"] is not None and row["cosine"] < min_cosine:
         failures.append(LOW_COSINE)
         reasons.append("{}: {:.6f} < {}".format(LOW_COSINE, row["cosine"], min_cosine))
-    if classifier and ref.ndim >= 1 and ref.shape[-1] > 0:
+    if classifier and not integer and ref.ndim >= 1 and ref.shape[-1] > 0:
         classes = ref.shape[-1]
         k = min(topk, classes)
         ref_top = np.argsort(-r.reshape(-1, classes), axis=-1)[:, :k]
@@ -315,10 +338,12 @@ def judge_goldens(
                     topk=topk,
                     classifier=name in classifiers and name not in sparse,
                     agreement=judges_agreement(point, precision, real),
+                    exact_integers=tolerance.get("min_topk_agreement") is None,
                 )
                 if name in sparse:
                     row["stored_every"] = int(sparse[name][1])
                 pooled = row.get("agreement_judged") and ref.size < MIN_COSINE_ELEMENTS and cand.shape == ref.shape
+                pooled = pooled and not row.get("integer")  # integer values pool by exact agreement (pooled_top1)
                 if pooled and np.isfinite(cand).all():
                     short.setdefault(name, []).append((ref, cand))
             row.update(shape=point, sample=sample, output=name)
@@ -443,7 +468,8 @@ def where(row: Dict[str, Any]) -> str:
 
 
 def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float]) -> List[Dict[str, Any]]:
-    """One row per classifier output: top-1 agreement pooled over the real-sample goldens, judged.
+    """One row per classifier output: top-1 agreement pooled over the real-sample goldens, judged (and per
+    integer output: the share of its values exactly equal, the same decision counted the same way).
 
     ``rows`` are :func:`compare_output` rows with ``shape`` (the golden's point) and ``output`` set. The pool
     is the rows of the real-sample points (``REAL_DATA_POINTS``); when no golden comes from real data, every row. Rows
@@ -454,6 +480,7 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
     real = [r for r in rows if r.get("shape") in REAL_DATA_POINTS and "top1_agreement" in r]
     pool = real or [r for r in rows if "top1_agreement" in r]
     totals = {}  # type: Dict[str, List[float]]
+    integer = set(r["output"] for r in pool if r.get("integer"))  # exact agreement of integer values
     for r in pool:
         n = int(r.get("top1_rows", 1))
         agree_total = totals.setdefault(r["output"], [0.0, 0.0])
@@ -468,12 +495,22 @@ def pooled_top1(rows: List[Dict[str, Any]], min_topk_agreement: Optional[float])
             TOP1_CHECK, name, bool(real), top1_agreement=top1, top1_upper_bound=upper, rows=int(total),
             passed=upper >= min_topk_agreement,
         )  # fmt: skip
+        if name in integer:
+            row["integer"] = True
         if not row["passed"]:
             where = "real samples" if real else "goldens (no real-sample goldens)"
+            where = "integer values of " + where if name in integer else where
             row["failure"] = [LOW_TOPK]
             row["reason"] = (
-                "{}: top-1 agreement {:.4f} ({} of {} {}; at most {:.4f} within one standard error) < {}".format(
-                    LOW_TOPK, top1, int(round(agree)), int(total), where, upper, min_topk_agreement
+                "{}: {} agreement {:.4f} ({} of {} {}; at most {:.4f} within one standard error) < {}".format(
+                    LOW_TOPK,
+                    "exact" if name in integer else "top-1",
+                    top1,
+                    int(round(agree)),
+                    int(total),
+                    where,
+                    upper,
+                    min_topk_agreement,
                 )
             )
         out.append(row)

@@ -108,15 +108,16 @@ def test_search_progress_says_try_k_of_n_best_so_far_and_why() -> None:
     ]  # fmt: skip
     for row in rows:
         progress(row, Path("unused.onnx"))
-    assert said[0].startswith("INT8 search: try 1 of at most 5, 0 float nodes: top1_agreement 0.9000 misses")
+    # numbered as precision.json's rows: try 0 is everything INT8, then fallback tries 1 .. max_tries
+    assert said[0].startswith("INT8 search: try 0 (everything INT8), 0 float nodes: top1_agreement 0.9000 misses")
     assert said[0].endswith("best so far 0.9000 (0 float); still searching: below 0.95, more layers to float")
-    assert "try 2 of at most 5" in said[1] and "best so far 0.9300 (1 float)" in said[1]
+    assert "try 1 of at most 4" in said[1] and "best so far 0.9300 (1 float)" in said[1]
     assert said[2].endswith("meets; best so far 2 float (0.9700); looking for fewer or faster float nodes")
     assert "vetoed by the goldens" in said[3]
     assert said[4].endswith("best so far 2 float (0.9700); try budget spent")
     shipped = progress.summary(rows[2])
     assert shipped == (
-        "INT8 search: 5 tries, 2 meeting the target 0.95; ships try 3: 2 float nodes (sensitivity), "
+        "INT8 search: 5 tries, 2 meeting the target 0.95; ships try 2: 2 float nodes (sensitivity), "
         "top1_agreement 0.9700"
     )
 

@@ -4,7 +4,7 @@
 Per try it times the try's model in ONNX Runtime (a few runs: the speed axis of report.html's search plot;
 ``p50_ms`` in the try's row, kept out of precision.json like every timing) and sends one status line, e.g.::
 
-    INT8 search: try 4 of at most 13, 4 float nodes (sensitivity): top-1 0.9412, 0.81 ms;
+    INT8 search: try 3 of at most 12, 4 float nodes (sensitivity): top-1 0.9412, 0.81 ms;
     best so far 0.9412 with 4 float; still searching: below the target 0.95, more layers to float
 
 Domain layer: imports the precision package's analysis only.
@@ -72,8 +72,10 @@ class SearchProgress:
         verdict = "meets" if row.get("met") else ("vetoed by the goldens" if row.get("vetoed") else "misses")
         from edgedeploy.precision.analysis import stopped_early
 
+        # numbered as precision.json numbers them: try 0 is everything INT8, then up to max_tries fallback tries
+        which = f"try {row['try']}" + (" (everything INT8)" if row["try"] == 0 else f" of at most {self.most - 1}")
         head = (
-            f"INT8 search: try {row['try'] + 1} of at most {self.most}, {row['float_nodes']} float nodes{family}: "
+            f"INT8 search: {which}, {row['float_nodes']} float nodes{family}: "
             f"{metric} {row['score']:.4f}{stopped_early(row)} {verdict}{speed}"
         )
         more = len(self.rows) < self.most
@@ -102,6 +104,6 @@ class SearchProgress:
         family = f" ({shipped['family']})" if shipped.get("family") else ""
         return (
             f"INT8 search: {len(self.rows)} tries, {met} meeting the target {self.target}; ships try "
-            f"{shipped.get('try', 0) + 1}: {shipped.get('float_nodes', 0)} float nodes{family}, "
+            f"{shipped.get('try', 0)}: {shipped.get('float_nodes', 0)} float nodes{family}, "
             f"{shipped.get('metric', 'score')} {shipped.get('score', 0.0):.4f}"
         )

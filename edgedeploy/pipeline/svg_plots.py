@@ -242,7 +242,7 @@ def search_svg(tries: list[dict[str, Any]], target: float | None, shipped: int |
         ax.marker(x[chosen[0]["try"]], ax.py(chosen[0]["score"]), "star", "#9a6700", size=4)
     for i, t in enumerate(tries):
         ax.path([(ax.px(i + 1), ax.y0), (ax.px(i + 1), ax.y0 + 4)], "#333", width=1)
-        ax.text(ax.px(i + 1), ax.y0 + 15, str(t["try"] + 1), size=9)
+        ax.text(ax.px(i + 1), ax.y0 + 15, str(t["try"]), size=9)  # precision.json's numbers: try 0, all INT8
     ax.frame("try (label: float nodes, s = sensitivity, p = prefix family)", str(tries[0].get("metric", "score")),
              xticks=False)  # fmt: skip
     ax.yticks()

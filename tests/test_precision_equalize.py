@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from test_calib_cache import export_onnx
 from test_calib_data import photo_folder
 from test_precision import photo_batches
@@ -263,6 +262,7 @@ def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> 
     float_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_model)).graph.initializer}
     float_node = next(n for n in onnx.load(str(float_model)).graph.node if n.name == convs[1])
     np.testing.assert_array_equal(inits[node.input[2]], float_inits[float_node.input[2]])  # bias untouched
+<<<<<<< HEAD
 
 
 @pytest.mark.parametrize("opset", [17, 20])  # ReduceMean's axes: an attribute before opset 18, an input from it
@@ -295,3 +295,5 @@ def test_float_conv_means_reduced_in_the_graph_equal_the_means_of_the_fetched_ou
         full = np.concatenate([o[c.output[0]] for o in outs])  # every sample's activations
         expected = full.transpose(1, 0, 2, 3).reshape(full.shape[1], -1).mean(axis=1)
         np.testing.assert_allclose(means[c.name], expected, rtol=1e-5, atol=1e-6)
+=======
+>>>>>>> parent of b0b5264 (INT8 bias correction: the float model's conv output means reduced inside the graph (a few floats per conv fetched, not every activation))

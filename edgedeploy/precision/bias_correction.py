@@ -95,53 +95,22 @@ def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence
     means = _MEANS_MEMO.get(memo_key)
     if means is None:
         model = onnx.load(str(float_path))
-        outputs = _channel_mean_outputs(model)
+        outputs = {n.name: n.output[0] for n in model.graph.node if n.op_type == "Conv" and n.name}
+        have = {o.name for o in model.graph.output}
+        for tensor in outputs.values():
+            if tensor not in have:
+                model.graph.output.append(onnx.ValueInfoProto(name=tensor))
         sess = session_from_proto(model, Path(float_path).with_name(Path(float_path).stem + ".means.onnx"))
         fetch = list(outputs.values())
         sums: dict[str, np.ndarray] = {}
         for feeds in batches:
             for node, value in zip(outputs, sess.run(fetch, feeds)):
-                sums[node] = sums.get(node, 0) + (_channel_means(value) if value.ndim > 1 else value.astype(np.float64))
+                sums[node] = sums.get(node, 0) + _channel_means(value)
         means = {node: total / len(batches) for node, total in sums.items()}
         while len(_MEANS_MEMO) >= _MEANS_MEMO_SIZE:
             _MEANS_MEMO.pop(next(iter(_MEANS_MEMO)))
         _MEANS_MEMO[memo_key] = means
     return {name: means[name] for name in names if name in means}
-
-
-def _channel_mean_outputs(model: ModelProto) -> dict[str, str]:
-    """Make ``model`` output every named conv's per-channel output mean over the batch; conv name -> that output.
-
-    The means are reduced inside the graph (a ``ReduceMean`` over every axis but the channel one), so a run
-    returns a few floats per conv instead of every activation (hundreds of MB for a CNN on 24 photos). A conv
-    whose weight rank is unknown (weights computed, not stored) has its whole output fetched and reduced here.
-    """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    ranks = {i.name: len(i.dims) for i in graph.initializer}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    have = {o.name for o in graph.output}
-    outputs: dict[str, str] = {}
-    for conv in [n for n in graph.node if n.op_type == "Conv" and n.name]:
-        raw = conv.output[0]
-        rank = ranks.get(conv.input[1])
-        if rank is None:
-            if raw not in have:
-                graph.output.append(onnx.ValueInfoProto(name=raw))
-                have.add(raw)
-            outputs[conv.name] = raw
-            continue
-        axes, mean = [0, *range(2, rank)], f"{conv.name}{SHIFT_SUFFIX}_float_mean"
-        if opset >= 18:
-            graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{mean}_axes"))
-            graph.node.append(helper.make_node("ReduceMean", [raw, f"{mean}_axes"], [mean], keepdims=0, name=mean))
-        else:
-            graph.node.append(helper.make_node("ReduceMean", [raw], [mean], axes=axes, keepdims=0, name=mean))
-        graph.output.append(onnx.ValueInfoProto(name=mean))
-        outputs[conv.name] = mean
-    return outputs
 
 
 def output_mean_shifts(

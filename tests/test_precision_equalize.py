@@ -262,38 +262,3 @@ def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> 
     float_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_model)).graph.initializer}
     float_node = next(n for n in onnx.load(str(float_model)).graph.node if n.name == convs[1])
     np.testing.assert_array_equal(inits[node.input[2]], float_inits[float_node.input[2]])  # bias untouched
-<<<<<<< HEAD
-
-
-@pytest.mark.parametrize("opset", [17, 20])  # ReduceMean's axes: an attribute before opset 18, an input from it
-def test_float_conv_means_reduced_in_the_graph_equal_the_means_of_the_fetched_outputs(
-    tmp_path: Path, opset: int
-) -> None:
-    """The float model's per-channel conv output means, reduced inside the ONNX graph (a few floats per conv
-    fetched), are the means of the full activations over every sample, and a conv whose weights are computed
-    (rank unknown) is still measured, from its fetched output."""
-    from onnx import helper, numpy_helper, version_converter
-
-    from edgedeploy.precision import bias_correction
-
-    float_model = _model(tmp_path)
-    batches = photo_batches(samples=16, batch=8)
-    model = version_converter.convert_version(onnx.load(str(float_model)), opset)
-    convs = [n for n in model.graph.node if n.op_type == "Conv"]
-    # the last conv reads its weights through an Identity: no initializer names its rank
-    weight = convs[-1].input[1]
-    model.graph.node.insert(0, helper.make_node("Identity", [weight], ["computed_w"], name="computed_w"))
-    convs[-1].input[1] = "computed_w"
-    for c in convs:
-        model.graph.output.append(onnx.ValueInfoProto(name=c.output[0]))
-    onnx.save(model, str(tmp_path / "probe.onnx"))
-    outs = analysis.run_model(tmp_path / "probe.onnx", batches)
-    means = bias_correction.float_output_means(tmp_path / "probe.onnx", [c.name for c in convs], batches)
-    assert set(means) == {c.name for c in convs} and len(convs) == 3
-    assert numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == weight)).ndim == 4
-    for c in convs:
-        full = np.concatenate([o[c.output[0]] for o in outs])  # every sample's activations
-        expected = full.transpose(1, 0, 2, 3).reshape(full.shape[1], -1).mean(axis=1)
-        np.testing.assert_allclose(means[c.name], expected, rtol=1e-5, atol=1e-6)
-=======
->>>>>>> parent of b0b5264 (INT8 bias correction: the float model's conv output means reduced inside the graph (a few floats per conv fetched, not every activation))

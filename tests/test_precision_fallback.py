@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from test_calib_cache import export_onnx
 from test_precision import outlier_net, photo_batches
@@ -252,3 +253,26 @@ def test_a_settled_bisection_ships_the_smallest_passing_prefix_found_and_says_wh
     assert result.stop == (
         "a passing float set found (prefix: 4 float, 2 failed); bisection stopped: too few multiply-adds left"
     )
+
+
+def test_each_try_counts_the_pinned_float_nodes_apart_from_the_ones_it_chose(tmp_path: Path) -> None:
+    """A node pinned float (precision.keep_fp32) is float in every try: each row counts it as ``pinned_float``,
+    apart from ``float_nodes`` (what the search chose), and the progress line says so."""
+    from edgedeploy.precision.search_progress import SearchProgress
+
+    batches = photo_batches(16, 8)
+    path = export_onnx(outlier_net(), batches[0]["image"], tmp_path / "outlier.onnx")
+    float_model = preprocess(path, tmp_path / "float.onnx")
+    q = Quantizer(float_model, tmp_path, flavour_for("onnxruntime"))
+    first = analysis.quantized_nodes(onnx.load(str(q.quantize(tmp_path / "all.int8.onnx", batches))))
+    said: list[str] = []
+    progress = SearchProgress(max_tries=8, target=0.99, status=said.append)
+    result = quantize_with_fallback(
+        q, out=tmp_path / "m.int8.onnx", batches=batches, classifier_outputs=[], accuracy_target=0.99, max_tries=8,
+        keep_fp32=[first[-1]], on_try=progress,
+    )  # fmt: skip
+    assert len(result.tries) > 1
+    for row, line in zip(result.tries, said):
+        assert row["pinned_float"] == 1 and first[-1] in row["excluded"]
+        assert len(row["excluded"]) == row["float_nodes"] + 1
+        assert f"{row['float_nodes']} float nodes" in line and "(+1 pinned)" in line

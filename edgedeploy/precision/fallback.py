@@ -189,6 +189,8 @@ def quantize_with_fallback(
         meets = score["score"] >= accuracy_target
         veto = extra_check(model, outputs) if extra_check is not None and meets else None
         row = {"try": len(tries), "float_nodes": k, "excluded": list(excl), "score": score["score"]}
+        if pinned:  # float in every try besides the k the search chose (precision.keep_fp32, a runtime's pins)
+            row["pinned_float"] = len(pinned)
         if judged < len(evals):
             row["judged_samples"] = _samples(evals[:judged])
             row["samples"] = _samples(evals)

@@ -74,8 +74,9 @@ class SearchProgress:
 
         # numbered as precision.json numbers them: try 0 is everything INT8, then up to max_tries fallback tries
         which = f"try {row['try']}" + (" (everything INT8)" if row["try"] == 0 else f" of at most {self.most - 1}")
+        pinned = f" (+{row['pinned_float']} pinned)" if row.get("pinned_float") else ""
         head = (
-            f"INT8 search: {which}, {row['float_nodes']} float nodes{family}: "
+            f"INT8 search: {which}, {row['float_nodes']} float nodes{family}{pinned}: "
             f"{metric} {row['score']:.4f}{stopped_early(row)} {verdict}{speed}"
         )
         more = len(self.rows) < self.most

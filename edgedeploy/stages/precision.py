@@ -54,7 +54,9 @@ class PrecisionFromOnnx(Stage):
     # 14: the speed probe asked of the model the search would ship, after it (none where a float prefix covers it)
     # 15: INT8: held-out image views rounded to float16 values (goldens.npz stores them exactly in half the bytes)
     # 16: FP16 judged by the goldens veto at tolerance.fp16 (in the key); short outputs pooled about their mean
-    version = "16"
+    # 17: integer outputs judged by exact agreement; one calibration batch refused without validate.data; tries
+    #     count pinned float nodes apart
+    version = "17"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 

@@ -87,7 +87,7 @@ def _reference(ctx: BuildContext) -> str:
 
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
-    version = "2"
+    version = "3"  # 3: integer outputs judged by exact agreement (a verdict a cached entry must not replay)
     consumes = (GOLDENS,)
     # every artifact of the build is validated when present (capture and precision may not run)
     optional = (TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), ONNX_DATA, *ENGINE_FILES)

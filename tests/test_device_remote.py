@@ -395,3 +395,23 @@ def test_a_release_signed_before_the_device_step_is_signed_again_after_it(sshd, 
     assert main(signed) == ArtifactIntegrityError.exit_code
     assert main(["sign", str(out), "--key", f"{key}.key"]) == 0
     assert main(signed) == 0
+
+
+def test_a_device_row_cannot_excuse_itself_from_the_tolerance_by_saying_it_is_not_judged(outs, tmp_path):
+    """``agreement_judged: false`` is the build's word for a spec-random golden of an FP16/INT8 artifact. On this
+    FP32 bundle every golden judges agreement: rows of garbage figures that call themselves not judged are
+    refused, as they are without that word, and nothing is merged."""
+    from edgedeploy.device import complete_bundle as device
+    from edgedeploy.remote.results import check_device_results
+
+    bundle = outs["orin"] / "bundle"
+    assert json.loads((bundle / "plan.json").read_text())["precision"] == "fp32"
+    staging = tmp_path / "staging"
+    shutil.copytree(bundle, staging)
+    assert device.main([str(staging), "--runner", "onnxruntime"], log=lambda line: None) == 0
+    validation = json.loads((staging / "validation.json").read_text())
+    for row in validation["checks"]:
+        row.update(max_abs=3.5, p99_abs=3.0, cosine=0.12, passed=True, agreement_judged=False)
+    (staging / "validation.json").write_text(json.dumps(validation))
+    with pytest.raises(ArtifactIntegrityError, match="marked agreement_judged false on a golden that judges"):
+        check_device_results(bundle, staging, runner="onnxruntime", host="ci@orin")

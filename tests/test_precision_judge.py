@@ -384,3 +384,30 @@ def test_integer_outputs_are_judged_by_exact_agreement_not_by_cosine_or_distance
     from edgedeploy.precision.heldout import held_out_score
 
     assert held_out_score([{"cls": ids}], [{"cls": moved}])["outputs"]["cls"]["value"] == 0.75
+
+
+def test_the_gate_refuses_a_row_that_excuses_itself_from_agreement_where_the_build_would_judge_it() -> None:
+    """A spec-random golden of an INT8 artifact is not judged for agreement; a real-sample golden, or any golden
+    of an FP32 artifact, is. A row marked not judged there (an edited report or device result) fails the gate."""
+    from edgedeploy.policy import GatePolicy
+    from edgedeploy.validate.gate import evaluate
+
+    def report(precision: str, point: str) -> dict:
+        rows = [
+            {"check": "parity", "shape": "calib-heldout", "sample": 0, "output": "y", "passed": True,
+             "cosine": 0.9999, "agreement_judged": True},
+            {"check": "parity", "shape": point, "sample": 1, "output": "y", "passed": True, "cosine": 0.12,
+             "agreement_judged": False},
+        ]  # fmt: skip
+        cand = {"name": "onnxruntime-x", "precision": precision, "status": "passed", "deploy": True, "checks": rows}
+        return {
+            "schema": "edgedeploy-report/1", "status": "passed",
+            "parity": {"status": "passed", "candidates": [cand]}, "latency": {"status": "skipped", "reason": "-"},
+        }  # fmt: skip
+
+    policy = GatePolicy(min_cosine={"int8": 0.98, "fp32": 0.9999})
+    assert evaluate(report("int8", "opt"), policy).passed  # spec-random golden of INT8: informational
+    for precision, point in (("fp32", "opt"), ("int8", "data")):
+        failed = evaluate(report(precision, point), policy)
+        assert not failed.passed, (precision, point)
+        assert any("marked not judged for agreement" in c.message for c in failed.failures)

@@ -22,6 +22,7 @@ import numpy as np
 from edgedeploy.errors import ArtifactIntegrityError, InputError
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.reportview import ReportView
+from edgedeploy.validate.parity import REAL_DATA_POINTS, judges_agreement
 
 VALIDATION = "validation.json"
 ENGINE_RECORD = "engine.json"
@@ -51,11 +52,17 @@ def golden_references(goldens: Path) -> dict[tuple[str, int, str], tuple[list[in
     return out
 
 
-def _row_problems(row: dict[str, Any], ref: tuple[list[int], float], tol: dict[str, Any]) -> list[str]:
-    """Why a row marked passed cannot have passed, from its own figures (empty: it can)."""
-    if not row.get("passed"):
-        return []
+def _row_problems(
+    row: dict[str, Any], ref: tuple[list[int], float], tol: dict[str, Any], *, judged: bool = True
+) -> list[str]:
+    """Why a row marked passed cannot have passed, from its own figures (empty: it can). ``judged``: whether the
+    row's golden judges agreement (:func:`edgedeploy.validate.parity.judges_agreement`, from the bundle's own
+    precision and goldens): a row may not excuse itself from the tolerance by saying it is not judged."""
     problems = []
+    if row.get("agreement_judged") is False and judged:
+        problems.append("marked agreement_judged false on a golden that judges agreement")
+    if not row.get("passed"):
+        return problems
     shape, max_ref = ref
     if row.get("shape_ref") not in (None, shape) or row.get("shape_cand") not in (None, shape):
         problems.append(f"shapes {row.get('shape_ref')} / {row.get('shape_cand')} differ from the golden's {shape}")
@@ -66,7 +73,7 @@ def _row_problems(row: dict[str, Any], ref: tuple[list[int], float], tol: dict[s
     figures = [row.get("max_abs")] + ([] if row.get("cosine") is None and row.get("cosine_na") else [row.get("cosine")])
     if any(not isinstance(f, (int, float)) or isinstance(f, bool) or not math.isfinite(f) for f in figures):
         return [*problems, "no finite max_abs / cosine figures"]
-    if row.get("agreement_judged") is False:  # a spec-random golden of FP16/INT8: informational, not judged
+    if row.get("agreement_judged") is False and not judged:  # a spec-random golden of FP16/INT8: informational
         return problems
     max_abs = float(row["max_abs"])
     cosine = None if row.get("cosine") is None else float(row["cosine"])
@@ -112,6 +119,7 @@ def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str)
     except InputError as exc:
         raise ArtifactIntegrityError(f"{host}: {exc.message}", hint="run the device step again") from None
     wanted = {(p, s, o) for (p, s, o) in refs if o in outputs}
+    real = any(p in REAL_DATA_POINTS for p, _, _ in refs)  # the bundle's goldens decide which rows judge agreement
     seen: set[tuple[str, int, str]] = set()
     for row in rows:
         if row.get("sample") is None:  # pooled top-1 rows: judged by the host's gate like any other row
@@ -121,7 +129,8 @@ def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str)
             problems.append(f"row {key[0]}#{key[1]} {key[2]} is {'repeated' if key in seen else 'not a golden'}")
             continue
         seen.add(key)
-        problems += [f"{key[0]}#{key[1]} {key[2]}: {p}" for p in _row_problems(row, refs[key], tol)]
+        judged = judges_agreement(key[0], str(plan.get("precision")), real)
+        problems += [f"{key[0]}#{key[1]} {key[2]}: {p}" for p in _row_problems(row, refs[key], tol, judged=judged)]
     missing = sorted(wanted - seen)
     if missing:
         problems.append(

@@ -32,7 +32,13 @@ from edgedeploy.policy import GatePolicy
 from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml
 from edgedeploy.stagenames import GATE, VALIDATE
-from edgedeploy.validate.parity import NON_FINITE, POOLED_COSINE_CHECK, TOP1_CHECK
+from edgedeploy.validate.parity import (
+    NON_FINITE,
+    POOLED_COSINE_CHECK,
+    REAL_DATA_POINTS,
+    TOP1_CHECK,
+    judges_agreement,
+)
 
 if TYPE_CHECKING:
     from edgedeploy.config import DeployConfig
@@ -322,6 +328,7 @@ def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
             continue
         groups: dict[tuple[str, str], list[str]] = {}
         counts: dict[tuple[str, str], int] = {}
+        real = any(row.shape in REAL_DATA_POINTS for row in cand.checks)  # which goldens judge agreement
         for row in cand.checks:
             key = (row.check, row.output)
             counts[key] = counts.get(key, 0) + 1
@@ -329,7 +336,7 @@ def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
             if not row.passed:
                 problems.append(f"{row.where}: {row.reason}")
                 continue
-            problems += [f"{row.where}: {p}" for p in _policy_problems(row, cand.precision, policy)]
+            problems += [f"{row.where}: {p}" for p in _policy_problems(row, cand.precision, policy, real)]
         for (kind, output), problems in groups.items():
             cid = f"{kind}:{cand.name}:{output}"
             if problems:
@@ -340,12 +347,18 @@ def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
     return checks
 
 
-def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy) -> list[str]:
+def _policy_problems(row: CheckRow, precision: str, policy: GatePolicy, real: bool = True) -> list[str]:
     problems = []
     nonfinite = row.nan + row.inf
     if nonfinite > policy.max_nonfinite:
         problems.append(f"{NON_FINITE}: {nonfinite} NaN/Inf values > {policy.max_nonfinite} allowed")
-    if row.check not in ("parity", POOLED_COSINE_CHECK, TOP1_CHECK) or not row.agreement_judged:
+    # "not judged" is the build's word for a spec-random golden of an FP16/INT8 artifact: anywhere else (an FP32
+    # artifact, a real-sample golden) a row that says so is excusing itself from the rules, and fails
+    excused = not row.agreement_judged and row.sample is not None
+    if excused and judges_agreement(str(row.shape), precision, real):
+        problems.append(f"marked not judged for agreement, but a {precision} golden at {row.shape} is judged")
+        excused = False
+    if row.check not in ("parity", POOLED_COSINE_CHECK, TOP1_CHECK) or excused:
         # the minimums below are about agreement with PyTorch, judged where the build judged it (real samples
         # for FP16/INT8: edgedeploy.validate.parity.judge_goldens)
         return problems

@@ -6,6 +6,7 @@ edgedeploy made unimportable, and ONNX Runtime standing in for the engine (``--r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from edgedeploy.api import build
 from edgedeploy.cli import main
 from edgedeploy.device import complete_bundle as device
 from edgedeploy.modelio.goldens import load_goldens
+from edgedeploy.stages.build_trt import pinned_command
 from edgedeploy.trt import adapter
 
 # one xdist worker runs this module, so its module-scoped build fixture runs once (--dist loadgroup)
@@ -82,14 +84,26 @@ def test_build_writes_a_complete_bundle_and_builds_no_engine(orin_build):
     assert {f"bundle/{n}" for n in names} <= set(json.loads((result.out / "manifest.json").read_text())["artifacts"])
 
 
-def test_build_says_plainly_the_engine_is_built_on_the_device(orin_build):
+def test_build_says_plainly_the_engine_is_built_on_the_device(orin_build, tmp_path):
     _, result, lines = orin_build
     report = result.report
     assert report["parity"]["status"] == "skipped"
     assert "engine built on device" in report["parity"]["reason"]
     validate = next(s for s in report["stages"] if s["name"] == "validate")
     assert validate["status"] == "skipped" and "engine built on device" in validate["reason"]
-    assert any("engine not built here" in n and "complete_bundle.py" in n for n in report["notes"])
+    (note,) = [n for n in report["notes"] if "engine not built here" in n]
+    # the command checks the script before the script checks the rest: a changed script fails sha256sum -c
+    build = report["metrics"]["build"]
+    script_sha, bundle_sha = build["complete_bundle_sha256"], build["bundle_sha256"]
+    assert note.endswith(pinned_command(script_sha, bundle_sha)) and script_sha in note
+    folder = result.out / "bundle"
+    assert hashlib.sha256((folder / "complete_bundle.py").read_bytes()).hexdigest() == script_sha
+    check = f'echo "{script_sha}  complete_bundle.py" | sha256sum -c -'
+    assert subprocess.run(check, shell=True, cwd=folder, capture_output=True).returncode == 0
+    tampered = tmp_path / "tampered"
+    shutil.copytree(folder, tampered)
+    (tampered / "complete_bundle.py").write_text((folder / "complete_bundle.py").read_text() + "\n# changed\n")
+    assert subprocess.run(check, shell=True, cwd=tampered, capture_output=True).returncode != 0
     # said once: deploy build prints the report's notes at the end, not again among the stage lines
     assert not any("engine not built here" in line for line in lines)
     assert report["metrics"]["build"]["engine"].startswith("not built here")

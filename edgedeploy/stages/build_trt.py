@@ -103,7 +103,9 @@ def _readme(plan: BuildPlan, device_python: str) -> str:
 
 class BundleFromOnnx(Stage):
     name = names.BUILD
-    version = "5"  # 5: the bundle note names no output folder (it was replayed into others from the cache)
+    # 5: the bundle note names no output folder (it was replayed into others from the cache)
+    # 6: the note's command checks complete_bundle.py's sha256 before running it (complete_bundle_sha256)
+    version = "6"
     consumes = (ONNX_FP32, GOLDENS)
     # what the precision stage wrote for this precision and target; the plan decides which it needs
     optional = (ONNX_DATA, ONNX_FP16, ONNX_INT8, CALIB_CACHE, PRECISION_INFO, FP16_SIMULATED)
@@ -177,11 +179,14 @@ class BundleFromOnnx(Stage):
         }
         atomic_write_json(folder / BUNDLE_MANIFEST, manifest)
         bundle_sha = sha256_file(folder / BUNDLE_MANIFEST)
-        # no output path in the note: a cached stage replays it into whichever OUT the next build names
+        # no output path in the note: a cached stage replays it into whichever OUT the next build names. The script
+        # that checks the pin is a file of the bundle too: whoever could change the bundle could change the check,
+        # so the command checks the script's own hash (printed here, from outside the bundle) before running it
+        script_sha = sha256_file(folder / "complete_bundle.py")
         notes = [
             f"engine not built here: TensorRT engines are built on the device ({ctx.target.name}, "
             f"TensorRT {ctx.target.trt_version}). Copy this build's {BUNDLE_DIR}/ folder there and run: "
-            f"python3 -I complete_bundle.py . --bundle-sha256 {bundle_sha}",
+            f"{pinned_command(script_sha, bundle_sha)}",
         ]
         warnings = [note for note in plan.notes if note.startswith("the Q/DQ model was not used")]
         # the notes reach the user once: in the report, and printed at the end of deploy build
@@ -189,6 +194,7 @@ class BundleFromOnnx(Stage):
             "artifact": f"{BUNDLE_DIR}/",
             "engine": "not built here (built on the device by complete_bundle.py)",
             "bundle_sha256": bundle_sha,
+            "complete_bundle_sha256": script_sha,
             "plan": {
                 "strategy": plan.strategy,
                 "onnx": plan.onnx,
@@ -239,3 +245,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
+
+
+def pinned_command(script_sha256: str, bundle_sha256: str) -> str:
+    """The device command that trusts nothing in the bundle folder before checking it: the script's sha256 (from
+    this build, outside the bundle) first, then the script checks ``bundle.json`` against its pinned sha256 and
+    every file against ``bundle.json``."""
+    return (
+        f'echo "{script_sha256}  complete_bundle.py" | sha256sum -c - && '
+        f"python3 -I complete_bundle.py . --bundle-sha256 {bundle_sha256}"
+    )

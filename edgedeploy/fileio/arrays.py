@@ -69,7 +69,8 @@ def read_rows(
 
     Raises:
         InputError: not an array, Python objects, a header declaring more than the file holds, a row over
-            ``row_bound``, or fewer bytes than declared (truncated).
+            ``row_bound``, fewer bytes than declared (truncated), or a Fortran-order array with more rows than
+            ``limit`` (it would be read whole).
     """
     shape, fortran, dtype = _header(fh, where)
     if dtype.hasobject:
@@ -91,6 +92,14 @@ def read_rows(
             hint="save samples shaped like the model's input (first axis: samples)",
         )
     take = rows if limit is None else min(rows, limit)
+    if fortran and take < rows:
+        # column-major: the first rows are spread over the whole array, so reading them means reading all of it,
+        # which a compressed member's header can declare as gigabytes of a few kilobytes on disk
+        raise InputError(
+            f"{where}: a Fortran-order array of {rows:,} samples of which {take:,} are used: it would be read "
+            f"whole ({total:,} bytes)",
+            hint="save it in C order (numpy.save(path, numpy.ascontiguousarray(a))), or only the samples used",
+        )
     need = (total if fortran else take * row_bytes) if take else 0
     data = fh.read(need)
     if len(data) < need:

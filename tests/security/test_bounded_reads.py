@@ -34,19 +34,19 @@ def _cfg(tmp_path: Path, calib: str, samples: int = 8):
     return config_from_dict(raw, source="deploy.toml", base_dir=tmp_path)
 
 
-def _npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
-    text = f"{{'descr': '{dtype}', 'fortran_order': False, 'shape': {shape}, }}"
+def _npy_header(shape: tuple[int, ...], dtype: str = "<f4", fortran: bool = False) -> bytes:
+    text = f"{{'descr': '{dtype}', 'fortran_order': {fortran}, 'shape': {shape}, }}"
     text += " " * (63 - (10 + len(text)) % 64) + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode()
 
 
-def _zip_bomb(path: Path, members: dict[str, tuple[int, ...]]) -> None:
+def _zip_bomb(path: Path, members: dict[str, tuple[int, ...]], fortran: bool = False) -> None:
     """A .npz whose members are arrays of zeros of these shapes, deflated while written (a few MB on disk)."""
     chunk = bytes(8 * MIB)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, shape in members.items():
             with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                fh.write(_npy_header(shape))
+                fh.write(_npy_header(shape, fortran=fortran))
                 left = int(np.prod(shape)) * 4
                 while left:
                     fh.write(chunk[: min(left, len(chunk))])
@@ -67,6 +67,29 @@ def test_a_npz_zip_bomb_reads_only_the_samples_used(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 16 * MIB, f"peak {peak / MIB:.0f} MiB"
+
+
+def test_a_fortran_order_zip_bomb_is_refused_before_it_is_read_whole(tmp_path):
+    """Column-major, the first samples are spread over the whole array: reading 8 of them means inflating all
+    512 MiB. Refused from the header (exit 3, naming the fix); the same array of only the samples used reads."""
+    bomb = tmp_path / "bombF.npz"
+    rows = 512 * MIB // (3 * 16 * 16 * 4)
+    _zip_bomb(bomb, {"image": (rows, 3, 16, 16)}, fortran=True)
+    assert bomb.stat().st_size < 4 * MIB
+    tracemalloc.start()
+    try:
+        refused = r"bombF.npz.*a Fortran-order array of 174,762 samples of which 8 are used"
+        with pytest.raises(InputError, match=refused) as exc:
+            load_calibration(_cfg(tmp_path, "bombF.npz"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * MIB, f"peak {peak / MIB:.0f} MiB"
+    assert exc.value.exit_code == 3 and "ascontiguousarray" in str(exc.value.hint)
+    used = np.asfortranarray(np.random.default_rng(0).uniform(-1, 1, (8, 3, 16, 16)).astype(np.float32))
+    np.savez(tmp_path / "small.npz", image=used)
+    calib = load_calibration(_cfg(tmp_path, "small.npz"))
+    np.testing.assert_array_equal(np.concatenate([b["image"] for b in calib.batches]), used)
 
 
 def test_a_npz_member_with_absurd_rows_is_refused_before_reading(tmp_path):

@@ -12,6 +12,7 @@ from typing import Any
 from edgedeploy.artifacts import MANIFEST
 from edgedeploy.errors import ArtifactIntegrityError
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import confined
 
 
@@ -19,7 +20,7 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The manifest in ``folder``, or None when there is none (or it is unreadable)."""
     p = Path(folder) / MANIFEST
     try:
-        data = json.loads(p.read_text())
+        data = read_json(p)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None  # a JSON list or string is no manifest

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from edgedeploy.errors import ArtifactIntegrityError, ConfigError, InputError
+from edgedeploy.fileio.jsonfile import read_json
 
 MARKER = ".edgedeploy-out"
 MARKER_SCHEMA = "edgedeploy-out/1"
@@ -387,7 +388,7 @@ class OutputFolder:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError, InputError
+from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import CACHE_DIR, DEVICE_OUTPUTS, FAILED_DIR, SIGNATURE
 
 UNSIGNED = (CACHE_DIR, FAILED_DIR, SIGNATURE)  # inside an output folder, not part of the release
@@ -136,7 +137,6 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
         ArtifactIntegrityError: files differ from the manifest, or report/manifest/model disagree.
         InputError: the key is missing, unreadable or readable by others, or model-signing is not installed.
     """
-    import json
 
     from edgedeploy.fileio.integrity import read_manifest, verify_artifacts
 
@@ -144,7 +144,7 @@ def sign_release(folder: str | Path, private_key: str | Path) -> Path:
     verify_artifacts(folder)
     manifest = read_manifest(folder) or {}
     try:
-        report = json.loads((folder / "report.json").read_text())
+        report = read_json(folder / "report.json")
     except (OSError, ValueError) as exc:
         raise ArtifactIntegrityError(f"{folder}: report.json unreadable ({exc})") from None
     problems = binding_problems(report, manifest)

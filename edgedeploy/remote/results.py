@@ -21,6 +21,7 @@ import numpy as np
 
 from edgedeploy.errors import ArtifactIntegrityError, InputError
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.reportview import ReportView
 from edgedeploy.validate.parity import REAL_DATA_POINTS, judges_agreement
 
@@ -31,7 +32,7 @@ ENGINE_SCHEMA = "edgedeploy-engine/1"
 
 def _read_json(path: Path, what: str, host: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactIntegrityError(f"{host}: {what} unreadable ({exc})", hint="run the device step again") from None
     if not isinstance(data, dict):

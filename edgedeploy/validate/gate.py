@@ -28,6 +28,7 @@ from edgedeploy.errors import (
     StageError,
 )
 from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.policy import GatePolicy
 from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml
@@ -156,7 +157,7 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     if not path.is_file():
         raise InputError(f"report not found: {path}", hint="pass a report.json or a folder written by 'deploy build'")
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
+        report = read_json(path, follow_links=True)  # the path the user named; a FIFO or a device is refused
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"report unreadable: {path} ({exc})") from None
     if not isinstance(report, dict) or not str(report.get("schema", "")).startswith("edgedeploy-report/"):
@@ -267,7 +268,7 @@ def _device_outputs(folder: Path, report: ReportView) -> GateCheck | None:
 
     def read(name: str) -> dict[str, Any] | None:
         try:
-            data = json.loads((bundle / name).read_text(encoding="utf-8"))
+            data = read_json(bundle / name)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

@@ -318,6 +318,49 @@ def test_a_manifest_that_is_a_json_list_is_one_line_and_deletes_nothing(tiny_pro
     assert (first.out / "model.onnx").is_file()
 
 
+@pytest.mark.parametrize("planted", ["fifo", "/dev/zero", "folder"])
+def test_a_manifest_that_is_no_regular_file_is_one_line_for_gate_sign_and_build(
+    tiny_project: Path, planted: str, capsys
+) -> None:
+    """manifest.json as a FIFO (a plain read blocks forever), a link to /dev/zero (reads until memory runs
+    out) or a folder: the gate, sign and the next build each say so in one line, at once, and delete nothing."""
+    from edgedeploy.cli import main
+
+    first = edgedeploy.build(tiny_project, **QUIET)
+    manifest = first.out / "manifest.json"
+    manifest.unlink()
+    if planted == "fifo":
+        os.mkfifo(manifest)
+    elif planted == "folder":
+        manifest.mkdir()
+    else:
+        manifest.symlink_to(planted)
+    capsys.readouterr()
+    assert main(["gate", str(first.out)]) == 9
+    assert main(["sign", str(first.out), "--key", str(first.out / "none.key")]) in (3, 9)
+    assert main(["build", "-c", str(tiny_project)]) == InputError.exit_code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") >= 3
+    assert (first.out / "model.onnx").is_file()
+
+
+def test_a_json_record_is_read_only_from_a_bounded_regular_file(tmp_path: Path) -> None:
+    from edgedeploy.fileio.jsonfile import read_json
+
+    (tmp_path / "r.json").write_text('{"a": 1}')
+    assert read_json(tmp_path / "r.json") == {"a": 1}
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.json")
+    with pytest.raises(OSError, match="a symbolic link"):
+        read_json(tmp_path / "link.json")
+    assert read_json(tmp_path / "link.json", follow_links=True) == {"a": 1}  # a path the user named
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(OSError, match="not a regular file"):
+        read_json(tmp_path / "fifo.json", follow_links=True)
+    (tmp_path / "big.json").write_text("[" + "0," * 600 + "0]")
+    with pytest.raises(OSError, match="more than a record may take"):
+        read_json(tmp_path / "big.json", max_bytes=1000)
+
+
 # ---- the cache is bounded ------------------------------------------------------------------------------
 
 

@@ -237,3 +237,23 @@ def test_a_baseline_with_no_deployed_artifact_fails_the_regression_check_saying_
         not check.passed
         and check.message == "no backend to compare: a report names no deployed artifact (deploy: true)"
     )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: r["model"].__setitem__("artifact", ["model.onnx"]),  # unhashable: a dict lookup raised
+        lambda r: r["model"].__setitem__("artifact", 5),
+        lambda r: r.__setitem__("model", "model.onnx"),
+    ],
+    ids=["artifact-list", "artifact-int", "model-string"],
+)
+def test_a_report_whose_model_record_has_the_wrong_types_fails_binding_in_one_line(
+    build: Path, edit: Callable[[dict[str, Any]], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An edited report.json (its manifest hash updated to match) whose model record is of the wrong type: the
+    binding check fails (exit 9) with one line, as for any other mismatch, not a traceback."""
+    _edit_report(build, edit)
+    code, out, err = _gate(capsys, str(build))
+    assert code == 9 and "Traceback" not in err
+    assert any("binding" in line for line in out + err.splitlines())

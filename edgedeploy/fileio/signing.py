@@ -42,6 +42,15 @@ def release_model(metrics: dict[str, Any], sha256: Callable[[str], str]) -> dict
     return {"artifact": artifact, "sha256": sha256(artifact), "validated": validated}
 
 
+def report_model(report: Any) -> dict[str, Any]:
+    """``report.json``'s ``model`` record when it names its artifact by a file name (a string), else empty: a
+    record of another type (an edited report) names no model rather than crashing whoever reads it."""
+    model = report.get("model") if isinstance(report, dict) else None
+    if not isinstance(model, dict) or not isinstance(model.get("artifact"), str) or not model["artifact"]:
+        return {}
+    return model
+
+
 def binding_problems(report: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
     """Why this report, this manifest and the model they name do not belong together (empty: they do).
 
@@ -53,8 +62,8 @@ def binding_problems(report: dict[str, Any], manifest: dict[str, Any]) -> list[s
         return ["manifest.json lists no artifacts"]
     if "report.json" not in artifacts:
         problems.append("manifest.json does not list report.json")
-    model = report.get("model")
-    if not isinstance(model, dict) or not model.get("artifact"):
+    model = report_model(report)
+    if not model:
         problems.append("report.json names no model (a release without a deployable model)")
     else:
         name = model["artifact"]
@@ -66,8 +75,10 @@ def binding_problems(report: dict[str, Any], manifest: dict[str, Any]) -> list[s
                 f"report.json validated {str(model.get('sha256'))[:12]}... (swapped)"
             )
         if name.endswith(".onnx") or name.endswith(".ts") or name.endswith(".engine"):
-            cands = ((report.get("parity") or {}).get("candidates")) or []
-            for c in cands:
+            parity = report.get("parity")
+            cands = parity.get("candidates") if isinstance(parity, dict) else None
+            measured = [c for c in (cands if isinstance(cands, list) else []) if isinstance(c, dict)]
+            for c in measured:
                 if c.get("artifact") == name and c.get("sha256") and c["sha256"] != model.get("sha256"):
                     problems.append(f"{name}: parity was measured on a different file than the one released")
     if manifest.get("summary") != report.get("summary"):

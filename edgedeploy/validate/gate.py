@@ -224,10 +224,10 @@ def _binding(folder: Path, report: ReportView) -> GateCheck:
     """The report, the manifest and the model they name belong together (see fileio.signing)."""
     from edgedeploy.fileio.integrity import read_manifest
     from edgedeploy.fileio.outdir import confined
-    from edgedeploy.fileio.signing import binding_problems
+    from edgedeploy.fileio.signing import binding_problems, report_model
 
     problems = binding_problems(dict(report.raw), read_manifest(folder) or {})
-    model = report.raw.get("model") or {}
+    model = report_model(report.raw)
     if not problems and str(model.get("artifact", "")).endswith("bundle.json"):
         # a device bundle: its bundle.json (bound above) must in turn match every file in the bundle
         from edgedeploy.device import complete_bundle as device
@@ -250,8 +250,9 @@ def _device_outputs(folder: Path, report: ReportView) -> GateCheck | None:
     """
     from edgedeploy.fileio.hashing import sha256_file
     from edgedeploy.fileio.outdir import DEVICE_OUTPUTS, confined
+    from edgedeploy.fileio.signing import report_model
 
-    model = report.raw.get("model") or {}
+    model = report_model(report.raw)
     if not str(model.get("artifact", "")).endswith("bundle.json"):
         return None
     try:
@@ -291,15 +292,17 @@ def _device_outputs(folder: Path, report: ReportView) -> GateCheck | None:
     if not engine_file.is_file() or sha256_file(engine_file) != record.get("engine_sha256"):
         return fail(f"{where}/model.engine: sha256 differs from engine.json (replaced after validation)")
     manifest = read("bundle.json") or {}
-    onnx_sha = (manifest.get("files") or {}).get(record.get("source_onnx"))
+    files, source = manifest.get("files"), record.get("source_onnx")
+    onnx_sha = files.get(source) if isinstance(files, dict) and isinstance(source, str) else None
     if not onnx_sha or onnx_sha != record.get("source_onnx_sha256"):
         return fail(f"{where}/engine.json: built from {record.get('source_onnx')!r}, not the bundle's ONNX model")
+    gpu = record.get("gpu")
+    gpu_name = gpu.get("name", "?") if isinstance(gpu, dict) else "?"
     return GateCheck(
         "device",
         "integrity",
         True,
-        f"{where}: model.engine validated on the device (TensorRT {record.get('tensorrt')}, "
-        f"{(record.get('gpu') or {}).get('name', '?')})",
+        f"{where}: model.engine validated on the device (TensorRT {record.get('tensorrt')}, {gpu_name})",
     )
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from edgedeploy.errors import ArtifactIntegrityError
 from edgedeploy.fileio.digest_memo import DigestMemo, identity, no_follow
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import clone_or_copy, clone_or_copy_open, confined
 
 _RECORD = "stage.json"
@@ -186,6 +187,8 @@ class StageCache:
             self._problem = _unsafe(os.lstat(self.root), f"cache folder {self.root}")
             if self._problem is None and not self.root.is_dir():
                 self._problem = f"cache folder {self.root} is not a folder"
+            if self._problem is None and not any(self.root.iterdir()):  # a folder made for it (mkdir -m 700)
+                (self.root / _TAG).write_text(_TAG_TEXT)
             if self._problem is None and self._secret is None:
                 self._secret = cache_secret()
         except OSError as exc:
@@ -400,8 +403,27 @@ class StageCache:
             return
         shutil.rmtree(folder, ignore_errors=True)  # the fd-based rmtree: never follows links inside
 
+    @staticmethod
+    def _tagged(real: Path) -> bool:
+        try:
+            return (real / _TAG).read_text() == _TAG_TEXT
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    def _authentic(self, stage: str, key: str, record: str) -> bool:
+        """Whether ``record`` is an entry record this user's cache wrote (its MAC verifies with the cache key)."""
+        try:
+            secret = self._secret or cache_secret()
+            data = read_json(record)
+        except (OSError, ValueError):
+            return False
+        mac = data.get("mac") if isinstance(data, dict) else None
+        return isinstance(mac, str) and hmac.compare_digest(mac, _mac(secret, stage, key, data))
+
     def _entry_folders(self, real: Path) -> list[Path]:
-        """Entry folders as the cache writes them: real folders holding a real ``stage.json``, two levels down."""
+        """Entry folders as the cache writes them: real folders holding a real ``stage.json`` that this user's
+        cache key authenticates, two levels down. A folder of someone's files that happens to hold a
+        ``stage.json`` (a CI job's, ``--dir`` pointed at the wrong folder) is never an entry, so never deleted."""
         found: list[Path] = []
         if not real.is_dir():
             return found
@@ -413,7 +435,7 @@ class StageCache:
                     continue
                 record = os.path.join(entry.path, _RECORD)
                 try:
-                    if stat.S_ISREG(os.lstat(record).st_mode):
+                    if stat.S_ISREG(os.lstat(record).st_mode) and self._authentic(stage.name, entry.name, record):
                         found.append(Path(entry.path))
                 except OSError:
                     continue
@@ -447,7 +469,7 @@ class StageCache:
             InputError: the cache folder is a link or not this user's (nothing is deleted).
         """
         real = self._real_root()
-        if real.is_dir():
+        if real.is_dir() and self._tagged(real):  # stray temp folders only where the cache made the folder
             for stage in os.scandir(real):
                 if not _real_dir(stage.path):
                     continue

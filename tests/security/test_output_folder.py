@@ -395,6 +395,27 @@ def test_cache_prune_drops_least_recently_used_entries_first(tmp_path, capsys):
     assert main(["cache", "prune", "--dir", str(root), "--max-size", "lots"]) == ConfigError.exit_code
 
 
+def test_prune_deletes_only_entries_the_cache_wrote_never_a_folder_that_holds_a_stage_json(tmp_path, capsys):
+    """--dir pointed at a workspace (or EDGEDEPLOY_CACHE_DIR at one): a CI job's folder with its own stage.json
+    looks like an entry two levels down, but no cache key authenticates it, so it is kept; the real entry
+    beside it goes."""
+    from edgedeploy.cli import main
+
+    root = tmp_path / "workspace"
+    real = _entry(root, "export", "a" * 64, 4000, age=300)
+    job = root / "pipelines" / "deploy"
+    (job / "src").mkdir(parents=True)
+    (job / "stage.json").write_text('{"name": "my CI stage"}')
+    (job / "notes.txt").write_text("important")
+    forged = root / "export" / ("b" * 64)
+    forged.mkdir()
+    (forged / "stage.json").write_text(json.dumps({"schema": "edgedeploy-cache/2", "files": {}, "mac": "0" * 64}))
+    assert main(["cache", "prune", "--dir", str(root), "--max-size", "0"]) == 0
+    assert "pruned 1 entries" in capsys.readouterr().out
+    assert not real.exists() and (job / "notes.txt").read_text() == "important" and (job / "src").is_dir()
+    assert forged.is_dir()  # a record this user's cache key does not authenticate is not the cache's to delete
+
+
 def test_a_build_bounds_its_cache(tiny_project: Path, monkeypatch):
     monkeypatch.setenv("EDGEDEPLOY_CACHE_MAX_SIZE", "0")
     result = edgedeploy.build(tiny_project, **QUIET)

@@ -113,6 +113,9 @@ def _short(exc: BaseException) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
+FACTORY_SEED = 0  # torch's seed while the factory runs (its random initial weights)
+
+
 def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
     """Call the configured factory (or ``factory``, already loaded) with its kwargs.
 
@@ -123,7 +126,11 @@ def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
 
     factory = factory or import_factory(cfg)
     try:
-        with running_user_code(cfg):  # its late imports come from the project on disk, like its load's
+        # the same initial weights in every call: without a checkpoint they are the model's weights, and a stage
+        # restored from the cache must have seen the same model as a stage that runs again (forked: the
+        # caller's own random stream is left as it was)
+        with running_user_code(cfg), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(FACTORY_SEED)
             model = factory(**cfg.model.kwargs)
     except Exception as exc:  # user code: report it as a config problem with the cause
         where = _raised_at(exc)

@@ -247,8 +247,8 @@ def _run_build(
         ctx.digests = cache.digests()
     if CHECKPOINT not in ctx.external:
         ctx.warn(
-            "no model.checkpoint: the model runs with the weights its factory gives it (random unless the factory "
-            "loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
+            "no model.checkpoint: the model runs with the weights its factory gives it (random, from a fixed seed, "
+            "unless the factory loads trained weights); set model.checkpoint or --checkpoint to deploy trained weights"
         )
     if cfg.model.factory:
         ctx.factory, ctx.factory_loader = factory, loader

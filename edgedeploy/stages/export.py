@@ -68,7 +68,9 @@ def weights_bytes(ctx: BuildContext) -> int:
 
 class OnnxFromTorch(Stage):
     name = names.EXPORT
-    version = "4"  # 4: a named dim with min = max is exported at its size (TorchScript exporter, as dynamo)
+    # 4: a named dim with min = max is exported at its size (TorchScript exporter, as dynamo)
+    # 5: a factory without checkpoint builds its weights from a fixed seed (entries of unseeded ones differ)
+    version = "5"
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:

@@ -459,6 +459,40 @@ def _validated(
     return cfg
 
 
+NORMALIZATION_KEYS = ("mean", "std")
+
+
+def _check_normalization(where: str, norm: dict[str, Any]) -> None:
+    """``model.normalization`` holds ``mean`` and ``std`` only, each a list of numbers per channel (std > 0):
+    a misspelled key would leave the calibration images unnormalized without a word."""
+    import difflib
+
+    for key, value in norm.items():
+        if key not in NORMALIZATION_KEYS:
+            close = difflib.get_close_matches(key, NORMALIZATION_KEYS, n=1, cutoff=0.4)
+            raise ConfigError(
+                f"{where}: unknown key 'model.normalization.{key}'",
+                hint=f"did you mean 'model.normalization.{close[0]}'?" if close else "use mean and std",
+            )
+        numbers = (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        )
+        if not numbers or (key == "std" and min(value) <= 0):
+            raise ConfigError(
+                f"{where}: key 'model.normalization.{key}' = {value!r} must be a list of "
+                + ("positive numbers" if key == "std" else "numbers")
+                + ", one per channel",
+                hint=f"e.g. {key} = " + ("[0.229, 0.224, 0.225]" if key == "std" else "[0.485, 0.456, 0.406]"),
+            )
+    if len(norm.get("mean") or []) and len(norm.get("std") or []) and len(norm["mean"]) != len(norm["std"]):
+        raise ConfigError(
+            f"{where}: keys 'model.normalization.mean' ({len(norm['mean'])} values) and 'std' "
+            f"({len(norm['std'])}) must give one value per channel each"
+        )
+
+
 def _check_consistency(cfg: DeployConfig) -> None:
     where = cfg.source
     if not cfg.model.factory and not cfg.model.onnx:
@@ -506,6 +540,7 @@ def _check_consistency(cfg: DeployConfig) -> None:
         lo, hi = spec.range
         if lo > hi:
             raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")
+    _check_normalization(where, cfg.model.normalization)
     for name in cfg.tolerance:
         if name not in DEFAULT_TOLERANCES:
             raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,22 @@ def test_calib_method_mse_is_accepted_and_a_typo_names_the_choices():
     with pytest.raises(ConfigError) as err:
         config_from_dict(_with(precision={"calib_method": "msee"}))
     assert "precision.calib_method" in str(err.value) and "mse" in err.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("norm", "message"),
+    [
+        ({"mean": [0.5, 0.5, 0.5], "stdev": [0.2, 0.2, 0.2]}, r"unknown key 'model.normalization.stdev' -- fix: did you mean 'model.normalization.std'"),
+        ({"mean": "0.5"}, r"'model.normalization.mean' = '0.5' must be a list of numbers"),
+        ({"std": [0.2, 0.0, 0.2]}, r"'model.normalization.std' = .* must be a list of positive numbers"),
+        ({"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2]}, r"mean' \(3 values\) and 'std' \(2\) must give one value"),
+    ],
+)
+def test_normalization_takes_mean_and_std_per_channel_and_nothing_else(norm, message):
+    """A misspelled key left calibration images unnormalized (std 1) without a word; now it is named."""
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(_with(model={"factory": "m:build", "normalization": norm}), source="d.toml")
+    assert re.search(message, err.value.one_line()), err.value.one_line()
+    good = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    cfg = config_from_dict(_with(model={"factory": "m:build", "normalization": good}), source="d.toml")
+    assert cfg.model.normalization == good

@@ -145,7 +145,10 @@ def test_calib_method_mse_is_accepted_and_a_typo_names_the_choices():
 @pytest.mark.parametrize(
     ("norm", "message"),
     [
-        ({"mean": [0.5, 0.5, 0.5], "stdev": [0.2, 0.2, 0.2]}, r"unknown key 'model.normalization.stdev' -- fix: did you mean 'model.normalization.std'"),
+        (
+            {"mean": [0.5, 0.5, 0.5], "stdev": [0.2, 0.2, 0.2]},
+            r"unknown key 'model.normalization.stdev' -- fix: did you mean 'model.normalization.std'",
+        ),
         ({"mean": "0.5"}, r"'model.normalization.mean' = '0.5' must be a list of numbers"),
         ({"std": [0.2, 0.0, 0.2]}, r"'model.normalization.std' = .* must be a list of positive numbers"),
         ({"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2]}, r"mean' \(3 values\) and 'std' \(2\) must give one value"),

@@ -100,9 +100,15 @@ def test_failed_run_leaves_previous_good_output_intact(tiny_project: Path):
     before = _snapshot(first.out)
     ck = tiny_project.parent / "tiny.safetensors"
     ck.write_bytes(ck.read_bytes()[:100])  # truncated
+    said: list[str] = []
     with pytest.raises(CheckpointError):
-        edgedeploy.build(tiny_project, log=lambda _: None)
+        edgedeploy.build(tiny_project, log=said.append)
     assert _snapshot(first.out) == before
+    assert f"previous output in {first.out} left as it was" in said[-1]
+    fresh = tiny_project.parent / "never-built"
+    with pytest.raises(CheckpointError):  # nothing was there: the line does not claim an output it kept
+        edgedeploy.build(tiny_project, log=said.append, build__out=str(fresh))
+    assert f"no output in {fresh} before" in said[-1] and "left as it was" not in said[-1]
     failed = json.loads((first.out / ".last-failed" / "report.json").read_text())
     assert failed["status"] == "failed" and failed["error"]["exit_code"] == 3
     assert not list(first.out.glob(".staging-*"))

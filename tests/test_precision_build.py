@@ -87,8 +87,13 @@ def test_int8_calibration_of_one_batch_is_refused_before_anything_is_judged_on_i
     out = tmp_path / "int8-out"
     argv = ["build", "--config", str(cfg), "--out", str(out), "--target", "cpu", "--precision", "int8"]
     assert main([*argv, "--calib", str(calib)]) == 3
-    err = capsys.readouterr().err
+    said, err = capsys.readouterr()
     assert "makes one batch (2 sample(s), 2 per batch)" in err and "at least 4 samples" in err
+    assert "[1/7]" not in said + err  # refused from the folder listing, before any stage (no model loaded)
+    np.save(tmp_path / "two.npy", np.random.default_rng(0).uniform(-1, 1, (2, 3, 16, 16)).astype(np.float32))
+    assert main([*argv, "--calib", str(tmp_path / "two.npy")]) == 3  # from the array's header
+    said, err = capsys.readouterr()
+    assert "two.npy makes one batch (2 sample(s), 2 per batch)" in err and "[1/7]" not in said + err
     assert "validate.data" in err and not (out / "manifest.json").exists() and not (out / "model.int8.onnx").exists()
     real = np.random.default_rng(1).uniform(-1, 1, (4, 3, 16, 16)).astype(np.float32)
     np.savez(tmp_path / "real.npz", image=real)

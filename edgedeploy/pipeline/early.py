@@ -49,14 +49,17 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
         if key == "precision.calib" and path.is_dir():
             from edgedeploy.precision.data import image_folder_plan
 
-            image_folder_plan(cfg, path)  # input geometry and image count: a listing, no image is read
+            files = image_folder_plan(cfg, path)[3]  # input geometry and image count: a listing, no image is read
+            _refuse_one_batch(cfg, str(path), len(files))
         if path.suffix.lower() == ".txt" and not cfg.model.hf:
             raise InputError(
                 f"{key}: {path} is text; text data needs a Hugging Face model folder (model.hf) to tokenize it",
                 hint="use a .npz with one array per input name",
             )
         if path.is_file() and path.suffix.lower() in (".npz", ".npy"):
-            _check_array_names(cfg, key, path)
+            rows = _check_array_names(cfg, key, path)
+            if key == "precision.calib" and rows is not None:
+                _refuse_one_batch(cfg, str(path), rows)
 
 
 def check_exported_file(key: str, path: Path, origin: dict[str, str]) -> None:
@@ -102,8 +105,22 @@ def array_headers(path: Path) -> dict[str, _Header]:
     return {name: _Header(shape) for name, shape in array_shapes(path).items()}
 
 
-def _check_array_names(cfg: DeployConfig, key: str, path: Path) -> None:
-    """Array names (and for ``validate.data`` shapes) against the input spec, from the file's headers.
+def _refuse_one_batch(cfg: DeployConfig, location: str, samples: int) -> None:
+    """INT8 calibration data of one batch, and no validate.data to judge on: refused before any stage
+    (the precision stage's :func:`edgedeploy.precision.data.require_heldout`, known here from a listing or a
+    header)."""
+    from edgedeploy.precision.data import calibration_batch_count, one_batch_error
+
+    if cfg.precision.mode != "int8" or cfg.validate.data:
+        return
+    batches, size = calibration_batch_count(cfg, samples)
+    if batches == 1:
+        raise one_batch_error(location, min(samples, cfg.precision.calib_samples), size)
+
+
+def _check_array_names(cfg: DeployConfig, key: str, path: Path) -> int | None:
+    """Array names (and for ``validate.data`` shapes) against the input spec, from the file's headers; the
+    first input's row count (samples), when its array has a leading axis.
 
     Raises:
         InputError: a .npy for a model with several inputs, a .npz without an array per input, or
@@ -128,3 +145,5 @@ def _check_array_names(cfg: DeployConfig, key: str, path: Path) -> None:
         )
     if key == "validate.data":
         check_feeds(cfg, {n: arrays[n] for n in names}, str(path))
+    shape = arrays[names[0]].shape
+    return int(shape[0]) if shape else None

@@ -533,6 +533,8 @@ def _fail(
     except Exception:  # the failure report is best effort; the original error matters more
         pass
     exc.report = report
+    had_output = (ctx.out / MANIFEST).is_file()  # the previous release, untouched: a failure publishes nothing
     failed = folder.fail(ctx.staging)
     if ctx.log:
-        ctx.log(f"build failed; previous output in {ctx.out} left as it was; failure report: {failed / REPORT}")
+        kept = f"previous output in {ctx.out} left as it was" if had_output else f"no output in {ctx.out} before"
+        ctx.log(f"build failed; {kept}; failure report: {failed / REPORT}")

@@ -481,8 +481,22 @@ def require_heldout(calib: CalibrationSet, *, judged_elsewhere: bool) -> None:
     if len(calib.batches) >= 2 or judged_elsewhere:
         return
     rows = next(iter(calib.batches[0].values())).shape[0] if calib.batches and calib.batches[0] else 0
-    raise InputError(
-        f"INT8 calibration data {calib.location} makes one batch ({calib.samples} sample(s), {rows} per batch): "
+    raise one_batch_error(calib.location, calib.samples, rows)
+
+
+def calibration_batch_count(cfg: DeployConfig, samples: int) -> tuple[int, int]:
+    """(batches, samples per batch) that ``samples`` calibration samples make (at most
+    ``precision.calib_samples`` are used; a short last batch counts when the model accepts it), as
+    :func:`load_calibration` batches them: known from a folder listing or an array header before any is read."""
+    size, smallest = _batch_size(cfg)
+    full, rest = divmod(min(samples, max(1, cfg.precision.calib_samples)), size)
+    return full + (1 if rest and rest >= smallest else 0), size
+
+
+def one_batch_error(location: str, samples: int, rows: int) -> InputError:
+    """The refusal of INT8 calibration data that makes a single batch (see :func:`require_heldout`)."""
+    return InputError(
+        f"INT8 calibration data {location} makes one batch ({samples} sample(s), {rows} per batch): "
         "nothing can be held out, so INT8 would be judged on the very samples it was calibrated on",
         hint=f"give at least {2 * max(rows, 1)} samples (a quarter of the batches is held out for judging; "
         "more judge better: precision.calib_samples), or set validate.data to real samples to judge on",

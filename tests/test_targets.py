@@ -61,8 +61,9 @@ def test_dla_requests_are_checked_against_the_target():
     with pytest.raises(TargetCapabilityError, match="jetson-orin-nano' has no DLA"):
         get_target("jetson-orin-nano").require_dla(0)
     orin = get_target("jetson-orin")
-    with pytest.raises(TargetCapabilityError, match=r"DLA cores 0\.\.1, asked for core 2"):
+    with pytest.raises(TargetCapabilityError, match=r"DLA cores 0\.\.1, asked for core 2") as err:
         orin.require_dla(2)
+    assert err.value.hint == "use --dla-core 0 or --dla-core 1 (build.dla_core)"  # the fix that fixes it
     with pytest.raises(TargetCapabilityError, match="FP16 and INT8 layers only"):
         orin.require_dla(1, "fp32")
     orin.require_dla(1, "int8")
@@ -78,6 +79,16 @@ def test_build_refuses_int8_on_nano_and_dla_on_orin_nano_before_any_stage(tiny_p
     assert rc == 4
     assert "no DLA cores" in capsys.readouterr().err
     assert not (out / "bundle").exists()
+
+
+def test_an_unknown_target_names_where_it_was_set_and_the_closest(tiny_project, capsys):
+    text = tiny_project.read_text()
+    assert "[build]\n" in text
+    tiny_project.write_text(text.replace("[build]\n", '[build]\ntarget = "jetson-orn"\n', 1))
+    assert main(["build", "-c", str(tiny_project)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tiny_project}: key 'build.target' (--target): unknown target 'jetson-orn'" in err
+    assert "did you mean 'jetson-orin'" in err
 
 
 def _write(tmp_path: Path, text: str) -> Path:

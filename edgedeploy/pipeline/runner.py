@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
-from edgedeploy.errors import DeployError, InputError, StageInputError
+from edgedeploy.errors import ConfigError, DeployError, InputError, StageInputError
 from edgedeploy.fileio.hashing import sha256_json
 from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
 from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
@@ -205,12 +205,18 @@ def _checked_target(cfg: DeployConfig) -> tuple[TargetProfile, str]:
     from edgedeploy.targets.resolve import check_capabilities, resolve_target
     from edgedeploy.trt.provenance import running_tensorrt
 
-    target, resolved = resolve_target(
-        cfg.build.target,
-        targets_file=cfg.path(cfg.build.targets_file),
-        jetson_default=cfg.build.jetson,
-        local_tensorrt=running_tensorrt,
-    )
+    try:
+        target, resolved = resolve_target(
+            cfg.build.target,
+            targets_file=cfg.path(cfg.build.targets_file),
+            jetson_default=cfg.build.jetson,
+            local_tensorrt=running_tensorrt,
+        )
+    except ConfigError as exc:
+        if not exc.message.startswith(f"unknown target {cfg.build.target!r}"):
+            raise  # [build] jetson's default, a targets file: their own messages say where
+        # where the name came from, as every other config error says
+        raise ConfigError(f"{cfg.source}: key 'build.target' (--target): {exc.message}", hint=exc.hint) from None
     check_capabilities(target, cfg)  # precision, DLA, opset: before any stage
     return target, resolved
 

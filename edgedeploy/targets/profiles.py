@@ -133,8 +133,10 @@ class TargetProfile:
                 hint="drop --dla-core or pick a target with DLA (jetson-orin, jetson-xavier)",
             )
         if not 0 <= core < self.dla_cores:
+            cores = " or ".join(f"--dla-core {c}" for c in range(self.dla_cores))
             raise TargetCapabilityError(
-                f"target '{self.name}' has DLA cores 0..{self.dla_cores - 1}, asked for core {core}"
+                f"target '{self.name}' has DLA cores 0..{self.dla_cores - 1}, asked for core {core}",
+                hint=f"use {cores} (build.dla_core)",
             )
         if precision == "fp32":
             raise TargetCapabilityError(

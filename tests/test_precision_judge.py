@@ -411,3 +411,22 @@ def test_the_gate_refuses_a_row_that_excuses_itself_from_agreement_where_the_bui
         failed = evaluate(report(precision, point), policy)
         assert not failed.passed, (precision, point)
         assert any("marked not judged for agreement" in c.message for c in failed.failures)
+
+
+def test_a_one_value_output_is_judged_per_sample_pooled_whatever_the_batch_size() -> None:
+    """A temperature near 300 K per sample, in goldens of batch 4: a cosine over a golden's 4 values is 0.99999+
+    for any values near 300 (their shared offset), so FP16's 0.25 K steps that erase the signal passed. Under 3
+    values per sample the output is judged by the pooled centred cosine at every batch size."""
+    rng = np.random.default_rng(0)
+    fp16 = {"atol": 1e-2, "rtol": 1e-2, "min_cosine": 0.999, "min_topk_agreement": None}
+    for batch in (1, 4):
+        ref = (300.0 + rng.normal(0, 0.09, (16, batch, 1))).astype(np.float32)
+        stepped = np.round(ref * 4) / 4  # FP16's spacing near 300
+        cases = [("calib-heldout", i, {"out": {"temp": ref[i]}}) for i in range(16)]
+        rows = judge_goldens(cases, [{"temp": stepped[i]} for i in range(16)], "fp16", fp16)
+        pooled = [r for r in rows if r.get("check") == "pooled_cosine"]
+        assert len(pooled) == 1 and not pooled[0]["passed"] and pooled[0]["rows"] == 16, batch
+        per_golden = [r for r in rows if r.get("sample") is not None]
+        assert all(r["cosine"] is None and "value(s) per sample" in r["cosine_na"] for r in per_golden)
+        close = [{"temp": ref[i] + np.float32(1e-4)} for i in range(16)]
+        assert all(r["passed"] for r in judge_goldens(cases, close, "fp16", fp16))

@@ -62,6 +62,7 @@ MIN_COSINE_ELEMENTS = 3
 # a reference whose root mean square is below this has no direction to agree with
 NEAR_ZERO_RMS = 1e-6
 INTEGER_NA = "n/a: integer output, compared value by value"
+SHORT_ROWS_NA = "n/a: {} value(s) per sample, judged pooled about the reference's mean (pooled_cosine)"
 # The pooled top-1 check fails an artifact whose agreement is more than one standard error (Wilson score
 # interval, z = 1) below the target. A count on a few dozen goldens cannot resolve a target of 0.95: on 96
 # views of 16 photos one ambiguous photo moves it by 6 points, and EfficientNet-Lite0 INT8 models that agree
@@ -329,12 +330,16 @@ def judge_goldens(
                         rows.append(dict(row, shape=point, sample=sample, output=name))
                         continue
                     cand = sparse_values(cand, stride, ref.size)
+                # under 3 values per sample (a score per row of a batch): a cosine over the batch's few values is
+                # dominated by their shared offset, so such an output is judged by the pooled centred cosine only,
+                # whatever the batch size
+                short_rows = per_sample_values(ref) < MIN_COSINE_ELEMENTS and name not in sparse
                 row = compare_output(
                     ref,
                     cand,
                     atol=tolerance.get("atol"),
                     rtol=tolerance.get("rtol"),
-                    min_cosine=tolerance.get("min_cosine"),
+                    min_cosine=None if short_rows else tolerance.get("min_cosine"),
                     topk=topk,
                     classifier=name in classifiers and name not in sparse,
                     agreement=judges_agreement(point, precision, real),
@@ -342,7 +347,9 @@ def judge_goldens(
                 )
                 if name in sparse:
                     row["stored_every"] = int(sparse[name][1])
-                pooled = row.get("agreement_judged") and ref.size < MIN_COSINE_ELEMENTS and cand.shape == ref.shape
+                if short_rows and not row.get("integer") and "cosine" in row:
+                    row.update(cosine=None, cosine_na=SHORT_ROWS_NA.format(per_sample_values(ref)))
+                pooled = row.get("agreement_judged") and short_rows and cand.shape == ref.shape
                 pooled = pooled and not row.get("integer")  # integer values pool by exact agreement (pooled_top1)
                 if pooled and np.isfinite(cand).all():
                     short.setdefault(name, []).append((ref, cand))
@@ -353,6 +360,14 @@ def judge_goldens(
     rows += pooled_top1(rows, tolerance.get("min_topk_agreement"))
     rows += pooled_cosine(short, tolerance.get("min_cosine"), real)
     return rows + vacuous_verdict(rows, real)
+
+
+def per_sample_values(ref: np.ndarray) -> int:
+    """Values per sample of an output: those of one row of its leading (batch) axis when it has two or more
+    axes; else all of them (a 1-D output may not have a batch axis)."""
+    if ref.ndim >= 2 and ref.shape[0]:
+        return int(ref.size // ref.shape[0])
+    return int(ref.size)
 
 
 def _sample_rows(arrays: List[Any]) -> Optional[np.ndarray]:

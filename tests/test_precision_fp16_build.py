@@ -166,3 +166,61 @@ def test_fp16_that_the_bundles_dry_run_would_fail_fails_the_build_with_the_golde
     assert "FP16 would fail the goldens check that validation and the bundle's dry run run" in message
     assert "real sample" in message and "fails tolerance.fp16" in message
     assert [p.name for p in out.iterdir()] == [".last-failed"]  # the failure's report, no partial artifact
+
+
+ADC_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class AdcNet(nn.Module):  # raw 16-bit ADC counts near 30000, centred and scaled inside the model
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, counts):
+            return self.fc((counts - 30000.0) / 50.0)
+
+
+    def build():
+        return AdcNet()
+    """
+)
+
+
+@pytest.mark.parametrize("target", ["jetson-orin", "desktop-trt11"])
+def test_an_input_that_does_not_survive_fp16_fails_fp16_and_passes_with_its_reader_pinned(tmp_path, target):
+    """The GPU stores an FP16 layer's input in FP16: counts near 30000 step by 16 there, which erases a signal
+    of +-50. The simulation rounded weights and layer outputs but not graph inputs, so this model passed FP16 on
+    every check; now the build fails naming the goldens it misses, and passes with the reading node in FP32."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from edgedeploy.errors import StageError
+
+    name = f"adcnet_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(ADC_MODEL)
+    ns: dict = {}
+    exec(compile(ADC_MODEL, "adcnet.py", "exec"), ns)
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in ns["build"]().state_dict().items()}, str(tmp_path / "adc.safetensors"))
+    (tmp_path / "deploy.toml").write_text(
+        f'outputs = ["y"]\n[model]\nfactory = "{name}:build"\ncheckpoint = "adc.safetensors"\n'
+        '[[inputs]]\nname = "counts"\nshape = ["batch", 8]\nrange = [29900.0, 30100.0]\n'
+        "[dims.batch]\nmin = 1\nopt = 4\nmax = 8\n[validate]\nsamples = 1\nlatency_iters = 2\n"
+    )
+    calib = (30000 + np.random.default_rng(0).normal(0, 50, (64, 8))).astype(np.float32)
+    np.save(tmp_path / "calib.npy", calib)
+    kw = {"log": lambda s: None, "build__target": target, "precision__mode": "fp16"}
+    kw["precision__calib"] = str(tmp_path / "calib.npy")
+    with pytest.raises(StageError, match="FP16 would fail the goldens check") as caught:
+        build(tmp_path / "deploy.toml", build__out=str(tmp_path / "out"), **kw)
+    assert "fails tolerance.fp16" in str(caught.value)
+    # the node reading the input (the exporter's name for ``counts - 30000``; an unknown name fails the build)
+    build(tmp_path / "deploy.toml", build__out=str(tmp_path / "pinned"), precision__keep_fp32=["/Sub"], **kw)
+    precision = json.loads((tmp_path / "pinned" / "precision.json").read_text())
+    assert "/Sub" in [p["node"] for p in precision["fp32_layers"]]
+    proc = run_device(tmp_path / "pinned" / "bundle", "--runner", "onnxruntime")  # the bundle's own check agrees
+    assert proc.returncode == 0, proc.stderr

@@ -142,9 +142,10 @@ def mixed_fp16(model_path: Path, out: Path, *, keep_fp32: Sequence[str] = (), si
     FP16 nodes get an FP16 copy. The result passes ``onnx.checker`` and strict shape inference.
 
     With ``simulate`` the model stays FP32 and instead rounds what FP16 would store: the weights of FP16
-    nodes and every float output of an FP16 node (a Cast to FP16 and back, which ONNX Runtime keeps, so
-    values beyond 65504 become Inf as on the GPU). ONNX Runtime's CPU provider runs most FP16 ops by
-    casting to FP32 and drops the casts between such ops, so the typed model alone would hide overflow.
+    nodes, every float output of an FP16 node and every float graph input an FP16 node reads (a Cast to FP16
+    and back, which ONNX Runtime keeps, so values beyond 65504 become Inf as on the GPU). ONNX Runtime's CPU
+    provider runs most FP16 ops by casting to FP32 and drops the casts between such ops, so the typed model
+    alone would hide overflow.
 
     Returns:
         ``{"fp32_nodes": [...], "fp16_nodes": n, "casts": n, "clipped_weights": n}``.
@@ -170,6 +171,7 @@ def mixed_fp16(model_path: Path, out: Path, *, keep_fp32: Sequence[str] = (), si
     keep = set(keep_fp32)
     inits = {i.name: i for i in graph.initializer}
     current: dict[str, int] = {i.name: orig.get(i.name, 0) for i in graph.input}
+    graph_inputs = {i.name for i in graph.input if i.name not in inits}
     current.update({name: orig.get(name, 0) for name in inits})
     casts: dict[tuple[str, int], str] = {}
     half_inits: dict[str, str] = {}
@@ -190,8 +192,21 @@ def mixed_fp16(model_path: Path, out: Path, *, keep_fp32: Sequence[str] = (), si
                 stored = arr.astype(np.float32) if simulate else arr
                 graph.initializer.append(numpy_helper.from_array(stored, half_inits[name]))
             return half_inits[name]
-        if simulate:  # activations are rounded where they are produced
-            return name
+        if simulate:  # activations are rounded where they are produced; graph inputs where an FP16 layer reads them
+            if want != HALF or name not in graph_inputs:
+                return name
+            key = (name, HALF)
+            if key not in casts:  # one rounding per input, shared by its FP16 readers (the GPU stores it in FP16)
+                casts[key] = f"{name}__input_rounded"
+                new_nodes.extend(
+                    [
+                        helper.make_node("Cast", [name], [f"{name}__input_half"], name=f"{name}__round_Cast", to=HALF),
+                        helper.make_node(
+                            "Cast", [f"{name}__input_half"], [casts[key]], name=f"{name}__back_Cast", to=FLOAT
+                        ),
+                    ]
+                )
+            return casts[key]
         key = (name, want)
         if key not in casts:
             casts[key] = f"{name}__to_{'fp16' if want == HALF else 'fp32'}"

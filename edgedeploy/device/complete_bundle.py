@@ -72,10 +72,12 @@ elif __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "s
     del sys.path[0]  # elsewhere (Windows): at least the script's own folder goes
 
 import argparse
+import errno
 import hashlib
 import importlib
 import json
 import os
+import stat
 import time
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
@@ -201,22 +203,57 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_json(path: str, what: str) -> Dict[str, Any]:
-    """A JSON object from ``path``.
+MAX_RECORD_BYTES = 64 << 20  # far above any JSON record a bundle holds
+
+
+def read_record_bytes(path: str, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, opened without following a link or blocking (a FIFO would
+    block a plain read for ever; a link to /dev/zero would read until memory ran out), at most ``max_bytes``.
 
     Raises:
-        BundleInputError: missing or not JSON.
+        OSError: missing, a link, not a regular file, or larger than ``max_bytes`` (the message says which).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, "larger than a bundle record may be", path)
+    return data
+
+
+def parse_json(data: bytes, path: str, what: str) -> Dict[str, Any]:
+    """A JSON object from ``data`` (the bytes of ``path``).
+
+    Raises:
+        BundleInputError: not JSON, or not an object.
     """
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as exc:
+        parsed = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        hint = "copy the whole bundle folder again"
+        raise BundleInputError(f"{what} unreadable: {path} ({exc})", hint=hint) from None
+    if not isinstance(parsed, dict):
+        raise BundleInputError(f"{what} is not a JSON object: {path}")
+    return parsed
+
+
+def read_json(path: str, what: str) -> Dict[str, Any]:
+    """A JSON object from the regular file at ``path`` (:func:`read_record_bytes`).
+
+    Raises:
+        BundleInputError: missing, not a regular file, too large, or not JSON.
+    """
+    try:
+        data = read_record_bytes(path)
+    except OSError as exc:
         raise BundleInputError(
             f"{what} unreadable: {path} ({exc})", hint="copy the whole bundle folder again"
         ) from None
-    if not isinstance(data, dict):
-        raise BundleInputError(f"{what} is not a JSON object: {path}")
-    return data
+    return parse_json(data, path, what)
 
 
 def write_json(path: str, data: Dict[str, Any]) -> None:
@@ -264,8 +301,7 @@ def _device_outputs(folder: str, manifest: Dict[str, Any]) -> List[str]:
     plan_name = manifest.get("plan", PLAN)
     if plan_name in (manifest.get("files") or {}):
         try:
-            with open(bundle_path(folder, plan_name, "plan"), "rb") as fh:
-                plan = json.loads(fh.read().decode("utf-8"))
+            plan = json.loads(read_record_bytes(bundle_path(folder, plan_name, "plan")).decode("utf-8"))
         except (OSError, ValueError):
             plan = {}
         if isinstance(plan, dict):
@@ -287,8 +323,17 @@ def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str,
         BundleInputError: no readable manifest.
     """
     path = os.path.join(folder, BUNDLE_MANIFEST)
-    if expect_sha256 and os.path.isfile(path):
-        got = sha256_file(path)
+    # read once: the bytes hashed against the pin are the bytes parsed (a FIFO could serve other bytes twice)
+    try:
+        manifest_bytes = read_record_bytes(path)  # type: Optional[bytes]
+    except OSError as exc:
+        if expect_sha256:  # pinned: only the very file the build wrote will do
+            raise IntegrityFailed(
+                f"{path}: not the pinned bundle manifest ({exc})", hint="copy the bundle again from the build host"
+            ) from None
+        manifest_bytes, unreadable = None, exc
+    if expect_sha256 and manifest_bytes is not None:
+        got = hashlib.sha256(manifest_bytes).hexdigest()
         if got != expect_sha256.lower():
             raise IntegrityFailed(
                 f"{path}: sha256 {got[:16]}... differs from the expected {expect_sha256[:16]}...",
@@ -302,7 +347,11 @@ def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str,
             ),
             hint="pass the bundle folder: {}".format(os.path.join(folder, "bundle")),
         )
-    manifest = read_json(path, "bundle manifest")
+    if manifest_bytes is None:
+        raise BundleInputError(
+            f"bundle manifest unreadable: {path} ({unreadable})", hint="copy the whole bundle folder again"
+        )
+    manifest = parse_json(manifest_bytes, path, "bundle manifest")
     if manifest.get("schema") != BUNDLE_SCHEMA:
         raise BundleInputError(f"{path} is not an edgedeploy bundle manifest (schema {manifest.get('schema')!r})")
     files = manifest.get("files")

@@ -195,18 +195,18 @@ def mixed_fp16(model_path: Path, out: Path, *, keep_fp32: Sequence[str] = (), si
         if simulate:  # activations are rounded where they are produced; graph inputs where an FP16 layer reads them
             if want != HALF or name not in graph_inputs:
                 return name
-            key = (name, HALF)
-            if key not in casts:  # one rounding per input, shared by its FP16 readers (the GPU stores it in FP16)
-                casts[key] = f"{name}__input_rounded"
+            rounding: tuple[str, int] = (name, HALF)
+            if rounding not in casts:  # one rounding per input, shared by its FP16 readers (the GPU stores it in FP16)
+                casts[rounding] = f"{name}__input_rounded"
                 new_nodes.extend(
                     [
                         helper.make_node("Cast", [name], [f"{name}__input_half"], name=f"{name}__round_Cast", to=HALF),
                         helper.make_node(
-                            "Cast", [f"{name}__input_half"], [casts[key]], name=f"{name}__back_Cast", to=FLOAT
+                            "Cast", [f"{name}__input_half"], [casts[rounding]], name=f"{name}__back_Cast", to=FLOAT
                         ),
                     ]
                 )
-            return casts[key]
+            return casts[rounding]
         key = (name, want)
         if key not in casts:
             casts[key] = f"{name}__to_{'fp16' if want == HALF else 'fp32'}"

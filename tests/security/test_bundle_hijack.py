@@ -183,3 +183,47 @@ def test_the_script_keeps_the_interpreters_own_folders(tmp_path):
     path = ["", ".", here, str(tmp_path), stdlib, *site.getsitepackages(), "/opt/elsewhere", here + "/sub"]
     kept = device._system_path(path, f"/opt/elsewhere:{tmp_path}", str(tmp_path), here)
     assert kept == [stdlib, *site.getsitepackages()]
+
+
+def test_a_pinned_manifest_is_read_once_from_a_regular_file(bundle, tmp_path):
+    """The pin hashes the very bytes the script then parses, from a regular file: a FIFO named bundle.json that
+    serves a forged manifest (whose forged parity.py would run) is refused with exit 9 and nothing run, and a
+    FIFO without a pin is one line (exit 3) at once, not a hang; a FIFO plan.json is not waited on either."""
+    import os
+    import threading
+
+    pin = sha256_file(bundle / "bundle.json")
+    marker = tmp_path / "pwned"
+    with open(bundle / "parity.py", "a") as fh:
+        fh.write(PAYLOAD.format(marker=str(marker)))
+    _relist(bundle, "parity.py")
+    forged = (bundle / "bundle.json").read_bytes()
+    (bundle / "bundle.json").unlink()
+    os.mkfifo(bundle / "bundle.json")
+
+    def serve() -> None:  # a writer feeding the forged manifest to whoever opens the FIFO
+        for _ in range(4):
+            try:
+                fd = os.open(bundle / "bundle.json", os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # no reader yet
+                threading.Event().wait(0.05)
+                continue
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(forged)
+
+    threading.Thread(target=serve, daemon=True).start()
+    proc = run_script(bundle, "--bundle-sha256", pin)
+    assert proc.returncode == 9 and "not the pinned bundle manifest" in proc.stderr
+    assert not marker.exists()
+    proc = run_script(bundle)
+    assert proc.returncode == 3 and "not a regular file" in proc.stderr
+    assert not marker.exists()
+
+
+def test_a_fifo_plan_is_refused_not_waited_on(bundle):
+    import os
+
+    (bundle / "plan.json").unlink()
+    os.mkfifo(bundle / "plan.json")
+    proc = run_script(bundle, "--verify-only")
+    assert proc.returncode == 9 and "plan.json missing" in proc.stderr

@@ -430,3 +430,20 @@ def test_a_one_value_output_is_judged_per_sample_pooled_whatever_the_batch_size(
         assert all(r["cosine"] is None and "value(s) per sample" in r["cosine_na"] for r in per_golden)
         close = [{"temp": ref[i] + np.float32(1e-4)} for i in range(16)]
         assert all(r["passed"] for r in judge_goldens(cases, close, "fp16", fp16))
+
+
+def test_a_top1_minimum_with_no_top1_row_to_apply_to_fails_the_gate_not_passes_it() -> None:
+    from edgedeploy.policy import GatePolicy
+    from edgedeploy.validate.gate import evaluate
+
+    rows = [{"check": "parity", "shape": "calib-heldout", "sample": 0, "output": "y", "passed": True, "cosine": 1.0}]
+    cand = {"name": "onnxruntime-int8", "precision": "int8", "status": "passed", "deploy": True, "checks": rows}
+    report = {
+        "schema": "edgedeploy-report/1", "status": "passed",
+        "parity": {"status": "passed", "candidates": [cand]}, "latency": {"status": "skipped", "reason": "-"},
+    }  # fmt: skip
+    assert evaluate(report, GatePolicy()).passed
+    failed = evaluate(report, GatePolicy(min_top1_agreement={"int8": 0.99}))
+    assert not failed.passed
+    assert any("has no top-1 row of onnxruntime-int8 to apply to" in c.message for c in failed.failures)
+    assert evaluate(report, GatePolicy(min_top1_agreement={"fp16": 0.99})).passed  # another precision's minimum

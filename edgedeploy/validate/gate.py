@@ -341,6 +341,20 @@ def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
                 problems.append(f"{row.where}: {row.reason}")
                 continue
             problems += [f"{row.where}: {p}" for p in _policy_problems(row, cand.precision, policy, real)]
+        min_top1 = policy.min_top1_agreement.get(cand.precision)
+        if min_top1 is not None and cand.checks and not any(row.check == TOP1_CHECK for row in cand.checks):
+            # a minimum with nothing to apply it to never passes in silence: the build judged no top-1
+            checks.append(
+                GateCheck(
+                    f"{TOP1_CHECK}:{cand.name}",
+                    TOP1_CHECK,
+                    False,
+                    f"the policy's min_top1_agreement for {cand.precision} ({min_top1}) has no top-1 row of "
+                    f"{cand.name} to apply to: the build names no validate.classifier_outputs (name them, or drop "
+                    "the minimum)",
+                    PARITY,
+                )
+            )
         for (kind, output), problems in groups.items():
             cid = f"{kind}:{cand.name}:{output}"
             if problems:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ConfigError
+from edgedeploy.jsonread import read_json
 
 FACTORY = "edgedeploy.modelio.hf:from_folder"
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "image-classification")
@@ -36,7 +37,7 @@ def read_folder_config(folder: Path, where: str) -> dict[str, Any]:
             hint="point model.hf at a folder written by save_pretrained()",
         )
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, follow_links=True)  # a hub snapshot links its files into the blob store
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or "model_type" not in data:
@@ -49,11 +50,13 @@ def remote_code(folder: Path, hf_cfg: dict[str, Any]) -> str:
     as ``file: Class, ...``; empty when none."""
     named = []
     sources = [("config.json", hf_cfg)]
-    try:
-        tok = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_path = folder / "tokenizer_config.json"
+    if tok_path.exists():
+        try:  # a FIFO or a device here would block or flood a plain read: one line instead
+            tok = read_json(tok_path, follow_links=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{tok_path}: unreadable ({exc})", hint="replace it with the tokenizer's file") from None
         sources.append(("tokenizer_config.json", tok if isinstance(tok, dict) else {}))
-    except (OSError, ValueError):
-        pass
     for name, data in sources:
         auto_map = data.get("auto_map")
         if not auto_map:
@@ -73,9 +76,28 @@ def is_vision(hf_cfg: dict[str, Any]) -> bool:
     return "image_size" in hf_cfg and "vocab_size" not in hf_cfg
 
 
+def _whole(hf_cfg: dict[str, Any], key: str, default: int, least: int = 1) -> int:
+    """``config.json``'s ``key`` as a whole number of at least ``least`` (``default`` when absent or null).
+
+    Raises:
+        ConfigError: any other value (a string, a list, a bool, a fraction, one below ``least``).
+    """
+    value = hf_cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < least:
+        raise ConfigError(
+            f"config.json: key {key!r} = {value!r} must be a whole number of at least {least}",
+            hint="fix the folder's config.json (as save_pretrained() writes it)",
+        )
+    return int(value)
+
+
 def _image_size(hf_cfg: dict[str, Any]) -> int:
-    size = hf_cfg.get("image_size", 224)
-    return int(size[0] if isinstance(size, (list, tuple)) else size)
+    size = hf_cfg.get("image_size")
+    if isinstance(size, (list, tuple)) and size:
+        return _whole({"image_size": size[0]}, "image_size", 224)
+    return _whole(hf_cfg, "image_size", 224)
 
 
 def default_spec(hf_cfg: dict[str, Any], task: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
@@ -83,13 +105,13 @@ def default_spec(hf_cfg: dict[str, Any], task: str) -> tuple[list[dict[str, Any]
     outputs = ["embedding"] if task == "feature-extraction" else ["logits"]
     if is_vision(hf_cfg):
         size = _image_size(hf_cfg)
-        channels = int(hf_cfg.get("num_channels", 3))
+        channels = _whole(hf_cfg, "num_channels", 3)
         inputs = [
             {"name": "pixel_values", "shape": ["batch", channels, size, size], "range": [-1.0, 1.0], "kind": "image"}
         ]
         return inputs, {"batch": dict(TEXT_DIMS["batch"])}, outputs
-    vocab = int(hf_cfg.get("vocab_size", 2))
-    max_len = int(hf_cfg.get("max_position_embeddings") or hf_cfg.get("n_positions") or 512)
+    vocab = _whole(hf_cfg, "vocab_size", 2)
+    max_len = _whole(hf_cfg, "max_position_embeddings", 0) or _whole(hf_cfg, "n_positions", 512)
     seq = dict(TEXT_DIMS["sequence"])
     seq["max"] = min(seq["max"], max_len)
     seq["opt"] = min(seq["opt"], seq["max"])
@@ -98,7 +120,7 @@ def default_spec(hf_cfg: dict[str, Any], task: str) -> tuple[list[dict[str, Any]
         {"name": "attention_mask", "shape": ["batch", "sequence"], "dtype": "int64", "range": [0, 1], "kind": "mask"},
     ]
     if hf_cfg["model_type"] in SEGMENT_TYPES:
-        types = max(1, int(hf_cfg.get("type_vocab_size", 2)))
+        types = max(1, _whole(hf_cfg, "type_vocab_size", 2, least=0))
         inputs.append(
             {
                 "name": "token_type_ids",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,38 @@ def test_bad_hf_folder_and_task_are_config_errors(tmp_path: Path) -> None:
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="model.task"):
         config_from_dict({"model": {"hf": "m", "task": "translation"}}, source="deploy.toml", base_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"vocab_size": "abc"}, "'vocab_size' = 'abc'"),
+        ({"vocab_size": [5]}, "'vocab_size' = [5]"),
+        ({"vocab_size": 10, "type_vocab_size": {"a": 1}}, "'type_vocab_size' = {'a': 1}"),
+        ({"vocab_size": 10, "max_position_embeddings": 1.5}, "'max_position_embeddings' = 1.5"),
+    ],
+)
+def test_a_config_json_value_of_the_wrong_type_is_one_config_error(tmp_path: Path, config, named) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "bert", **config}))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match=re.escape(f"config.json: key {named} must be a whole number")):
+        config_from_dict({"model": {"hf": "m"}}, source="deploy.toml", base_dir=tmp_path)
+
+
+def test_a_tokenizer_config_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10}))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    os.mkfifo(tmp_path / "m" / "tokenizer_config.json")  # a plain read blocks until someone writes
+    with pytest.raises(ConfigError, match=r"tokenizer_config.json: unreadable \(.*not a regular file"):
+        config_from_dict({"model": {"hf": "m"}}, source="deploy.toml", base_dir=tmp_path)
+    (tmp_path / "m" / "tokenizer_config.json").unlink()
+    (tmp_path / "m" / "tokenizer_config.json").symlink_to("/dev/zero")  # reads for ever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        config_from_dict({"model": {"hf": "m"}}, source="deploy.toml", base_dir=tmp_path)
 
 
 def test_text_file_is_tokenized_to_the_input_spec(bert_folder: Path, tmp_path: Path) -> None:

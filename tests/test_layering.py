@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "config_flags": 0,
     "onnxspec": 0,
     "hfspec": 0,
+    "jsonread": 0,  # one bounded, non-blocking JSON read from a path (no edgedeploy imports)
     "sidecar": 0,
     "hostenv": 0,
     "reportview": 0,

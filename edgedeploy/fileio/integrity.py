@@ -12,8 +12,8 @@ from typing import Any
 from edgedeploy.artifacts import MANIFEST
 from edgedeploy.errors import ArtifactIntegrityError
 from edgedeploy.fileio.hashing import sha256_file
-from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import confined
+from edgedeploy.jsonread import read_json
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any] | None:

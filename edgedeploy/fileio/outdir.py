@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from edgedeploy.errors import ArtifactIntegrityError, ConfigError, InputError
-from edgedeploy.fileio.jsonfile import read_json
+from edgedeploy.jsonread import read_json
 
 MARKER = ".edgedeploy-out"
 MARKER_SCHEMA = "edgedeploy-out/1"

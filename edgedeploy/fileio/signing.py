@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy.errors import ArtifactIntegrityError, InputError
-from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import CACHE_DIR, DEVICE_OUTPUTS, FAILED_DIR, SIGNATURE
+from edgedeploy.jsonread import read_json
 
 UNSIGNED = (CACHE_DIR, FAILED_DIR, SIGNATURE)  # inside an output folder, not part of the release
 BUNDLE_MANIFEST = "bundle/bundle.json"

@@ -37,8 +37,8 @@ from typing import Any
 from edgedeploy.errors import ArtifactIntegrityError
 from edgedeploy.fileio.digest_memo import DigestMemo, identity, no_follow
 from edgedeploy.fileio.hashing import sha256_file
-from edgedeploy.fileio.jsonfile import read_json
 from edgedeploy.fileio.outdir import clone_or_copy, clone_or_copy_open, confined
+from edgedeploy.jsonread import read_json
 
 _RECORD = "stage.json"
 _SCHEMA = "edgedeploy-cache/2"

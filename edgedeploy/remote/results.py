@@ -21,7 +21,7 @@ import numpy as np
 
 from edgedeploy.errors import ArtifactIntegrityError, InputError
 from edgedeploy.fileio.hashing import sha256_file
-from edgedeploy.fileio.jsonfile import read_json
+from edgedeploy.jsonread import read_json
 from edgedeploy.reportview import ReportView
 from edgedeploy.validate.parity import REAL_DATA_POINTS, judges_agreement
 

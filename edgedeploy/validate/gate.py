@@ -28,7 +28,7 @@ from edgedeploy.errors import (
     StageError,
 )
 from edgedeploy.fileio.integrity import verify_artifacts
-from edgedeploy.fileio.jsonfile import read_json
+from edgedeploy.jsonread import read_json
 from edgedeploy.policy import GatePolicy
 from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
 from edgedeploy.schema import dataclass_from_dict, read_toml

@@ -345,7 +345,7 @@ def test_a_manifest_that_is_no_regular_file_is_one_line_for_gate_sign_and_build(
 
 
 def test_a_json_record_is_read_only_from_a_bounded_regular_file(tmp_path: Path) -> None:
-    from edgedeploy.fileio.jsonfile import read_json
+    from edgedeploy.jsonread import read_json
 
     (tmp_path / "r.json").write_text('{"a": 1}')
     assert read_json(tmp_path / "r.json") == {"a": 1}

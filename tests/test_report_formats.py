@@ -201,3 +201,36 @@ def test_html_renders_in_a_headless_browser(reports: dict[str, Path], tmp_path: 
     assert pixels.shape[:2] == (1400, 1000)
     colours = len(np.unique(pixels.reshape(-1, pixels.shape[-1])[:, :3], axis=0))
     assert colours > 50  # text, tables and plots, not a blank page
+
+
+def test_names_from_a_model_file_stay_literal_in_report_md_and_the_console(tmp_path: Path) -> None:
+    """An ONNX output name with a table break, HTML, a heading and a link, and terminal escape sequences: the
+    Markdown summary keeps it inside its cell as text, and the printed results table shows the escapes as
+    codes, so a model file cannot add a link to a CI comment or rewrite the build's own lines."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgedeploy.cli import main
+
+    evil = "y|<img src=x onerror=alert(1)>\n\n# PWNED [click](https://evil.example)\x1b[2K\rPASSED: fake|"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], [evil])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info(evil, TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    out = tmp_path / "out"
+    code = main(["build", "--onnx", str(tmp_path / "m.onnx"), "--target", "cpu", "--out", str(out)])
+    assert code == 0
+    text = (out / "report.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| onnxruntime-fp32 | parity |")]
+    assert rows and all(line.count(" | ") == 10 for line in rows)  # still 11 cells: the name broke no row
+    assert "<img" not in text and "\n# PWNED" not in text and "[click](" not in text  # no tag, heading, link
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and "\\[click\\]" in text
+    from edgedeploy.pipeline.report import results_table
+
+    table = results_table(json.loads((out / "report.json").read_text()))
+    assert "\x1b" not in table and "\r" not in table and "\\x1b[2K\\x0dPASSED: fake" in table

@@ -7,6 +7,8 @@ ranges) are drawn as inline SVG by :mod:`edgedeploy.pipeline.svg_plots`.
 
 from __future__ import annotations
 
+import html
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Protocol
@@ -175,21 +177,36 @@ def _localization_text(loc: dict[str, Any]) -> str:
 # ---- Markdown ------------------------------------------------------------------------------------------
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
+_MD_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def md(value: Any) -> str:
+    """``value`` as literal Markdown text inside a table cell or a line: HTML escaped, Markdown's markup
+    characters (``\\ ` * _ [ ] | #``) backslash-escaped, control characters (newlines among them) shown as
+    their code. Names come from model files and configs: they must not end a table row or add a link."""
+    text = html.escape(str(value), quote=False)
+    text = _MD_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """A Markdown summary: status, stages, worst parity row per backend and output, localization, latency."""
+    """A Markdown summary: status, stages, worst parity row per backend and output, localization, latency.
+
+    Every value read from the report is written through :func:`md` (literal text)."""
     lines = [
-        f"# edgedeploy report: {str(report.get('status', '?')).upper()}",
+        f"# edgedeploy report: {md(str(report.get('status', '?')).upper())}",
         "",
-        f"target `{report.get('target')}` ({report.get('runtime')}), precision `{report.get('precision')}`, "
+        f"target {md(report.get('target'))} ({md(report.get('runtime'))}), precision {md(report.get('precision'))}, "
         f"{report.get('seconds', 0):.1f} s",
         "",
     ]
     if report.get("error"):
-        lines += [f"**Error** ({report['error'].get('kind')}): {report['error'].get('message')}", ""]
+        lines += [f"**Error** ({md(report['error'].get('kind'))}): {md(report['error'].get('message'))}", ""]
     lines += ["## Stages", "", "| stage | status | seconds | note |", "|---|---|---:|---|"]
     for st in report.get("stages", []):
-        note = str(st.get("reason", "")).replace("|", "\\|")
-        lines.append(f"| {st['name']} | {st['status']} | {st.get('seconds', 0):.2f} | {note} |")
+        note = md(st.get("reason", ""))
+        lines.append(f"| {md(st['name'])} | {md(st['status'])} | {st.get('seconds', 0):.2f} | {note} |")
     lines += ["", "## Parity against PyTorch", ""]
     parity = report.get("parity") or {}
     if not _candidates(report):
@@ -201,17 +218,17 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for cand in _candidates(report):
             if not cand.get("checks"):
-                note = f"{cand.get('status')}: {cand.get('reason', '')}"
-                lines.append(f"| {cand['name']} | - | - | - | - | - | - | - | - | - | {note} |")
+                note = md(f"{cand.get('status')}: {cand.get('reason', '')}")
+                lines.append(f"| {md(cand['name'])} | - | - | - | - | - | - | - | - | - | {note} |")
             for row in _worst_rows(cand):
                 result = (
                     ("vacuous" if row.get("vacuous") else "info: " if row.get("informational") else "ok")
-                    + (str(row["informational"]).replace("|", "\\|") if row.get("informational") else "")
+                    + (md(row["informational"]) if row.get("informational") else "")
                     if row.get("passed")
-                    else "**FAIL**: " + str(row.get("reason", "")).replace("|", "\\|")
+                    else "**FAIL**: " + md(row.get("reason", ""))
                 )
                 lines.append(
-                    f"| {cand['name']} | {row.get('check')} | {row.get('output')} | {where(row)}"
+                    f"| {md(cand['name'])} | {md(row.get('check'))} | {md(row.get('output'))} | {md(where(row))}"
                     f" | {_num(row.get('max_abs'))} | {_num(row.get('p99_abs'))} | "
                     f"{_num(row.get('max_rel'))} | {_num(row.get('cosine'), 6)} | {_num(row.get('top1_agreement'))} | "
                     f"{row.get('nan', 0)}/{row.get('inf', 0)} | {result} |"
@@ -220,12 +237,12 @@ def markdown(report: dict[str, Any]) -> str:
 
         legend = input_legend([row for cand in _candidates(report) for row in cand.get("checks", [])])
         if legend:
-            lines += ["", "Inputs: " + "; ".join(f"`{label}` {text}" for label, text in legend) + "."]
+            lines += ["", "Inputs: " + "; ".join(f"{md(label)} {md(text)}" for label, text in legend) + "."]
         if parity.get("cached"):
             lines += ["", "_cached: judged by an earlier build, not in this run._"]
         for cand in _candidates(report):
             if cand.get("localization"):
-                lines += ["", f"**{cand['name']}**: {_localization_text(cand['localization'])}"]
+                lines += ["", f"**{md(cand['name'])}**: {md(_localization_text(cand['localization']))}"]
     lines += ["", "## Latency (opt shape)", ""]
     lat = report.get("latency") or {}
     if lat.get("cached"):
@@ -235,19 +252,19 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["| backend | p50 ms | p90 ms | p99 ms | samples/s | batch |", "|---|---:|---:|---:|---:|---:|"]
         for name, row in lat["backends"].items():
             lines.append(
-                f"| {name} | {row['p50_ms']:.3f} | {row['p90_ms']:.3f} | {row['p99_ms']:.3f} | "
+                f"| {md(name)} | {row['p50_ms']:.3f} | {row['p90_ms']:.3f} | {row['p99_ms']:.3f} | "
                 f"{row['throughput']:.1f} | {row.get('batch', '-')} |"
             )
     for name, reason in (lat.get("skipped") or {}).items():
-        lines.append(f"- {name}: skipped: {reason}")
+        lines.append(f"- {md(name)}: skipped: {md(reason)}")
     if lat.get("status") == "skipped":
-        lines.append(f"skipped: {lat.get('reason', '')}")
+        lines.append(f"skipped: {md(lat.get('reason', ''))}")
     gate = (report.get("metrics") or {}).get("gate")
     if gate:
-        lines += ["", f"## Release gate: {gate['status']}", ""]
-        lines += [f"- {'ok' if c['passed'] else '**FAIL**'} `{c['id']}`: {c['message']}" for c in gate["checks"]]
+        lines += ["", f"## Release gate: {md(gate['status'])}", ""]
+        lines += [f"- {'ok' if c['passed'] else '**FAIL**'} {md(c['id'])}: {md(c['message'])}" for c in gate["checks"]]
     if report.get("warnings"):
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
+        lines += ["", "## Warnings", ""] + [f"- {md(w)}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"
 
 

@@ -809,6 +809,12 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     finally:
         runner.close()
     failures = [r for r in rows if not r.get("passed")]
+    if not any(r.get("sample") is not None for r in rows):
+        # nothing compared (no golden, or outputs that name none): a check that judged nothing never passes
+        failures.append(
+            {"passed": False, "shape": "all", "sample": None, "output": "-", "reason": "no golden was compared"}
+        )
+        rows.append(failures[-1])
     result = {
         "runner": runner.label,
         "status": "passed" if not failures else "failed",

@@ -227,3 +227,15 @@ def test_a_fifo_plan_is_refused_not_waited_on(bundle):
     os.mkfifo(bundle / "plan.json")
     proc = run_script(bundle, "--verify-only")
     assert proc.returncode == 9 and "plan.json missing" in proc.stderr
+
+
+def test_a_bundle_whose_goldens_compare_nothing_fails_not_passes(bundle):
+    """An empty goldens.npz (listed with its real hash, as a forger without the pin can): 0 checks is no
+    evidence, so the device check fails (exit 7) instead of printing PASSED: 0 checks."""
+    import numpy as np
+
+    np.savez(bundle / "goldens.npz")
+    _relist(bundle, "goldens.npz")
+    proc = run_script(bundle)
+    assert proc.returncode == 7 and "no golden was compared" in proc.stderr
+    assert json.loads((bundle / "validation.json").read_text())["status"] == "failed"

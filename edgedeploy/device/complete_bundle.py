@@ -385,6 +385,62 @@ def verify_bundle(folder: str, expect_sha256: Optional[str] = None) -> Dict[str,
     return manifest
 
 
+def validation_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
+    """bundle.json's ``validation`` object, each field of the type the judge reads.
+
+    Raises:
+        BundleInputError: a field of another type (named).
+    """
+    spec = manifest.get("validation", {})
+    if not isinstance(spec, dict):
+        raise BundleInputError(f"bundle.json: 'validation' is not an object ({type(spec).__name__})")
+    names = ("outputs", "classifier_outputs")
+    for key in names:
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise BundleInputError(f"bundle.json: validation.{key} is not a list of output names ({value!r})")
+    topk = spec.get("topk", 1)
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise BundleInputError(f"bundle.json: validation.topk is not a positive whole number ({topk!r})")
+    tolerance = spec.get("tolerance", {})
+    if not isinstance(tolerance, dict) or not all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in tolerance.values()
+    ):
+        raise BundleInputError(f"bundle.json: validation.tolerance is not an object of numbers ({tolerance!r})")
+    return spec
+
+
+MAX_GOLDENS_BYTES = 1 << 30  # what all of goldens.npz's arrays may declare together, uncompressed
+
+
+def _check_declared_sizes(path: str) -> None:
+    """Every array header in the ``.npz`` at ``path`` read before any array: their declared sizes together stay
+    under :data:`MAX_GOLDENS_BYTES` (a deflated member of a few MB can declare gigabytes).
+
+    Raises:
+        ValueError: a member that is not a NumPy array, or sizes over the bound.
+        OSError: unreadable.
+    """
+    import zipfile
+
+    from numpy.lib import format as npformat
+
+    total = 0
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            with zf.open(info) as fh:
+                version = npformat.read_magic(fh)
+                read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+                shape, _fortran, dtype = read(fh)
+            count = 1
+            for d in shape:
+                count *= int(d)
+            total += count * dtype.itemsize
+            if total > MAX_GOLDENS_BYTES:
+                over = f"{info.filename} brings the declared arrays to {total} bytes, over {MAX_GOLDENS_BYTES}"
+                raise ValueError(over)
+
+
 def load_goldens(path: str) -> Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]:
     """goldens.npz -> {point: {sample: {"in": {...}, "out": {...}, "sparse": {...}}}} (the reference stage's
     layout; seeded inputs regenerated, see ``parity.goldens_from_arrays``).
@@ -395,9 +451,10 @@ def load_goldens(path: str) -> Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]:
     import numpy as np
 
     try:
+        _check_declared_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MemoryError) as exc:
         raise BundleInputError(f"goldens unreadable: {path} ({exc})") from None
     try:
         return sibling("goldens_format").goldens_from_arrays(arrays)
@@ -564,8 +621,11 @@ class OrtRunner:
         self.names = [o.name for o in self.session.get_outputs()]
 
     def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
-        cast = {k: v.astype(self.dtypes.get(k, v.dtype)) for k, v in feeds.items()}
-        return dict(zip(self.names, self.session.run(self.names, cast)))
+        try:
+            cast = {k: v.astype(self.dtypes.get(k, v.dtype)) for k, v in feeds.items()}
+            return dict(zip(self.names, self.session.run(self.names, cast)))
+        except Exception as exc:  # onnxruntime raises its own untyped errors (a golden input of the wrong shape)
+            raise BuildFailed(f"running the model failed ({self.label}): {_one_line(exc)}") from None
 
     def close(self) -> None:
         return None
@@ -763,11 +823,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     if unverified:
         raise IntegrityFailed(f"plan.json names {unverified}, which bundle.json does not list; refusing the bundle")
     goldens = load_goldens(bundle_path(folder, manifest.get("goldens", "goldens.npz"), "goldens"))
-    spec = dict(manifest.get("validation", {}), precision=plan.get("precision") or "fp32")
+    spec = dict(validation_spec(manifest), precision=plan.get("precision") or "fp32")
     record = None
     proved = None  # what the run proves: the ONNX Runtime stand-in proves the model it runs, not the engine
     if args.runner == "onnxruntime":
         dry_run = manifest.get("dry_run") or {}
+        if not isinstance(dry_run, dict):
+            raise BundleInputError(f"bundle.json: 'dry_run' is not an object ({type(dry_run).__name__})")
         onnx_name = dry_run.get("onnx") or plan["onnx"]
         if onnx_name not in manifest["files"]:
             raise IntegrityFailed(f"bundle.json's dry run names {onnx_name!r}, which it does not list; refusing")

@@ -15,6 +15,25 @@ from typing import Any, Dict, List
 import numpy as np
 
 GOLDEN_KINDS = ("in", "out", "half", "gen", "sparse", "sparsemeta")
+# the most values one golden array may declare (1 GiB of float32): far above any model input or output, far
+# below what a forged shape would make this process allocate
+MAX_GOLDEN_VALUES = 1 << 28
+
+
+def checked_shape(shape: Any) -> List[int]:
+    """``shape`` as a list of whole non-negative sizes declaring at most :data:`MAX_GOLDEN_VALUES` values.
+
+    Raises:
+        ValueError: not such a list.
+    """
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError("shape {!r} is not a list of sizes".format(shape))
+    total = 1
+    for d in shape:
+        total *= d
+    if total > MAX_GOLDEN_VALUES:
+        raise ValueError("shape {} declares {} values, more than a golden may hold".format(shape, total))
+    return shape
 
 
 def seeded_uniform(seed: int, shape: List[int], low: float, high: float, dtype: str) -> np.ndarray:
@@ -40,17 +59,21 @@ def goldens_from_arrays(arrays: Dict[str, np.ndarray]) -> Dict[str, Dict[int, Di
         try:
             if kind == "gen":
                 g = json.loads(str(arr[()]))
-                pair["in"][name] = seeded_uniform(g["seed"], g["shape"], g["low"], g["high"], g["dtype"])
+                shape = checked_shape(g["shape"])
+                pair["in"][name] = seeded_uniform(g["seed"], shape, g["low"], g["high"], g["dtype"])
             elif kind == "half":
                 if arr.dtype != np.float16:
                     raise TypeError("not float16")
                 pair["in"][name] = arr.astype(np.float32)
             elif kind == "sparsemeta":
                 m = json.loads(str(arr[()]))
-                pair["sparse"][name] = ([int(d) for d in m["shape"]], int(m["stride"]))
+                stride = int(m["stride"])
+                if stride < 1:
+                    raise ValueError("stride {} is not a positive step".format(stride))
+                pair["sparse"][name] = (checked_shape(m["shape"]), stride)
             else:
                 pair["out" if kind == "sparse" else kind][name] = arr
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, MemoryError):
             raise ValueError("unreadable entry {!r}".format(key)) from None
     for by_sample in out.values():
         for entry in by_sample.values():

@@ -239,3 +239,59 @@ def test_a_bundle_whose_goldens_compare_nothing_fails_not_passes(bundle):
     proc = run_script(bundle)
     assert proc.returncode == 7 and "no golden was compared" in proc.stderr
     assert json.loads((bundle / "validation.json").read_text())["status"] == "failed"
+
+
+def test_goldens_that_declare_more_than_a_golden_holds_are_refused_before_anything_is_allocated(bundle):
+    """A goldens.npz member whose header declares 2 GiB (a deflated member of a few MB can), and a seeded input
+    whose shape declares 10^12 values: one line and exit 3 each, from the headers, nothing allocated."""
+    import zipfile
+
+    import numpy as np
+
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (536870912,), }"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with zipfile.ZipFile(bundle / "goldens.npz", "w") as zf:
+        zf.writestr("opt/0/out/logits.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    _relist(bundle, "goldens.npz")
+    proc = run_script(bundle)
+    assert proc.returncode == 3 and "over 1073741824" in proc.stderr and "Traceback" not in proc.stderr
+    spec = {"seed": 0, "shape": [100000, 100000, 100], "low": 0.0, "high": 1.0, "dtype": "float32"}
+    np.savez(bundle / "goldens.npz", **{"opt/0/gen/image": np.array(json.dumps(spec))})
+    _relist(bundle, "goldens.npz")
+    proc = run_script(bundle)
+    assert proc.returncode == 3 and "unreadable entry 'opt/0/gen/image'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("validation", [1, 2], "'validation' is not an object"),
+        ("dry_run", ["x"], "'dry_run' is not an object"),
+        ("validation.outputs", "logits", "validation.outputs is not a list of output names"),
+        ("validation.topk", "abc", "validation.topk is not a positive whole number"),
+        ("validation.tolerance", {"atol": "big"}, "validation.tolerance is not an object of numbers"),
+    ],
+)
+def test_bundle_json_fields_of_the_wrong_type_are_one_line_not_a_traceback(bundle, field, value, named):
+    """A manifest edited without the pin (its files still match): each field the judge reads is typed first,
+    so an edit is exit 3 naming it, never a traceback or a check that passes on nothing (outputs as a string)."""
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    node, _, key = field.rpartition(".")
+    (manifest[node] if node else manifest)[key] = value
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    proc = run_script(bundle)
+    assert proc.returncode == 3 and named in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_golden_input_the_model_cannot_take_is_one_line(bundle):
+    """A golden input of the wrong shape (listed with its real hash): ONNX Runtime's error, in one line."""
+    import numpy as np
+
+    with np.load(bundle / "goldens.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    key = next(k for k in arrays if k.split("/")[2] == "in")
+    arrays[key] = np.zeros((1, 7), np.float32)
+    np.savez(bundle / "goldens.npz", **arrays)
+    _relist(bundle, "goldens.npz")
+    proc = run_script(bundle)
+    assert proc.returncode == 6 and "running the model failed" in proc.stderr and "Traceback" not in proc.stderr

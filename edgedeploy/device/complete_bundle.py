@@ -174,19 +174,33 @@ def sibling(name: str) -> Any:
     return module
 
 
-def _load_verified(filename: str) -> Any:
+def verified_bytes(filename: str, use: str = "use it") -> bytes:
+    """The bytes of a file ``bundle.json`` lists, read once and checked against its sha256 as read, so what is
+    used is what was verified, even if the file is replaced after :func:`verify_bundle`.
+
+    Raises:
+        IntegrityFailed: the file is not a verified one of this bundle, or differs now.
+    """
     folder = _VERIFIED.get("folder")
     sha = (_VERIFIED.get("files") or {}).get(filename)
     if not folder or not sha:
         raise IntegrityFailed(
-            f"{filename}: not a verified file of this bundle; refusing to import it",
+            f"{filename}: not a verified file of this bundle; refusing to {use}",
             hint="run complete_bundle.py on a bundle whose bundle.json lists it",
         )
     path = os.path.join(folder, filename)
-    with open(path, "rb") as fh:
-        data = fh.read()
+    try:
+        data = read_record_bytes(path, max_bytes=1 << 34)
+    except OSError as exc:
+        raise IntegrityFailed(f"{path} changed after the bundle was verified ({exc}); refusing to {use}") from None
     if hashlib.sha256(data).hexdigest() != sha:
-        raise IntegrityFailed(f"{path} changed after the bundle was verified; refusing to import it")
+        raise IntegrityFailed(f"{path} changed after the bundle was verified; refusing to {use}")
+    return data
+
+
+def _load_verified(filename: str) -> Any:
+    data = verified_bytes(filename, "import it")
+    path = os.path.join(_VERIFIED["folder"], filename)
     mod_name = filename[: -len(".py")]
     module = types.ModuleType(mod_name)
     module.__file__ = path
@@ -413,7 +427,7 @@ def validation_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
 MAX_GOLDENS_BYTES = 1 << 30  # what all of goldens.npz's arrays may declare together, uncompressed
 
 
-def _check_declared_sizes(path: str) -> None:
+def _check_declared_sizes(path: Any) -> None:
     """Every array header in the ``.npz`` at ``path`` read before any array: their declared sizes together stay
     under :data:`MAX_GOLDENS_BYTES` (a deflated member of a few MB can declare gigabytes).
 
@@ -441,18 +455,24 @@ def _check_declared_sizes(path: str) -> None:
                 raise ValueError(over)
 
 
-def load_goldens(path: str) -> Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]:
+def load_goldens(path: str, content: Optional[bytes] = None) -> Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]:
     """goldens.npz -> {point: {sample: {"in": {...}, "out": {...}, "sparse": {...}}}} (the reference stage's
-    layout; seeded inputs regenerated, see ``parity.goldens_from_arrays``).
+    layout; seeded inputs regenerated, see ``parity.goldens_from_arrays``). ``content``: the file's bytes,
+    already read (and verified); else ``path`` is read.
 
     Raises:
         BundleInputError: unreadable or not a goldens archive.
     """
+    import io
+
     import numpy as np
 
     try:
-        _check_declared_sizes(path)
-        with np.load(path, allow_pickle=False) as data:
+        source = io.BytesIO(content) if content is not None else path  # type: Any
+        _check_declared_sizes(source)
+        if content is not None:
+            source.seek(0)
+        with np.load(source, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, MemoryError) as exc:
         raise BundleInputError(f"goldens unreadable: {path} ({exc})") from None
@@ -815,14 +835,19 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     log(f"bundle verified: {len(manifest.get('files', {}))} files match {BUNDLE_MANIFEST}")
     if getattr(args, "verify_only", False):  # e.g. before `sh trtexec.sh`, which runs bundle content unchecked
         return {"status": "verified", "files": len(manifest.get("files", {}))}
-    plan = read_json(bundle_path(folder, manifest.get("plan", PLAN), "plan"), "build plan")
+    plan_name = manifest.get("plan", PLAN)
+    plan_path = bundle_path(folder, plan_name, "plan")
+    plan = parse_json(verified_bytes(str(plan_name), "build from it"), plan_path, "build plan")
     for key in ("onnx", "calib_cache", "engine", "timing_cache"):  # names the steps below open or write
         if plan.get(key):
             bundle_path(folder, plan[key], key)
     unverified = [plan[k] for k in ("onnx", "calib_cache") if plan.get(k) and plan[k] not in manifest["files"]]
     if unverified:
         raise IntegrityFailed(f"plan.json names {unverified}, which bundle.json does not list; refusing the bundle")
-    goldens = load_goldens(bundle_path(folder, manifest.get("goldens", "goldens.npz"), "goldens"))
+    goldens_name = manifest.get("goldens", "goldens.npz")
+    goldens_path = bundle_path(folder, goldens_name, "goldens")
+    # the bytes verified are the bytes judged with: read once, hashed as read
+    goldens = load_goldens(goldens_path, verified_bytes(str(goldens_name), "judge with it"))
     spec = dict(validation_spec(manifest), precision=plan.get("precision") or "fp32")
     record = None
     proved = None  # what the run proves: the ONNX Runtime stand-in proves the model it runs, not the engine

@@ -295,3 +295,15 @@ def test_a_golden_input_the_model_cannot_take_is_one_line(bundle):
     _relist(bundle, "goldens.npz")
     proc = run_script(bundle)
     assert proc.returncode == 6 and "running the model failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_files_are_used_as_they_were_verified_not_reopened_after(bundle):
+    """After verification the plan and the goldens are read once and hashed as read: a file swapped between the
+    check and its use (a writer racing the device step) is refused, not used."""
+    device.verify_bundle(str(bundle))
+    assert device.verified_bytes("goldens.npz") == (bundle / "goldens.npz").read_bytes()
+    (bundle / "goldens.npz").write_bytes((bundle / "goldens.npz").read_bytes() + b"\0")
+    with pytest.raises(device.IntegrityFailed, match="changed after the bundle was verified"):
+        device.verified_bytes("goldens.npz", "judge with it")
+    with pytest.raises(device.IntegrityFailed, match="not a verified file of this bundle"):
+        device.verified_bytes("nothing.npz")

@@ -284,3 +284,12 @@ def test_a_factory_without_checkpoint_gives_the_same_weights_to_every_stage(tmp_
 
 def _cfg_for(factory: str) -> DeployConfig:
     return config_from_args(build_parser().parse_args(["build", "--factory", factory, "--input", "x:1x3x8x8"]))
+
+
+def test_a_bad_flag_value_is_blamed_on_the_flag_typed(tiny_project: Path, capsys) -> None:
+    assert main(["build", "-c", str(tiny_project), "--samples", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "as overridden by --samples (validate.samples): key 'validate.samples' = 0" in err
+    assert main(["build", "-c", str(tiny_project), "--set", "validate.samples=0"]) == 2
+    err = capsys.readouterr().err  # --set names the key itself: that is what was typed
+    assert "as overridden by validate.samples: key 'validate.samples' = 0" in err

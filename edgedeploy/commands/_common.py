@@ -127,6 +127,24 @@ def config_from_args(args: argparse.Namespace) -> DeployConfig:
         ConfigError: bad file, bad flag value, or validation failure naming the key.
     """
     overrides = config_overrides(args)
+    try:
+        return _config_from_overrides(args, overrides)
+    except ConfigError as exc:
+        raise _named_by_flag(exc, args) from None
+
+
+def _named_by_flag(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
+    """``exc`` naming the flag the user typed where it blames a key a dedicated flag set (``as overridden by
+    --samples (validate.samples)``), not only the key; ``exc`` itself otherwise (a ``--set`` key is its own)."""
+    flags = {ff.dotted: ff.flag for ff in flag_fields() if getattr(args, f"cfg:{ff.dotted}", None) is not None}
+    for dotted, flag in flags.items():
+        blamed = f", as overridden by {dotted}: "
+        if blamed in exc.message:
+            return ConfigError(exc.message.replace(blamed, f", as overridden by {flag} ({dotted}): ", 1), hint=exc.hint)
+    return exc
+
+
+def _config_from_overrides(args: argparse.Namespace, overrides: dict[str, Any]) -> DeployConfig:
     if args.config is not None:
         return load_config(args.config, overrides)
     given = [k for k in QUICK_SOURCES if overrides.get(k)]

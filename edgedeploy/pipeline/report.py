@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,16 +161,9 @@ def results_table(report: ReportView | Mapping[str, Any]) -> str:
             lines.append(f"latency {cached}")
     if lat.status == "skipped":
         lines.append(f"latency: skipped ({lat.reason or ''})")
+    from edgedeploy.pipeline.report_formats import printable
+
     return "\n".join(printable(line) for line in lines)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character (escape sequences, carriage returns, newlines) shown as its
-    ``\\x..`` code: names read from a model file reach the terminal as text, never as commands to it."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _cached_note(view: ReportView) -> str:

@@ -178,16 +178,20 @@ def _localization_text(loc: dict[str, Any]) -> str:
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
-_MD_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character (escape sequences, carriage returns, newlines) shown as its
+    ``\\x..`` code: names read from a model file reach a terminal or a summary as text, never as commands."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def md(value: Any) -> str:
     """``value`` as literal Markdown text inside a table cell or a line: HTML escaped, Markdown's markup
     characters (``\\ ` * _ [ ] | #``) backslash-escaped, control characters (newlines among them) shown as
     their code. Names come from model files and configs: they must not end a table row or add a link."""
-    text = html.escape(str(value), quote=False)
-    text = _MD_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    return _MD_SPECIAL.sub(r"\\\1", printable(html.escape(str(value), quote=False)))
 
 
 def markdown(report: dict[str, Any]) -> str:

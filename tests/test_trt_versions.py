@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -491,3 +493,45 @@ def test_device_host_specs():
         assign_hosts(outs, [parse_host("ci@a"), parse_host("desktop=ci@b")])
     with pytest.raises(ConfigError, match="no output folder was built for it"):
         assign_hosts(outs, [parse_host("jetson-nano=ci@a"), parse_host("desktop=ci@b")])
+
+
+def test_the_engine_is_built_from_the_model_as_verified_not_reopened_after(fake_device, tmp_path, monkeypatch):
+    """TensorRT's parser opens the model by name: it gets a private copy made (and hashed) from the verified
+    bytes, so a model swapped in the bundle while the parser runs is never parsed; the copies are removed."""
+    fake_device("10.3", "8.7")
+    bundle = make_bundle(tmp_path / "b", "10.3")
+    verified_sha = hashlib.sha256((bundle / "model.onnx").read_bytes()).hexdigest()
+    build = adapter.build_serialized_engine
+
+    def swap_then_build(onnx_path, **kwargs):  # a writer racing the device step, as TensorRT opens the model
+        (bundle / "model.onnx").write_bytes(b"not the verified model")
+        return build(onnx_path, **kwargs)
+
+    monkeypatch.setattr(adapter, "build_serialized_engine", swap_then_build)
+    private_root = tmp_path / "tmp"
+    private_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_root))
+    lines: list[str] = []
+    result = run_device_step(bundle, lines)
+    assert result["status"] == "passed", lines
+    assert result["engine"]["source_onnx_sha256"] == verified_sha
+    assert list(private_root.iterdir()) == []  # the private copies are gone
+
+
+def test_a_model_changed_before_its_private_copy_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    bundle = make_bundle(tmp_path / "b", "10.3")
+    device.verify_bundle(str(bundle))
+    private_root = tmp_path / "tmp"
+    private_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_root))
+    copy = Path(device.verified_copies(["model.onnx"], "build from it"))
+    assert (copy / "model.onnx").read_bytes() == (bundle / "model.onnx").read_bytes()
+    shutil.rmtree(copy)
+    (bundle / "model.onnx").write_bytes((bundle / "model.onnx").read_bytes() + b"\0")
+    with pytest.raises(device.IntegrityFailed, match="changed after the bundle was verified"):
+        device.verified_copies(["model.onnx"], "build from it")
+    (bundle / "model.onnx").unlink()
+    (bundle / "model.onnx").symlink_to(bundle / "goldens.npz")  # a link is never followed
+    with pytest.raises(device.IntegrityFailed, match="changed after the bundle was verified"):
+        device.verified_copies(["model.onnx"], "build from it")
+    assert list(private_root.iterdir()) == []

@@ -77,7 +77,9 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import stat
+import tempfile
 import time
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
@@ -198,6 +200,82 @@ def verified_bytes(filename: str, use: str = "use it") -> bytes:
     return data
 
 
+def verified_copies(names: List[str], use: str) -> str:
+    """A private folder holding copies of the verified files ``names`` (same relative names), each copied once
+    from a regular file opened without following a link and hashed as copied. TensorRT's parser and ONNX
+    Runtime open a model by name, with its external data beside it: handed these copies, they read what was
+    verified even if the bundle's files are replaced meanwhile. The folder is made by ``tempfile.mkdtemp``
+    (mode 0700, under ``TMPDIR``): the caller removes it.
+
+    Raises:
+        IntegrityFailed: a file is not a verified one of this bundle, or differs now from its sha256.
+        BuildFailed: the copy cannot be written (disk full: set TMPDIR to a folder with room).
+    """
+    folder = _VERIFIED.get("folder")
+    files = _VERIFIED.get("files") or {}
+    private = tempfile.mkdtemp(prefix="edgedeploy-verified-")
+    try:
+        for name in names:
+            sha = files.get(name)
+            if not folder or not sha:
+                raise IntegrityFailed(
+                    f"{name}: not a verified file of this bundle; refusing to {use}",
+                    hint="run complete_bundle.py on a bundle whose bundle.json lists it",
+                )
+            path = os.path.join(folder, name)
+            target = os.path.join(private, *name.split("/"))
+            try:
+                source = _open_regular(path)
+            except OSError as exc:
+                raise IntegrityFailed(
+                    f"{path} changed after the bundle was verified ({exc}); refusing to {use}"
+                ) from None
+            try:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                got = _copy_hashed(source, target)
+            except OSError as exc:
+                raise BuildFailed(
+                    f"cannot copy {name} to {private} to {use}: {exc}",
+                    hint="set TMPDIR to a folder with room for the model",
+                ) from None
+            if got != sha:
+                raise IntegrityFailed(f"{path} changed after the bundle was verified; refusing to {use}")
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private
+
+
+def _copy_hashed(source: Any, target: str) -> str:
+    """Copy the open file ``source`` (closed after) to the new file ``target``; the sha256 of the bytes copied."""
+    h = hashlib.sha256()
+    with source, open(target, "xb") as copy:
+        for chunk in iter(lambda: source.read(1 << 20), b""):
+            h.update(chunk)
+            copy.write(chunk)
+    return h.hexdigest()
+
+
+def _open_regular(path: str) -> Any:
+    """The regular file at ``path`` opened for reading, without following a link or blocking on a FIFO.
+
+    Raises:
+        OSError: missing, a link, or not a regular file.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fh = os.fdopen(os.open(path, flags), "rb")
+    if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        fh.close()
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fh
+
+
+def model_files(model: str) -> List[str]:
+    """``model`` and the verified files that travel with it (its external data, ``model.onnx.data``)."""
+    files = _VERIFIED.get("files") or {}
+    return [model, *sorted(n for n in files if n.startswith(model + "."))]
+
+
 def _load_verified(filename: str) -> Any:
     data = verified_bytes(filename, "import it")
     path = os.path.join(_VERIFIED["folder"], filename)
@@ -227,12 +305,7 @@ def read_record_bytes(path: str, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
     Raises:
         OSError: missing, a link, not a regular file, or larger than ``max_bytes`` (the message says which).
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
+    with _open_regular(path) as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise OSError(errno.EFBIG, "larger than a bundle record may be", path)
@@ -621,7 +694,8 @@ class OrtRunner:
 
     label = "onnxruntime (stand-in: no engine built)"
 
-    def __init__(self, onnx_path: str) -> None:
+    def __init__(self, onnx_path: str, shown: Optional[str] = None) -> None:
+        """``shown``: the name messages give the model (``onnx_path`` may be a private copy's)."""
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -634,7 +708,8 @@ class OrtRunner:
                 options.add_session_config_entry("session.disable_quant_qdq", "1")
             self.session = ort.InferenceSession(onnx_path, sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise BuildFailed(f"ONNX Runtime cannot load {onnx_path}: {' '.join(str(exc).split())[:300]}") from None
+            text = " ".join(str(exc).replace(os.path.dirname(onnx_path) + os.sep, "").split())
+            raise BuildFailed(f"ONNX Runtime cannot load {shown or onnx_path}: {text[:300]}") from None
         types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
         types.update({"tensor(int32)": "int32", "tensor(bool)": "bool"})
         self.dtypes = {i.name: types.get(i.type, "float32") for i in self.session.get_inputs()}
@@ -753,15 +828,33 @@ def plan_profiles(plan: Dict[str, Any]) -> List[Dict[str, Tuple[Tuple[int, ...],
 
 def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]) -> str:
     """Build the plan's engine into ``folder``; write engine.json; return the engine's path."""
-    adapter = sibling("trt_adapter")
-    onnx_path = os.path.join(folder, plan["onnx"])
     profiles = plan_profiles(plan)
-    timing = args.timing_cache or os.path.join(folder, plan.get("timing_cache") or "timing.cache")
-    if not args.timing_cache and os.path.relpath(timing, folder) not in (_VERIFIED.get("files") or {}):
-        # a timing cache in the bundle is read only when bundle.json lists it (verified); else it is rewritten
-        if os.path.isfile(timing):
-            os.unlink(timing)
-    calib = os.path.join(folder, plan["calib_cache"]) if plan.get("calib_cache") else None
+    timing_name = plan.get("timing_cache") or "timing.cache"
+    listed = not args.timing_cache and timing_name in (_VERIFIED.get("files") or {})
+    # TensorRT reads the model, its external data, the calibration cache and a listed timing cache as verified:
+    # private copies, hashed as copied; an unlisted timing cache in the bundle is never read (it is rewritten)
+    reads = model_files(plan["onnx"]) + [plan["calib_cache"]] * bool(plan.get("calib_cache")) + [timing_name] * listed
+    private = verified_copies(reads, "build from it")
+    try:
+        return _build_from(folder, private, plan, profiles, timing_name, args, log)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _build_from(
+    folder: str,
+    private: str,
+    plan: Dict[str, Any],
+    profiles: List[Dict[str, Tuple[Tuple[int, ...], ...]]],
+    timing_name: str,
+    args: argparse.Namespace,
+    log: Callable[[str], None],
+) -> str:
+    """:func:`_build_engine`'s build, from the verified copies in ``private``."""
+    adapter = sibling("trt_adapter")
+    onnx_path = os.path.join(private, *plan["onnx"].split("/"))
+    calib = os.path.join(private, *plan["calib_cache"].split("/")) if plan.get("calib_cache") else None
+    timing = args.timing_cache or os.path.join(private, *timing_name.split("/"))
 
     def build(workspace: int) -> bytes:
         return adapter.build_serialized_engine(
@@ -791,16 +884,21 @@ def _build_engine(folder: str, plan: Dict[str, Any], args: argparse.Namespace, l
             log=log,
         )
     except adapter.EngineBuildError as exc:
-        raise BuildFailed(str(exc), hint="see the TensorRT messages above (run with --verbose for all)") from None
+        text = str(exc).replace(private + os.sep, "")  # the bundle's names, not the private copies'
+        raise BuildFailed(text, hint="see the TensorRT messages above (run with --verbose for all)") from None
     seconds = time.perf_counter() - t0
     engine_path = os.path.join(folder, plan["engine"])
     write_bytes(engine_path, data)
+    listed = timing_name in (_VERIFIED.get("files") or {})
+    if not args.timing_cache and not listed and os.path.isfile(timing):  # TensorRT's new cache: a device output
+        with open(timing, "rb") as fh:
+            write_bytes(os.path.join(folder, *timing_name.split("/")), fh.read())
     record = engine_record(
         hashlib.sha256(data).hexdigest(),
         plan,
         trt_version=adapter.tensorrt_version() or "",
         device=adapter.cuda_device(),
-        onnx_sha256=sha256_file(onnx_path),
+        onnx_sha256=_VERIFIED["files"][plan["onnx"]],
         workspace_mib=used,
         build_seconds=seconds,
     )
@@ -859,7 +957,13 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
         if onnx_name not in manifest["files"]:
             raise IntegrityFailed(f"bundle.json's dry run names {onnx_name!r}, which it does not list; refusing")
         proved = dry_run.get("proves") or "{}: the plan's ONNX model".format(plan.get("precision"))
-        runner = OrtRunner(bundle_path(folder, onnx_name, "dry-run model"))  # type: Any
+        shown = bundle_path(folder, onnx_name, "dry-run model")
+        # the session reads the model as verified: a private copy, hashed as copied (loaded whole, then removed)
+        private = verified_copies(model_files(str(onnx_name)), "run the dry run on it")
+        try:
+            runner = OrtRunner(os.path.join(private, *str(onnx_name).split("/")), shown)  # type: Any
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
         log(f"runner: {runner.label} on {onnx_name} (proves {proved})")
     else:
         adapter = sibling("trt_adapter")

@@ -307,3 +307,33 @@ def test_files_are_used_as_they_were_verified_not_reopened_after(bundle):
         device.verified_bytes("goldens.npz", "judge with it")
     with pytest.raises(device.IntegrityFailed, match="not a verified file of this bundle"):
         device.verified_bytes("nothing.npz")
+
+
+def test_the_dry_run_loads_the_model_as_verified_not_reopened_after(bundle, monkeypatch, capsys):
+    """ONNX Runtime opens the model by name: the dry run hands it a private copy made from the verified bytes,
+    so a model swapped into the bundle as the session opens is never loaded, and one swapped before the copy is
+    refused."""
+    plan = json.loads((bundle / "plan.json").read_text())
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    model = bundle / ((manifest.get("dry_run") or {}).get("onnx") or plan["onnx"])
+    verified = model.read_bytes()
+    runner = device.OrtRunner.__init__
+
+    def swap_then_open(self, *args, **kwargs):  # a writer racing the device step, as the session opens
+        model.write_bytes(b"not the verified model")
+        runner(self, *args, **kwargs)
+
+    monkeypatch.setattr(device.OrtRunner, "__init__", swap_then_open)
+    assert device.main([str(bundle), "--runner", "onnxruntime"]) == 0, capsys.readouterr().err
+    assert model.read_bytes() == b"not the verified model"  # the swap happened; what ran was the verified copy
+    model.write_bytes(verified)
+    verify = device.verify_bundle
+
+    def verify_then_swap(*args, **kwargs):  # swapped between the check and the copy: refused
+        checked = verify(*args, **kwargs)
+        model.write_bytes(b"not the verified model")
+        return checked
+
+    monkeypatch.setattr(device, "verify_bundle", verify_then_swap)
+    assert device.main([str(bundle), "--runner", "onnxruntime"]) == device.EXIT_INTEGRITY
+    assert "changed after the bundle was verified" in capsys.readouterr().err

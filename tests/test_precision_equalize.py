@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from test_calib_cache import export_onnx
 from test_calib_data import photo_folder
 from test_precision import photo_batches
@@ -262,3 +263,37 @@ def test_output_shifts_skip_convs_the_fallback_kept_in_float(tmp_path: Path) -> 
     float_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(float_model)).graph.initializer}
     float_node = next(n for n in onnx.load(str(float_model)).graph.node if n.name == convs[1])
     np.testing.assert_array_equal(inits[node.input[2]], float_inits[float_node.input[2]])  # bias untouched
+
+
+def test_calibration_pass_gives_bias_correction_its_float_means(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The histogram pass already fetches every conv output: bias correction takes the float means from it (the
+    same means a float run of its own measures) and runs no float model; other batches measure again."""
+    from edgedeploy.precision import bias_correction
+
+    float_model = _model(tmp_path)
+    batches = photo_batches(samples=6, batch=1)  # the stage's layout: one sample per batch, joined for the means
+    q = Quantizer(float_model, tmp_path, flavour_for("onnxruntime"), reduce_range=False)
+    q.output_bias_correction = True
+    q.calibrate(batches)
+    convs = [n.name for n in onnx.load(str(float_model)).graph.node if n.op_type == "Conv"]
+    assert set(q.float_conv_means) == set(convs)
+    measured = _conv_output_means(float_model, bias_correction.joined(batches))
+    for conv in convs:
+        np.testing.assert_allclose(q.float_conv_means[conv], measured[conv], rtol=1e-5, atol=1e-6)
+
+    def no_float_run(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the float model was run again")
+
+    real = bias_correction.float_output_means
+    monkeypatch.setattr(bias_correction, "float_output_means", no_float_run)
+    q.quantize(tmp_path / "naive.int8.onnx", batches)
+    assert set(q.output_shifts or {}) == set(convs)
+    other = [{k: v.copy() for k, v in b.items()} for b in batches]  # equal values, other arrays: measured again
+    with pytest.raises(AssertionError, match="run again"):
+        q.quantize(tmp_path / "other.int8.onnx", other, exclude=[convs[0]])
+    monkeypatch.setattr(bias_correction, "float_output_means", real)
+    shifts_given = dict(q.output_shifts or {})
+    q.output_shifts = None
+    q.quantize(tmp_path / "again.int8.onnx", other)  # the shifts a float run of its own gives
+    for conv, shift in (q.output_shifts or {}).items():
+        np.testing.assert_allclose(shifts_given[conv], shift, rtol=1e-4, atol=1e-6 * (np.abs(shift).max() + 1))

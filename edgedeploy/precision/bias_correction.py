@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
 
 SHIFT_SUFFIX = "__bias_shift"  # graph input added after each conv in the measurement model
-SAMPLES = 24  # calibration samples the means are taken over (each conv costs one pass over them)
+SAMPLES = 24  # calibration batches the means are taken over (the stage's batches hold one sample each)
 
 
 def _corrected_convs(model: ModelProto) -> list[NodeProto]:
@@ -113,16 +113,65 @@ def float_output_means(float_path: Path, names: Sequence[str], batches: Sequence
     return {name: means[name] for name in names if name in means}
 
 
+class FloatConvMeans:
+    """The float model's per-channel conv output means over the first :data:`SAMPLES` batches, taken from a pass
+    that already fetches every tensor (the calibration's histograms): :func:`output_mean_shifts` then needs no
+    float run of its own. Each batch's mean weighs alike, as :func:`float_output_means` weighs them."""
+
+    def __init__(self, model: ModelProto, batches: Sequence[dict[str, np.ndarray]]) -> None:
+        weights = {i.name: i.dims for i in model.graph.initializer}
+        convs = [n for n in model.graph.node if n.op_type == "Conv" and n.name]
+        self.tensors = {n.output[0]: n.name for n in convs}
+        # output channels per conv: the pass hands its tensors over flattened (ONNX Runtime's debug outputs)
+        self.channels = {n.name: int(weights[n.input[1]][0]) for n in convs if len(weights.get(n.input[1], ())) > 1}
+        self.rows = [_rows(b) for b in list(batches)[:SAMPLES]]  # the batches output_mean_shifts measures on
+        self.batches = len(self.rows)
+        self._sums: dict[str, np.ndarray] = {}
+        self._counts: dict[str, int] = {}  # conv -> batches its mean was added from
+
+    def observe(self, index: int, values: dict[str, np.ndarray]) -> None:
+        """Add batch ``index``'s tensors (name -> array, flattened or not) when it is among the measured batches."""
+        rows = self.rows[index] if index < self.batches else None
+        if rows is None:
+            return
+        for tensor, node in self.tensors.items():
+            value, channels = values.get(tensor), self.channels.get(node)
+            if value is None or channels is None or value.size % (rows * channels):
+                continue
+            shaped = value.reshape(rows, channels, -1)
+            self._sums[node] = self._sums.get(node, 0) + _channel_means(shaped)
+            self._counts[node] = self._counts.get(node, 0) + 1
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Conv node name -> mean, or {} unless every conv was measured on every batch (nothing partial is used)."""
+        every = all(self._counts.get(node) == self.batches for node in self.tensors.values())
+        if self.batches == 0 or not every:
+            return {}
+        return {node: total / self.batches for node, total in self._sums.items()}
+
+
+def _rows(batch: dict[str, np.ndarray]) -> int | None:
+    """The samples in ``batch`` (its inputs' shared leading dim), None when they do not share one."""
+    rows = {v.shape[0] for v in batch.values() if v.ndim > 0}
+    return rows.pop() if len(rows) == 1 else None
+
+
 def output_mean_shifts(
-    qdq_path: Path, float_path: Path, batches: Sequence[dict[str, np.ndarray]], *, qdq_as_written: bool = False
+    qdq_path: Path,
+    float_path: Path,
+    batches: Sequence[dict[str, np.ndarray]],
+    *,
+    qdq_as_written: bool = False,
+    float_means: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Conv node name -> per-channel value to add to its bias so that, conv by conv in graph order, the
-    quantized model's output means match the float model's on ``batches`` (at most :data:`SAMPLES` samples).
+    quantized model's output means match the float model's on ``batches`` (the first :data:`SAMPLES`).
 
     Only quantized convs (weights behind a DequantizeLinear) are measured; convs missing from the float model
     (renamed by the quantizer) are skipped. ``qdq_as_written``: measured with the Q/DQ graph run as written
     (:func:`edgedeploy.onnxtools.ort.ort_session`), as the model is judged where ONNX Runtime stands in for
-    the target's INT8 kernels.
+    the target's INT8 kernels. ``float_means``: the float model's conv output means on these samples when the
+    caller measured them already (:class:`FloatConvMeans`, filled by the calibration pass); else measured here.
     """
     import onnx
 
@@ -137,7 +186,11 @@ def output_mean_shifts(
         return weights is not None and weights.op_type == "DequantizeLinear"
 
     convs = [c for c in _corrected_convs(model) if quantized(c)]  # float convs take no shift
-    reference = float_output_means(float_path, [c.name for c in convs], batches)
+    names = [c.name for c in convs]
+    if float_means:  # every conv of the float model, measured on these batches by the caller
+        reference = {name: float_means[name] for name in names if name in float_means}
+    else:
+        reference = float_output_means(float_path, names, batches)
     convs = [c for c in convs if c.name in reference]
     if not convs or not batches:
         return {}

@@ -20,7 +20,7 @@ instead of calibrating again, so the QDQ model is still made by onnxruntime.quan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,14 +167,22 @@ class _ZeroAnchored:
         return TensorHistogram(self.lo, self.hi, edges, counts[first : last + 1], abs_edges, magnitudes[:n_abs])
 
 
-def collect(model_path: Path, batches: Sequence[dict[str, np.ndarray]], workdir: Path) -> dict[str, TensorHistogram]:
+def collect(
+    model_path: Path,
+    batches: Sequence[dict[str, np.ndarray]],
+    workdir: Path,
+    observe: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+) -> dict[str, TensorHistogram]:
     """Histograms of every float tensor of ``model_path`` (inputs, intermediates, outputs) over ``batches``, in
     one pass of the model with ONNX Runtime's graph optimizations on (every tensor is a graph output there, so
-    each keeps its name and value)."""
+    each keeps its name and value). ``observe(i, values)``, when given, also sees batch ``i``'s tensors (the
+    same pass serves another measurement of the float model)."""
     from edgedeploy.precision.analysis import intermediates
 
     running: dict[str, _ZeroAnchored] = {}
-    for values in intermediates(model_path, batches, workdir, optimize=True):
+    for i, values in enumerate(intermediates(model_path, batches, workdir, optimize=True)):
+        if observe is not None:
+            observe(i, values)
         for name, v in values.items():
             if v.dtype.kind == "f" and v.size:
                 running.setdefault(name, _ZeroAnchored()).add(v)

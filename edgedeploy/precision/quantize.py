@@ -186,11 +186,16 @@ class Quantizer:
     output_bias_correction: bool = False
     output_shifts: dict[str, np.ndarray] | None = None
     output_shifts_for: tuple[str, ...] | None = None  # the sorted exclusions the shifts were measured with
+    # the float model's conv output means on the calibration batches bias correction measures on, taken by the
+    # calibration pass (empty when the ranges came from elsewhere: bias correction then runs the float model)
+    float_conv_means: dict[str, np.ndarray] = field(default_factory=dict)
     # learned weight rounding (precision/adaround.py): integer codes written over ORT's nearest rounding
     weight_codes: Any = None  # adaround.RoundingResult
     float_outputs: bool = True  # graph outputs written in float by the last layer (precision/float_outputs.py)
     placement: dict[str, Any] = field(default_factory=dict)  # what the TensorRT placement changed (last model)
     _ranges_json: Path = field(init=False)
+    # the very arrays float_conv_means were taken on (held, so no other array can pass for them)
+    _conv_means_on: tuple[np.ndarray, ...] = field(default=(), init=False)
     _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -214,8 +219,18 @@ class Quantizer:
             return
         import onnx
 
-        hists = histogram.collect(self.float_model, batches, self.workdir)
-        outputs = [o.name for o in onnx.load(str(self.float_model), load_external_data=False).graph.output]
+        proto = onnx.load(str(self.float_model), load_external_data=False)
+        conv_means = None
+        if self.output_bias_correction:  # bias correction's float means from this pass: no float run of its own
+            from edgedeploy.precision.bias_correction import FloatConvMeans
+
+            conv_means = FloatConvMeans(proto, batches)
+        observe = conv_means.observe if conv_means is not None else None
+        hists = histogram.collect(self.float_model, batches, self.workdir, observe=observe)
+        if conv_means is not None:
+            self.float_conv_means = conv_means.means()
+            self._conv_means_on = _head_arrays(batches, conv_means.batches)
+        outputs = [o.name for o in proto.graph.output]
         from edgedeploy.precision.equalize import tie_clip_ranges
 
         symmetric = self.flavour.activation_symmetric
@@ -292,7 +307,14 @@ class Quantizer:
             key = tuple(sorted(exclude))
             if self.output_shifts is None or self.output_shifts_for != key:
                 self.output_shifts = output_mean_shifts(
-                    out, self.float_model, batches, qdq_as_written=self.flavour.qdq_as_written
+                    out,
+                    self.float_model,
+                    batches,
+                    qdq_as_written=self.flavour.qdq_as_written,
+                    # measured by the calibration pass on these very arrays, else measured again
+                    float_means=self.float_conv_means
+                    if _same_objects(self._conv_means_on, _head_arrays(batches))
+                    else None,
                 )
                 self.output_shifts_for = key
             apply_bias_shifts(out, self.output_shifts)
@@ -372,6 +394,18 @@ class Quantizer:
 
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def _head_arrays(batches: Sequence[dict[str, np.ndarray]], count: int | None = None) -> tuple[np.ndarray, ...]:
+    """The arrays of the first ``count`` batches (default: the ones bias correction measures on)."""
+    from edgedeploy.precision.bias_correction import SAMPLES
+
+    head = list(batches)[: SAMPLES if count is None else count]
+    return tuple(v for b in head for _, v in sorted(b.items()))
+
+
+def _same_objects(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def drop_unread_initializers(path: Path) -> list[str]:

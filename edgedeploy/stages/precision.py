@@ -56,7 +56,8 @@ class PrecisionFromOnnx(Stage):
     # 16: FP16 judged by the goldens veto at tolerance.fp16 (in the key); short outputs pooled about their mean
     # 17: integer outputs judged by exact agreement; one calibration batch refused without validate.data; tries
     #     count pinned float nodes apart
-    version = "17"
+    # 18: INT8 bias correction takes the float conv means from the calibration pass (its own float run gone)
+    version = "18"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA, GOLDENS)  # goldens, when the reference ran: INT8 candidates must pass them
 

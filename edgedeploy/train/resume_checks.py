@@ -54,13 +54,17 @@ def loop_state(saved: Mapping[str, Any], ckpt: Path) -> LoopState:
     return LoopState.from_dict(dict(loop))
 
 
-def run_fits(saved: Mapping[str, Any], run: Mapping[str, Any], state: LoopState, ckpt: Path) -> None:
+def run_fits(
+    saved: Mapping[str, Any], run: Mapping[str, Any], state: LoopState, ckpt: Path, *, scheduled: bool = False
+) -> None:
     """The run that wrote the state used this run's optimizer and schedule kind (and, for a mid-epoch state,
-    its batching): ``run`` holds this run's ``optimizer``, ``schedule``, ``batch_size`` and ``accumulate``.
-    A state written before these were recorded is not checked.
+    its batching), and, with an LR schedule (``scheduled``), one sized for this run's length: ``run`` holds this
+    run's ``optimizer``, ``kind`` (of schedule), ``batch_size``, ``accumulate``, ``epochs`` and ``steps``. A
+    state written before these were recorded is not checked.
 
     Raises:
-        CheckpointError: the recorded run differs, with how to resume it.
+        CheckpointError: the recorded run differs, with how to resume it. A schedule sized for other epochs or
+            steps would run out (cosine at lr 0 for the added epochs, onecycle failing mid-run) or stop short.
     """
     was = saved.get("schedule")
     if not isinstance(was, Mapping):
@@ -79,6 +83,13 @@ def run_fits(saved: Mapping[str, Any], run: Mapping[str, Any], state: LoopState,
                     "already trained on cannot be skipped",
                     hint=f"resume with {key} = {was[key]} (or from an epoch-end checkpoint)",
                 )
+    if scheduled and (was.get("epochs"), was.get("steps")) != (run["epochs"], run["steps"]):
+        raise CheckpointError(
+            f"{ckpt}: its {run['kind']} LR schedule is sized for {was.get('epochs')} epochs "
+            f"({was.get('steps')} steps); this run asks for {run['epochs']} ({run['steps']} steps)",
+            hint=f"resume with --epochs {was.get('epochs')} (and the same batch size), or train a new run into "
+            "another folder (--out) from this checkpoint's weights",
+        )
 
 
 def optimizer_groups(optimizer: torch.optim.Optimizer, ckpt: Path) -> None:

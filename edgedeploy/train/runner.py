@@ -340,9 +340,8 @@ def _run(
     if resume:
         saved = load_resume_state(ckpt, model, optimizer)
         state = checks.loop_state(saved, ckpt)
-        checks.run_fits(saved, run_record, state, ckpt)
+        checks.run_fits(saved, {**schedule_size, **run_record}, state, ckpt, scheduled=scheduler is not None)
         checks.optimizer_groups(optimizer, ckpt)
-        _check_schedule_size(cfg, scheduler, saved, schedule_size, ckpt)
         _restore_schedule(scheduler, saved, state, ckpt)
         checks.schedule_runs(scheduler, ckpt)
         if ema is not None:
@@ -695,27 +694,6 @@ def _validation_split(cfg: TrainConfig, splits: Splits) -> tuple[Splits, Any]:
     val = torch.utils.data.Subset(train, order[:n_val])
     rest = torch.utils.data.Subset(train, sorted(order[n_val:]))
     return dataclasses.replace(splits, train=rest), val
-
-
-def _check_schedule_size(
-    cfg: TrainConfig, scheduler: Any, saved: dict[str, Any], size: dict[str, int], ckpt: Path
-) -> None:
-    """Refuse to resume a schedule sized for another run length: the saved schedule would run out (cosine
-    at lr 0 for the added epochs, onecycle failing mid-run) or stop short of its end.
-
-    Raises:
-        CheckpointError: the checkpoint's schedule was sized for other epochs or steps than this run's.
-    """
-    was = saved.get("schedule")
-    if scheduler is None or not isinstance(was, dict):
-        return
-    if (was.get("epochs"), was.get("steps")) != (size["epochs"], size["steps"]):
-        raise CheckpointError(
-            f"{ckpt}: its {cfg.optim.schedule} LR schedule is sized for {was.get('epochs')} epochs "
-            f"({was.get('steps')} steps); this run asks for {size['epochs']} ({size['steps']} steps)",
-            hint=f"resume with --epochs {was.get('epochs')} (and the same batch size), or train a new run into "
-            "another folder (--out) from this checkpoint's weights",
-        )
 
 
 def _restore_schedule(scheduler: Any, saved: dict[str, Any], state: LoopState, ckpt: Path) -> None:

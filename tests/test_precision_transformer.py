@@ -370,10 +370,22 @@ def _tiny_project(tmp_path: Path, target: str) -> Path:
 
 
 @pytest.mark.slow  # ~22 s; test_hf's INT8 BERT build from a sentences file keeps this path in the fast run
-def test_cpu_int8_build_of_a_transformer(tmp_path: Path) -> None:
-    """deploy build --precision int8 on the tiny transformer: the transformer recipe, notes and validation."""
+def test_cpu_int8_build_of_a_transformer(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """deploy build --precision int8 on the tiny transformer: the transformer recipe, notes and validation; the
+    goldens veto takes the held-out goldens' outputs from the judge (each candidate runs them once)."""
+    from edgedeploy.precision import goldens_veto as gv
+
+    taken: list[tuple[set[int], set[int]]] = []
+    veto = gv.goldens_veto
+
+    def recording(cfg, model, cases, known=None, **kwargs):  # type: ignore[no-untyped-def]
+        taken.append(({i for i, c in enumerate(cases) if c[0] == "calib-heldout"}, set(known or {})))
+        return veto(cfg, model, cases, known, **kwargs)
+
+    monkeypatch.setattr(gv, "goldens_veto", recording)
     result = edgedeploy.build(_tiny_project(tmp_path, "cpu"), log=lambda _: None)
     assert result.ok
+    assert taken and all(held and held <= known for held, known in taken), taken
     plan = json.loads((result.out / "precision.json").read_text())
     assert plan["strategy"] == "transformer-dynamic-matmul"
     assert plan["int8_recipe"]["chosen"] == "transformer" and plan["quantized_matmuls"] == 5
@@ -407,10 +419,17 @@ def test_jetson_orin_int8_bundle_of_a_transformer_passes_its_dry_run(tmp_path: P
 
 
 def test_a_transformer_candidate_the_goldens_check_would_fail_is_vetoed(tiny_tf: Path, tmp_path: Path) -> None:
+    """The veto gets each candidate with the held-out batches it was judged on and its outputs on them, as
+    judged (the goldens' held-out samples are among them: not run again)."""
+    from edgedeploy.precision.analysis import run_model
+
     asked: list[str] = []
 
-    def veto(model: Path) -> str | None:
+    def veto(model: Path, judged, outputs) -> str | None:  # type: ignore[no-untyped-def]
         asked.append(model.name)
+        assert len(judged) == len(outputs) == 2  # the last quarter of 8 batches
+        for mine, theirs in zip(run_model(model, judged), outputs):
+            np.testing.assert_array_equal(mine["logits"], theirs["logits"])
         return "golden real sample calib-heldout#0 logits fails tolerance.int8: cosine 0.9998 < 0.99999"
 
     result, _, _ = transformer.quantize_transformer(

@@ -34,6 +34,9 @@ from edgedeploy.precision import ranges as rng
 from edgedeploy.precision.heldout import held_out_score
 from edgedeploy.precision.quantize import ort_quantization
 
+# (candidate model, the held-out batches it was judged on, its outputs on them) -> why it fails the goldens, or None
+Veto = Callable[[Path, Sequence[dict[str, np.ndarray]], Sequence[dict[str, np.ndarray]]], str | None]
+
 if TYPE_CHECKING:
     from onnx import ModelProto
 
@@ -334,11 +337,12 @@ def quantize_with_fallback(
     max_tries: int,
     run: Callable[[Path, Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]],
     log: Callable[[str], None] | None = None,
-    veto: Callable[[Path], str | None] | None = None,
+    veto: Veto | None = None,
 ) -> TransformerResult:
     """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
-    ``veto(model)`` gives a reason: the goldens check validation and the bundle's dry run run), keep the most
-    sensitive MatMuls in float (try ``t``: the top ``2**(t-1)``, at most ``max_tries`` tries).
+    ``veto(model, held_out, outputs)`` gives a reason: the goldens check validation and the bundle's dry run run;
+    ``outputs`` are the model's on ``held_out``, as judged), keep the most sensitive MatMuls in float (try ``t``:
+    the top ``2**(t-1)``, at most ``max_tries`` tries).
 
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
     the outputs); scores are always on ``held_out``, against the float model ``reference``.
@@ -349,8 +353,9 @@ def quantize_with_fallback(
     ref_held = run(reference, held_out)
 
     def judged(t: int, model: Path, floats: int) -> dict[str, Any]:
-        score = held_out_score(ref_held, run(model, held_out), classifier_outputs)
-        why = veto(model) if veto is not None and score["score"] >= accuracy_target else None
+        outputs = run(model, held_out)
+        score = held_out_score(ref_held, outputs, classifier_outputs)
+        why = veto(model, held_out, outputs) if veto is not None and score["score"] >= accuracy_target else None
         row = {"try": t, "float_matmuls": floats, **_brief(score), "met": score["score"] >= accuracy_target}
         if why:
             row.update(met=False, vetoed=why)
@@ -437,7 +442,7 @@ def quantize_transformer(
     per_channel: bool = True,
     reduce_range: bool = False,
     log: Callable[[str], None] | None = None,
-    veto: Callable[[Path], str | None] | None = None,
+    veto: Veto | None = None,
     real_data: Sequence[dict[str, np.ndarray]] = (),
 ) -> tuple[TransformerResult, dict[str, Any], TransformerQuantizer]:
     """The transformer INT8 recipe on ``float_model``, written to ``out``.
@@ -445,8 +450,8 @@ def quantize_transformer(
     Steps: Gemm -> MatMul (dynamic schemes); hold out the last quarter of the batches; ranges of every float
     tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and
     the weight MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
-    batches (and ``real_data``, validate.data's batches) against ``float_model``; ``veto(model)`` refuses a
-    candidate that meets the score but fails the goldens check (a reason, or None).
+    batches (and ``real_data``, validate.data's batches) against ``float_model``; ``veto(model, held_out, outputs)``
+    refuses a candidate that meets the score but fails the goldens check (a reason, or None).
 
     Returns:
         the result, the plan entries for precision.json, and the quantizer (for its static ranges).

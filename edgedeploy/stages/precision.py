@@ -740,6 +740,7 @@ def _int8_transformer(
 ) -> dict[str, Any]:
     """INT8 of a transformer graph: weight MatMuls only, in the scheme of the target's runtime
     (edgedeploy/precision/transformer.py), judged on held-out calibration batches."""
+    from edgedeploy.precision import analysis
     from edgedeploy.precision.analysis import measure_latency
     from edgedeploy.precision.calib_cache import CALIB_CACHE, scales_from_ranges, write_trt_cache
     from edgedeploy.precision.transformer import host_has_int8_dot, quantize_transformer, scheme_for
@@ -759,8 +760,14 @@ def _int8_transformer(
     goldens = golden_cases(ctx.path(GOLDENS))
     real_data = [feeds for point, feeds, _, _ in goldens if point == "data"] if cfg.validate.data else []
 
-    def veto(model: Path) -> str | None:
-        return goldens_veto(cfg, model, goldens, qdq_as_written=scheme.qdq_as_written) if goldens else None
+    golden_feeds = [feeds for _, feeds, _, _ in goldens]
+
+    def veto(model: Path, judged: Sequence[Feeds], outputs: Sequence[Feeds]) -> str | None:
+        if not goldens:
+            return None
+        # the goldens' held-out samples are among the judged ones: their outputs are taken, not run again
+        known = {c: outputs[e] for c, e in analysis.shared_inputs(golden_feeds, judged).items() if e < len(outputs)}
+        return goldens_veto(cfg, model, goldens, known, qdq_as_written=scheme.qdq_as_written)
 
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,

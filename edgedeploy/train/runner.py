@@ -445,7 +445,7 @@ def _run(
             ranked_out(ranked)
             return
         # deployed as the final checkpoint is: the temperature folded in (or a kwarg), the samples listed
-        weights, save_kwargs, temperature = deployable(weights)
+        weights, save_kwargs, temperature, _ = deployable(weights)
         outs = outputs if temperature_out else list(cfg.deploy.outputs)
         meta = _metadata(cfg, splits, save_kwargs, {**metrics, "world_size": fabric.world_size}, outs)
         if temperature is not None:
@@ -477,22 +477,25 @@ def _run(
         return written_data[0]
 
     def deployable(
-        weights: dict[str, torch.Tensor] | None,
-    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any] | None]:
-        """(weights, factory kwargs, the sidecar's temperature entry) of a deployable checkpoint of the model as
-        it is now: a learned temperature folded into the last Linear layer, or passed as the factory's
-        ``temperature`` keyword, as ``loss.export_temperature`` asks."""
+        weights: dict[str, torch.Tensor] | None, finished: bool = True
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any], dict[str, Any] | None, str | None]:
+        """(weights, factory kwargs, the sidecar's temperature entry, the layer a temperature was folded into)
+        of a deployable checkpoint of the model as it is now: a learned temperature folded into the last Linear
+        layer (only into a ``finished`` run's), or passed as the factory's ``temperature`` keyword, as
+        ``loss.export_temperature`` asks. The entry says what the weights hold, not what the config asks."""
         T = getattr(loss_fn, "temperature", None)
         if not isinstance(T, float):
-            return weights, dict(kwargs), None
-        if cfg.loss.export_temperature == "fold" and not fsdp:
+            return weights, dict(kwargs), None, None
+        if cfg.loss.export_temperature == "fold" and not fsdp and finished:
             folded_model = copy.deepcopy(ema.module if ema is not None else model)
-            fold_temperature(folded_model, T, probe, call_model)
-            return D.full_state_dict(folded_model), dict(kwargs), {"value": T, "export": "fold"}
+            layer = fold_temperature(folded_model, T, probe, call_model)
+            return D.full_state_dict(folded_model), dict(kwargs), {"value": T, "export": "fold"}, layer
         if temperature_out:
-            return weights, {**kwargs, "temperature": T}, {"value": T, "export": "output"}
-        export = "not folded (fsdp)" if cfg.loss.export_temperature == "fold" else cfg.loss.export_temperature
-        return weights, dict(kwargs), {"value": T, "export": export}
+            return weights, {**kwargs, "temperature": T}, {"value": T, "export": "output"}, None
+        export: str = cfg.loss.export_temperature
+        if export == "fold":
+            export = "not folded: the run is unfinished" if not finished else "not folded (fsdp)"
+        return weights, dict(kwargs), {"value": T, "export": export}, None
 
     def save(state: LoopState, metrics: dict[str, float]) -> None:
         select(state, metrics)
@@ -565,19 +568,13 @@ def _run(
         say(memory.summary())
     if fabric.is_global_zero and state.step:
         train_state = _train_state(state, amp, loss_fn, scheduler, rng, {**schedule_size, **run_record})
-        save_kwargs = dict(kwargs)
-        T = getattr(loss_fn, "temperature", None)
         finished = state.epoch == r.epochs or state.stopped_early
-        folded = False
-        if isinstance(T, float) and finished and cfg.loss.export_temperature == "fold" and not fsdp:
-            folded = True
-            folded_model = copy.deepcopy(ema.module if ema is not None else model)
-            layer = fold_temperature(folded_model, T, probe, call_model)
-            weights = D.full_state_dict(folded_model)
-            train_state["folded_temperature"] = {"layer": layer, "temperature": T}
-            say(f"temperature {T:.4f} folded into {layer!r}: the checkpoint's logits are logits / T")
-        elif isinstance(T, float) and temperature_out:
-            save_kwargs["temperature"] = T
+        folded_weights, save_kwargs, t_entry, folded_into = deployable(weights, finished)
+        weights = folded_weights if folded_weights is not None else weights
+        if t_entry is not None and folded_into is not None:
+            train_state["folded_temperature"] = {"layer": folded_into, "temperature": t_entry["value"]}
+            T = t_entry["value"]
+            say(f"temperature {T:.4f} folded into {folded_into!r}: the checkpoint's logits are logits / T")
         # final metadata: adds run totals and every rank's weight digest (proof the replicas agree)
         meta = _metadata(cfg, splits, save_kwargs, metrics, outputs if temperature_out else list(cfg.deploy.outputs))
         meta["distributed"] = {
@@ -587,11 +584,8 @@ def _run(
             "param_numel": sum(v.numel() for k, v in weights.items() if k in dict(model.named_parameters())),
             "rank0_param_numel_held": held,
         }
-        if isinstance(T, float):  # what this checkpoint's weights hold, not what the config asks of a finished run
-            export: str = cfg.loss.export_temperature
-            if export == "fold" and not folded:
-                export = "not folded: the run is unfinished" if not finished else "not folded (fsdp)"
-            meta["temperature"] = {"value": T, "export": export}
+        if t_entry is not None:  # what this checkpoint's weights hold, not what the config asks of a finished run
+            meta["temperature"] = t_entry
         if frozen:
             meta["frozen"] = frozen
         # the samples first: the sidecar lists them with their sha256, the contract export_for_deploy keeps for

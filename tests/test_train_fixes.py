@@ -247,3 +247,15 @@ def test_a_finished_folded_run_resumes_unfolded(tmp_path):
     # the continued run trained on unfolded weights: its first loss is close to the last epoch's
     assert second.state.history[-1]["train_loss"] < 2 * first.state.history[-1]["train_loss"] + 0.1
     assert any("folded into" in line for line in lines)
+
+
+def test_an_unfinished_run_keeps_its_temperature_unfolded_and_says_so(tmp_path):
+    """A run stopped before its last epoch is resumed, not deployed: its weights stay unfolded, and the sidecar
+    says what they hold (not what the config asks of a finished run)."""
+    cfg = _temperature_cfg(tmp_path, "fold")
+    lines: list[str] = []
+    result = run_training(cfg, tmp_path / "run", stop_after=1, log=lines.append)
+    meta = json.loads(result.checkpoint.with_suffix(".meta.json").read_text())
+    assert meta["temperature"]["export"] == "not folded: the run is unfinished"
+    trained_state = json.loads((tmp_path / "run" / "model.resume.json").read_text())["train_state"]
+    assert "folded_temperature" not in trained_state and not any("folded into" in line for line in lines)

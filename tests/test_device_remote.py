@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -415,3 +416,87 @@ def test_a_device_row_cannot_excuse_itself_from_the_tolerance_by_saying_it_is_no
     (staging / "validation.json").write_text(json.dumps(validation))
     with pytest.raises(ArtifactIntegrityError, match="marked agreement_judged false on a golden that judges"):
         check_device_results(bundle, staging, runner="onnxruntime", host="ci@orin")
+
+
+def _device_result(outs, tmp_path, **tolerance):  # type: ignore[no-untyped-def]
+    """(bundle, staging, validation) of the stand-in device step on a copy of the orin bundle, whose bundle.json
+    tolerance is updated with ``tolerance`` first (the host's own bundle: no pin involved)."""
+    from edgedeploy.device import complete_bundle as device
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(outs["orin"] / "bundle", bundle)
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["validation"]["tolerance"].update(tolerance)
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    staging = tmp_path / "staging"
+    shutil.copytree(bundle, staging)
+    assert device.main([str(staging), "--runner", "onnxruntime"], log=lambda line: None) == 0
+    return bundle, staging, json.loads((staging / "validation.json").read_text())
+
+
+@pytest.mark.parametrize("forgery", ["rows", "pooled", "dropped", "invented"])
+def test_a_device_result_whose_pooled_top1_its_rows_do_not_give_is_refused(outs, tmp_path, forgery):
+    """The pooled top-1 verdict is derived again on the host from the device's per-golden rows and the bundle's
+    tolerance: rows that disagree kept passed, a pooled figure edited, a pooled row dropped or invented are
+    refused (exit 9), and nothing is merged."""
+    from edgedeploy.remote.results import check_device_results
+
+    bundle, staging, validation = _device_result(outs, tmp_path, min_topk_agreement=0.9)
+    rows = validation["checks"]
+    pooled = [r for r in rows if r.get("check") == "top1_agreement" and r.get("sample") is None]
+    assert len(pooled) == 1 and pooled[0]["passed"]
+    check_device_results(bundle, staging, runner="onnxruntime", host="ci@orin")  # as sent: accepted
+    if forgery == "rows":  # every golden's top-1 says it disagrees, still marked passed
+        for r in rows:
+            if "top1_agreement" in r and r.get("sample") is not None:
+                r["top1_agreement"] = 0.0
+        why = "its per-golden rows say failed"
+    elif forgery == "pooled":
+        pooled[0]["top1_agreement"] = 0.25
+        why = "pooled top-1 of logits is 0.25"
+    elif forgery == "dropped":
+        rows.remove(pooled[0])
+        why = "pooled top1_agreement row of logits missing"
+    else:
+        rows.append({**pooled[0], "output": "probabilities"})
+        why = "pooled top1_agreement row of probabilities the per-golden rows do not give"
+    (staging / "validation.json").write_text(json.dumps(validation))
+    with pytest.raises(ArtifactIntegrityError, match=why):
+        check_device_results(bundle, staging, runner="onnxruntime", host="ci@orin")
+
+
+@pytest.mark.parametrize(
+    "latency, why",
+    [
+        ({"p50_ms": 2.0}, "are not positive milliseconds"),
+        ({"p50_ms": "fast", "p90_ms": 2.0, "p99_ms": 3.0, "iters": 5}, "are not positive milliseconds"),
+        ({"p50_ms": -5.0, "p90_ms": 2.0, "p99_ms": 3.0, "iters": 5}, "are not positive milliseconds"),
+        ({"p50_ms": 3.0, "p90_ms": 2.0, "p99_ms": 1.0, "iters": 5}, "are not in order"),
+        ({"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "iters": 0}, "iters 0 is not a count"),
+        ([1, 2, 3], "latency is list"),
+    ],
+)
+def test_a_device_latency_that_is_no_timing_is_refused_before_anything_is_merged(outs, tmp_path, latency, why):
+    import hashlib
+
+    from edgedeploy.remote.results import check_device_results
+
+    bundle, staging, validation = _device_result(outs, tmp_path)
+    plan = json.loads((bundle / "plan.json").read_text())
+    engine_bytes = b"an engine as the device built it"
+    (staging / "model.engine").write_bytes(engine_bytes)
+    record = {
+        "schema": "edgedeploy-engine/1",
+        "engine_sha256": hashlib.sha256(engine_bytes).hexdigest(),
+        "source_onnx_sha256": json.loads((bundle / "bundle.json").read_text())["files"][plan["onnx"]],
+        "target": plan["target"],
+        "precision": plan["precision"],
+    }
+    (staging / "engine.json").write_text(json.dumps(record))
+    validation.update(runner="tensorrt (named tensors (execute_async_v3))", engine=record, latency=latency)
+    (staging / "validation.json").write_text(json.dumps(validation))
+    with pytest.raises(ArtifactIntegrityError, match=re.escape(why)):
+        check_device_results(bundle, staging, runner="tensorrt", host="ci@orin")
+    validation["latency"] = {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "iters": 5, "shape": {"image": [1, 3]}}
+    (staging / "validation.json").write_text(json.dumps(validation))
+    check_device_results(bundle, staging, runner="tensorrt", host="ci@orin")  # a timing: accepted

@@ -75,8 +75,6 @@ def merge_device_outcome(out: Path, outcome: DeviceOutcome) -> dict[str, Any]:
     artifact = str(report["model"]["artifact"])
     prefix = artifact.rsplit("/", 1)[0] + "/" if "/" in artifact else ""
     bundle = out / prefix
-    for name in outcome.files:
-        os.replace(outcome.staging / name, bundle / name)
     new = device_candidates(outcome, prefix)
     names = {c["name"] for c in new}
     parity = dict(report.get("parity") or {})
@@ -112,6 +110,8 @@ def merge_device_outcome(out: Path, outcome: DeviceOutcome) -> dict[str, Any]:
         "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     report["summary"] = summarize({"parity": report["parity"]})
+    for name in outcome.files:  # the new report is made: only now the files move in
+        os.replace(outcome.staging / name, bundle / name)
     written = write_report_files(report, out)
     artifacts = dict(manifest.get("artifacts") or {})
     for name in [*(f"{prefix}{n}" for n in outcome.files), *written]:

@@ -23,7 +23,7 @@ from edgedeploy.errors import ArtifactIntegrityError, InputError
 from edgedeploy.fileio.hashing import sha256_file
 from edgedeploy.jsonread import read_json
 from edgedeploy.reportview import ReportView
-from edgedeploy.validate.parity import REAL_DATA_POINTS, judges_agreement
+from edgedeploy.validate.parity import REAL_DATA_POINTS, judges_agreement, pooled_top1, vacuous_verdict
 
 VALIDATION = "validation.json"
 ENGINE_RECORD = "engine.json"
@@ -89,6 +89,76 @@ def _row_problems(
     return problems
 
 
+def _pooled_problems(rows: list[dict[str, Any]], tol: dict[str, Any], real: bool) -> list[str]:
+    """Why the device's pooled rows (``sample`` None) cannot be the ones its own per-golden rows give: the pooled
+    top-1 and vacuous verdicts are derived again here, by the same functions and the bundle's tolerance, and must
+    be there with the same verdict and figure; a pooled top-1 or vacuous row the goldens do not give is refused
+    too (the other pooled checks need the outputs: they may only fail)."""
+    per_golden = [r for r in rows if r.get("sample") is not None]
+    for r in per_golden:
+        for key in ("top1_agreement",):
+            v = r.get(key)
+            if key in r and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0):
+                return [f"{r.get('shape')}#{r.get('sample')} {r.get('output')}: {key} {v!r} is not a share"]
+        n = r.get("top1_rows", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            return [f"{r.get('shape')}#{r.get('sample')} {r.get('output')}: top1_rows {n!r} is not a count"]
+    derived = pooled_top1(per_golden, tol.get("min_topk_agreement")) + vacuous_verdict(per_golden, real)
+    sent: dict[tuple[str, str], dict[str, Any]] = {
+        (str(r.get("check")), str(r.get("output"))): r for r in rows if r.get("sample") is None
+    }
+    problems = []
+    for want in derived:
+        pooled = (str(want["check"]), str(want["output"]))
+        got = sent.pop(pooled, None)
+        if got is None:
+            problems.append(f"pooled {pooled[0]} row of {pooled[1]} missing")
+        elif bool(got.get("passed")) != want["passed"]:
+            problems.append(f"pooled {pooled[0]} of {pooled[1]} marked {'passed' if got.get('passed') else 'failed'}; "
+                            f"its per-golden rows say {'passed' if want['passed'] else 'failed'}")  # fmt: skip
+        elif "top1_agreement" in want and not _same_figure(got.get("top1_agreement"), want["top1_agreement"]):
+            problems.append(f"pooled top-1 of {pooled[1]} is {got.get('top1_agreement')!r}; its rows give "
+                            f"{want['top1_agreement']:.6f}")  # fmt: skip
+    for (check, output), row in sent.items():
+        if check in ("top1_agreement", "vacuous"):
+            problems.append(f"pooled {check} row of {output} the per-golden rows do not give")
+        elif row.get("passed"):
+            problems.append(f"pooled {check} row of {output} marked passed (such a row only reports a failure)")
+    return problems
+
+
+def _same_figure(got: Any, want: float) -> bool:
+    ok = isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
+    return ok and abs(float(got) - want) <= 1e-9 + 1e-9 * abs(want)
+
+
+def _latency_problems(latency: Any, runner: str) -> list[str]:
+    """Why the device's ``latency`` block cannot be a timing (None: not timed). Only the engine is timed."""
+    if latency is None:
+        return []
+    if runner != "tensorrt":
+        return ["a latency block from a runner that times nothing"]
+    if not isinstance(latency, dict):
+        return [f"latency is {type(latency).__name__}, not a table"]
+    problems = []
+    figures = [latency.get(k) for k in ("p50_ms", "p90_ms", "p99_ms")]
+    timed = [float(f) for f in figures if isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)]
+    if len(timed) != 3 or min(timed) <= 0:
+        problems.append(f"latency p50/p90/p99 {figures} are not positive milliseconds")
+    elif not timed[0] <= timed[1] <= timed[2]:
+        problems.append(f"latency p50/p90/p99 {figures} are not in order")
+    iters = latency.get("iters")
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters < 1:
+        problems.append(f"latency iters {iters!r} is not a count")
+    shape = latency.get("shape", {})
+    if not isinstance(shape, dict) or not all(
+        isinstance(d, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in d)
+        for d in shape.values()
+    ):
+        problems.append("latency shape is not input name -> dims")
+    return problems
+
+
 def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str) -> dict[str, Any]:
     """Check the files the device step wrote (copied to ``fetched``) against the bundle built here.
 
@@ -123,7 +193,7 @@ def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str)
     real = any(p in REAL_DATA_POINTS for p, _, _ in refs)  # the bundle's goldens decide which rows judge agreement
     seen: set[tuple[str, int, str]] = set()
     for row in rows:
-        if row.get("sample") is None:  # pooled top-1 rows: judged by the host's gate like any other row
+        if row.get("sample") is None:  # pooled rows: derived again from the per-golden rows below
             continue
         key = (str(row.get("shape")), int(row["sample"]), str(row.get("output")))
         if key not in wanted or key in seen:
@@ -137,6 +207,8 @@ def check_device_results(bundle: Path, fetched: Path, *, runner: str, host: str)
         problems.append(
             f"{len(missing)} golden checks missing (first: {missing[0][0]}#{missing[0][1]} {missing[0][2]})"
         )
+    problems += _pooled_problems(rows, tol, real)
+    problems += _latency_problems(validation.get("latency"), runner)
     all_passed = bool(rows) and all(bool(r.get("passed")) for r in rows)
     if validation.get("status") != ("passed" if all_passed else "failed"):
         problems.append(f"status {validation.get('status')!r} disagrees with its rows")

@@ -22,7 +22,8 @@ class PerPrecision:
     int8: float | None = None
 
     def get(self, precision: str) -> float | None:
-        return getattr(self, precision, None)
+        """The number for ``precision`` (fp32, fp16, int8); None for any other name."""
+        return {"fp32": self.fp32, "fp16": self.fp16, "int8": self.int8}.get(precision)
 
 
 @dataclass(frozen=True)

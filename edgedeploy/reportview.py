@@ -19,6 +19,9 @@ SCHEMA_PREFIX = "edgedeploy-report/"
 LATENCY_METRICS = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "min_ms")
 
 
+COSINE_SLACK = 1e-6  # a cosine computed in float may exceed 1 by rounding
+
+
 class _Reader:
     """Typed access to one JSON object, naming ``where`` (a dotted path) in every error."""
 
@@ -40,20 +43,33 @@ class _Reader:
         value = self.str_(key, default)
         return default if value is None else value
 
-    def num(self, key: str) -> float | None:
+    def num(self, key: str, lo: float | None = None, hi: float | None = None) -> float | None:
+        """A finite number within [``lo``, ``hi``] (None: absent). A figure no build writes (NaN, a negative
+        error, a cosine above 1) would slip past every minimum and budget the gate compares it with."""
         value = self.data.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _bad(self.source, self._at(key), "a number", value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise _bad(self.source, self._at(key), "a finite number", value)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            within = f"a number from {lo:g}" + (f" to {hi:g}" if hi is not None else " up")
+            raise _bad(self.source, self._at(key), within if lo is not None else f"a number up to {hi:g}", value)
         return float(value)
 
     def int_(self, key: str, default: int = 0) -> int:
+        """A whole number of at least 0 (counts, indices, exit codes)."""
         value = self.data.get(key, default)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad(self.source, self._at(key), "an integer", value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _bad(self.source, self._at(key), "a whole number of at least 0", value)
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        """One of ``choices`` (the report schema's enum), or ``default`` when the key is absent."""
+        value = self.text(key, default)
+        if key in self.data and value not in choices:
+            raise _bad(self.source, self._at(key), "one of " + ", ".join(choices), value)
         return value
 
     def bool_(self, key: str, default: bool = False) -> bool:
@@ -124,10 +140,10 @@ class CheckRow:
             passed=r.bool_("passed"),
             vacuous=r.bool_("vacuous"),
             reason=r.text("reason", "failed"),
-            max_abs=r.num("max_abs"),
-            p99_abs=r.num("p99_abs"),
-            cosine=r.num("cosine"),
-            top1_agreement=r.num("top1_agreement"),
+            max_abs=r.num("max_abs", lo=0.0),
+            p99_abs=r.num("p99_abs", lo=0.0),
+            cosine=r.num("cosine", lo=-1.0 - COSINE_SLACK, hi=1.0 + COSINE_SLACK),
+            top1_agreement=r.num("top1_agreement", lo=0.0, hi=1.0),
             nan=r.int_("nan"),
             inf=r.int_("inf"),
             agreement_judged=r.bool_("agreement_judged", True),
@@ -155,9 +171,9 @@ class Candidate:
     def _read(cls, r: _Reader) -> Candidate:
         return cls(
             name=r.text("name", "?"),
-            status=r.text("status", ""),
+            status=r.choice("status", ("passed", "failed", "skipped"), ""),
             reason=r.str_("reason"),
-            precision=r.text("precision", "fp32"),
+            precision=r.choice("precision", ("fp32", "fp16", "int8"), "fp32"),
             deploy=r.bool_("deploy"),
             checks=tuple(CheckRow._read(c) for c in r.objs("checks")),
         )
@@ -193,8 +209,8 @@ class LatencyRow:
 
     @classmethod
     def _read(cls, r: _Reader) -> LatencyRow:
-        ms = {k: v for k in LATENCY_METRICS if (v := r.num(k)) is not None}
-        return cls(ms=ms, throughput=r.num("throughput"), shape=r.data.get("shape"))
+        ms = {k: v for k in LATENCY_METRICS if (v := r.num(k, lo=0.0)) is not None}
+        return cls(ms=ms, throughput=r.num("throughput", lo=0.0), shape=r.data.get("shape"))
 
     def value(self, key: str) -> float | None:
         """The timing ``key`` (``"p50_ms"``), None when the report has none."""

@@ -500,3 +500,38 @@ def test_a_device_latency_that_is_no_timing_is_refused_before_anything_is_merged
     validation["latency"] = {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "iters": 5, "shape": {"image": [1, 3]}}
     (staging / "validation.json").write_text(json.dumps(validation))
     check_device_results(bundle, staging, runner="tensorrt", host="ci@orin")  # a timing: accepted
+
+
+def test_bundle_complete_merges_its_checked_rows_into_the_release_as_device_run_does(outs, tmp_path, capsys):
+    """``deploy bundle complete`` inside a release folder: its rows become the report's device candidates (the
+    stand-in here, not accepted for the engine that ships unless a policy names it), listed in the manifest."""
+    out = outs["orin"]
+    assert main(["bundle", "complete", str(out / "bundle"), "--runner", "onnxruntime"]) == 0
+    assert "results merged into" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    names = {c["name"]: c for c in report["parity"]["candidates"]}
+    assert names["onnxruntime@device"]["status"] == "passed" and names["tensorrt"]["status"] == "skipped"
+    assert "bundle/validation.json" in json.loads((out / "manifest.json").read_text())["artifacts"]
+    assert main(["gate", str(out)]) == ParityError.exit_code  # the deployed engine was not compared
+    stand_in = tmp_path / "stand-in.toml"
+    stand_in.write_text('[gate]\nbackends = ["onnxruntime@device"]\n')
+    assert main(["gate", str(out), "--policy", str(stand_in)]) == 0
+
+
+def test_the_gate_checks_device_rows_the_report_never_merged(outs, tmp_path, capsys):
+    """A validation.json written in the bundle by the device script itself (never merged, so no manifest entry):
+    the gate's device check holds its rows to the bundle's goldens and tolerance, not to its status line."""
+    from edgedeploy.device import complete_bundle as device
+
+    out = outs["orin"]
+    assert device.main([str(out / "bundle"), "--runner", "onnxruntime"], log=lambda line: None) == 0
+    integrity = tmp_path / "integrity.toml"
+    integrity.write_text('[gate]\nrequired_checks = ["integrity"]\n')
+    assert main(["gate", str(out), "--policy", str(integrity)]) == 0
+    validation = json.loads((out / "bundle" / "validation.json").read_text())
+    for row in validation["checks"]:
+        row.update(passed=False, cosine=0.1)  # every row failed; the status line still says passed
+    (out / "bundle" / "validation.json").write_text(json.dumps(validation))
+    capsys.readouterr()
+    assert main(["gate", str(out), "--policy", str(integrity)]) == ArtifactIntegrityError.exit_code
+    assert "disagrees with its rows" in capsys.readouterr().out

@@ -257,3 +257,36 @@ def test_a_report_whose_model_record_has_the_wrong_types_fails_binding_in_one_li
     code, out, err = _gate(capsys, str(build))
     assert code == 9 and "Traceback" not in err
     assert any("binding" in line for line in out + err.splitlines())
+
+
+def test_a_latency_budget_with_no_timing_of_the_deployed_artifact_fails(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``max_latency_ms`` never passes in silence: an untimed deployed artifact fails the budget, saying why."""
+    policy = _policy(tmp_path, "max_latency_ms = 1000\n")
+    assert _gate(capsys, str(build), "--policy", policy)[0] == 0  # timed and within the budget
+
+    def untimed(report: dict[str, Any]) -> None:
+        report["latency"] = {"status": "skipped", "reason": "validate.latency_iters = 0"}
+
+    _edit_report(build, untimed)
+    code, out, _ = _gate(capsys, str(build), "--policy", policy)
+    assert code == 8
+    assert any(
+        line.startswith("FAIL latency:onnxruntime-fp32: no p50 timing of onnxruntime-fp32 to hold to the 1000")
+        and line.endswith("validate.latency_iters = 0")
+        for line in out
+    ), out
+
+
+def test_a_regression_against_a_baseline_timed_at_another_shape_fails_as_not_comparable(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = json.loads((build / "report.json").read_text())
+    for row in baseline["latency"]["backends"].values():
+        row["shape"] = {name: [16, *dims[1:]] for name, dims in row["shape"].items()}  # a batch of 16, as slow
+        row["p50_ms"] *= 16
+    (tmp_path / "old.json").write_text(json.dumps(baseline))
+    code, out, _ = _gate(capsys, str(build), "--baseline", str(tmp_path / "old.json"))
+    assert code == 8
+    assert any(line.startswith("FAIL regression:onnxruntime-fp32:") and "not comparable" in line for line in out), out

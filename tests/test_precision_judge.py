@@ -446,4 +446,8 @@ def test_a_top1_minimum_with_no_top1_row_to_apply_to_fails_the_gate_not_passes_i
     failed = evaluate(report, GatePolicy(min_top1_agreement={"int8": 0.99}))
     assert not failed.passed
     assert any("has no top-1 row of onnxruntime-int8 to apply to" in c.message for c in failed.failures)
+    assert any("names no validate.classifier_outputs" in c.message for c in failed.failures)
     assert evaluate(report, GatePolicy(min_top1_agreement={"fp16": 0.99})).passed  # another precision's minimum
+    rows[0]["top1_agreement"] = 1.0  # a classifier output, judged per golden, with no pooled top-1 minimum set
+    failed = evaluate(report, GatePolicy(min_top1_agreement={"int8": 0.99}))
+    assert any("set tolerance.int8.min_topk_agreement and rebuild" in c.message for c in failed.failures)

@@ -55,9 +55,9 @@ def test_a_report_reads_as_typed_fields() -> None:
         ({"parity": {"candidates": [{"checks": "none"}]}}, "parity.candidates[0].checks must be a list, got 'none'"),
         (
             {"parity": {"candidates": [{"checks": [{"cosine": "high"}]}]}},
-            "parity.candidates[0].checks[0].cosine must be a number, got 'high'",
+            "parity.candidates[0].checks[0].cosine must be a finite number, got 'high'",
         ),
-        ({"latency": {"backends": {"ort": {"p50_ms": True}}}}, "latency.backends.ort.p50_ms must be a number"),
+        ({"latency": {"backends": {"ort": {"p50_ms": True}}}}, "latency.backends.ort.p50_ms must be a finite number"),
         ({"schema": "other/1"}, "not an edgedeploy report"),
     ],
 )
@@ -100,3 +100,35 @@ def test_the_results_table_reads_the_view() -> None:
     assert "latency (cached: measured 2026-01-02 03:04:05 UTC by an earlier build, not in this run;" in table
     with pytest.raises(InputError, match="parity.candidates"):
         results_table(_report(parity={"candidates": "x"}))
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"cosine": float("nan")}, "cosine must be a finite number, got nan"),
+        ({"cosine": 1.5}, "cosine must be a number from -1 to 1"),
+        ({"max_abs": -1.0}, "max_abs must be a number from 0 up"),
+        ({"top1_agreement": 2.0}, "top1_agreement must be a number from 0 to 1"),
+        ({"nan": -5}, "nan must be a whole number of at least 0"),
+    ],
+)
+def test_a_figure_no_build_writes_is_refused_not_compared(row: dict[str, Any], message: str) -> None:
+    """NaN, a negative error or count, a cosine above 1: each would slip past the minimum it is compared with."""
+    with pytest.raises(InputError, match=re.escape(message)):
+        ReportView.parse(_report(parity={"candidates": [{"name": "x", "status": "passed", "checks": [row]}]}), "r")
+
+
+@pytest.mark.parametrize(("field", "value"), [("precision", "get"), ("precision", "int4"), ("status", "ok")])
+def test_a_candidate_precision_or_status_outside_the_schema_is_refused(field: str, value: str) -> None:
+    """A precision the policy has no minimum for would make every per-precision minimum pass in silence."""
+    cand = {"name": "x", "status": "passed", "precision": "fp32", "checks": [], field: value}
+    with pytest.raises(InputError, match=f"{field} must be one of"):
+        ReportView.parse(_report(parity={"candidates": [cand]}), "r")
+
+
+def test_a_per_precision_minimum_answers_only_for_precisions() -> None:
+    from edgedeploy.policy import PerPrecision
+
+    minimum = PerPrecision(fp32=0.99, int8=0.95)
+    assert (minimum.get("fp32"), minimum.get("fp16"), minimum.get("int8")) == (0.99, None, 0.95)
+    assert minimum.get("get") is None and minimum.get("__class__") is None

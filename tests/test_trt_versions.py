@@ -460,7 +460,7 @@ def test_host_checks_a_tensorrt_result_against_the_bundle(fake_device, tmp_path)
     forged = json.loads(good)
     forged["checks"][0]["sample"] = "0; rm -rf /"
     (bundle / "validation.json").write_text(json.dumps(forged))
-    with pytest.raises(ArtifactIntegrityError, match=r"checks\[0\]\.sample must be an integer"):
+    with pytest.raises(ArtifactIntegrityError, match=r"checks\[0\]\.sample must be a whole number"):
         check_device_results(bundle, bundle, runner="tensorrt", host="ci@orin")
     (bundle / "validation.json").write_text(good)
     (bundle / "model.engine").write_bytes((bundle / "model.engine").read_bytes() + b"x")  # not the engine recorded

@@ -204,6 +204,7 @@ def verify_release(folder: str | Path, public_key: str | Path) -> None:
     if not sig.is_file():
         raise ArtifactIntegrityError(f"{folder}: no {SIGNATURE}; the release is not signed", hint="deploy sign")
     ms = _model_signing()
+    _check_public_key(pub)  # a wrong key file is the caller's input, not a changed folder
     try:
         cfg = ms.verifying.Config().use_elliptic_key_verifier(public_key=pub)
         cfg.set_hashing_config(_hashing_config(folder)).verify(folder, sig)
@@ -216,6 +217,36 @@ def verify_release(folder: str | Path, public_key: str | Path) -> None:
                 "once 'deploy bundle complete' passed (docs/security.md)"
             )
         raise ArtifactIntegrityError(f"{folder}: signature check failed: {why}", hint=hint) from None
+
+
+MAX_KEY_BYTES = 64 << 10  # a PEM public key is a few hundred bytes
+
+
+def _check_public_key(pub: Path) -> None:
+    """``pub`` holds an elliptic-curve public key in PEM, the kind ``deploy sign --generate-key`` writes.
+
+    Raises:
+        InputError: unreadable, a private key, or not an EC public key in PEM (named, with the fix).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    hint = "pass the .pub file 'deploy sign --generate-key' wrote (the release's public key, not its .key)"
+    try:
+        with pub.open("rb") as fh:
+            data = fh.read(MAX_KEY_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"verification key unreadable: {pub} ({exc.strerror or exc})", hint=hint) from None
+    if b"PRIVATE KEY" in data:
+        raise InputError(f"verification key {pub} is a private key", hint=hint)
+    try:
+        if len(data) > MAX_KEY_BYTES:
+            raise ValueError("larger than a public key")
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"verification key {pub} is not a PEM public key ({exc})", hint=hint) from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise InputError(f"verification key {pub} is not an elliptic-curve key ({type(key).__name__})", hint=hint)
 
 
 def _describe(text: str) -> str:

@@ -279,6 +279,13 @@ def _device_outputs(folder: Path, report: ReportView) -> GateCheck | None:
         return fail(f"{where}: device outputs ({', '.join(present)}) without a readable validation.json")
     if validation.get("status") != "passed":
         return fail(f"{where}/validation.json: the device validation did not pass ({validation.get('status')})", PARITY)
+    from edgedeploy.remote.results import check_device_results
+
+    runner = "tensorrt" if str(validation.get("runner", "")).startswith("tensorrt") else "onnxruntime"
+    try:  # the rows, pooled verdicts and status agree with the bundle's goldens and tolerance, as on a merge
+        check_device_results(bundle, bundle, runner=runner, host=where)
+    except (ArtifactIntegrityError, InputError) as exc:
+        return fail(exc.message)
     record = validation.get("engine")
     engine_file = bundle / "model.engine"
     if record is None:
@@ -344,14 +351,19 @@ def _parity(report: ReportView, policy: GatePolicy) -> list[GateCheck]:
         min_top1 = policy.min_top1_agreement.get(cand.precision)
         if min_top1 is not None and cand.checks and not any(row.check == TOP1_CHECK for row in cand.checks):
             # a minimum with nothing to apply it to never passes in silence: the build judged no top-1
+            classified = any(row.top1_agreement is not None for row in cand.checks)
+            cause = (
+                f"the build pooled no top-1 (set tolerance.{cand.precision}.min_topk_agreement and rebuild"
+                if classified
+                else "the build names no validate.classifier_outputs (name them and rebuild"
+            )
             checks.append(
                 GateCheck(
                     f"{TOP1_CHECK}:{cand.name}",
                     TOP1_CHECK,
                     False,
                     f"the policy's min_top1_agreement for {cand.precision} ({min_top1}) has no top-1 row of "
-                    f"{cand.name} to apply to: the build names no validate.classifier_outputs (name them, or drop "
-                    "the minimum)",
+                    f"{cand.name} to apply to: {cause}, or drop the minimum)",
                     PARITY,
                 )
             )
@@ -430,11 +442,16 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
     checks = []
     if policy.max_latency_ms is not None:
         for name in [c.name for c in _judged(report, policy) if c.deploy]:
-            if name in now:
-                value = _timing(now[name].value(key), name, key)
-                ok = value <= policy.max_latency_ms
-                msg = f"{policy.latency_metric} {value:.3f} ms {'<=' if ok else '>'} budget {policy.max_latency_ms} ms"
-                checks.append(GateCheck(f"latency:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
+            if name not in now:  # a budget with nothing to hold to it never passes in silence
+                why = report.latency.reason or f"{name} was not timed"
+                budget = f"the {policy.max_latency_ms} ms budget"
+                msg = f"no {policy.latency_metric} timing of {name} to hold to {budget}: {why}"
+                checks.append(GateCheck(f"latency:{name}", "latency", False, msg, PERFORMANCE))
+                continue
+            value = _timing(now[name].value(key), name, key)
+            ok = value <= policy.max_latency_ms
+            msg = f"{policy.latency_metric} {value:.3f} ms {'<=' if ok else '>'} budget {policy.max_latency_ms} ms"
+            checks.append(GateCheck(f"latency:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     if baseline is not None:
         before = baseline.latency.backends
         pairs = _regression_pairs(report, baseline, policy)
@@ -455,6 +472,15 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
                     f"baseline: no latency of {was}, the backend it deployed",
                     hint="pass a timed build's report.json as --baseline (a TensorRT build's after its device step)",
                 )
+            shapes = _timed_shape(before[was]), _timed_shape(now[name])
+            if None not in shapes and shapes[0] != shapes[1]:
+                # a batch of 16 against a batch of 1 says nothing about a regression either way
+                why = (
+                    f"{name} was timed at {shapes[1]}, the baseline's {was} at {shapes[0]}: not comparable "
+                    "(rebuild the baseline with the same dims)"
+                )
+                checks.append(GateCheck(f"regression:{name}", "latency", False, why, PERFORMANCE))
+                continue
             old = _timing(before[was].value(key), was, key)
             new = _timing(now[name].value(key), name, key)
             change = (new - old) / old * 100.0 if old > 0 else 0.0
@@ -466,6 +492,11 @@ def _latency(report: ReportView, policy: GatePolicy, baseline: ReportView | None
             )
             checks.append(GateCheck(f"regression:{name}", "latency", ok, msg, 0 if ok else PERFORMANCE))
     return checks
+
+
+def _timed_shape(row: Any) -> Any:
+    """The input shapes a latency row was timed at (None where the report does not say)."""
+    return row.shape if isinstance(row.shape, dict) and row.shape else None
 
 
 def _regression_pairs(report: ReportView, baseline: ReportView, policy: GatePolicy) -> list[tuple[str, str]]:

@@ -204,6 +204,11 @@ def test_a_bundle_release_binds_bundle_json_to_every_bundle_file(release, tmp_pa
 
 
 def test_a_private_key_passed_as_the_public_key_is_refused(release, out, capsys):
+    """A wrong key file is the caller's input (exit 3, naming the key), not a tampered folder (exit 9)."""
     _, _, key, _ = release
     code, text = _gate(capsys, out, "--verify-key", str(key))
-    assert code in (3, 9) and "Traceback" not in text, text
+    assert code == 3 and "is a private key" in text and "Traceback" not in text, text
+    not_a_key = out.parent / "hostname"
+    not_a_key.write_text("build-host-7\n")
+    code, text = _gate(capsys, out, "--verify-key", str(not_a_key))
+    assert code == 3 and "is not a PEM public key" in text and "tampered" not in text, text

@@ -13,6 +13,7 @@ import json
 import shutil
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -421,9 +422,10 @@ def test_shape_tensor_inputs_get_host_values(version, fake_device, tmp_path):
     onnx_path = tmp_path / "m.onnx"
     shape_input_onnx(onnx_path)
     profiles = [{"x": ((1, 4), (2, 4), (4, 4)), "dims": ((2,), (2,), (2,))}]
-    engine = adapter.build_serialized_engine(
-        str(onnx_path), profiles=profiles, precision="fp32", strongly_typed=False, workspace_mib=64
-    )
+    kw = dict(profiles=profiles, precision="fp32", strongly_typed=False, workspace_mib=64)
+    with pytest.raises(adapter.EngineBuildError, match="input.s. dims are shape tensors to TensorRT"):
+        adapter.build_serialized_engine(str(onnx_path), **kw)  # a profile without the values fails the build
+    engine = adapter.build_serialized_engine(str(onnx_path), shape_values={"dims": ((1, 1), (4, 2), (8, 8))}, **kw)
     session = trt_runner.open_session(engine, trt, trt_runner.CudaDriver(lib))
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     dims = np.array([4, 2], dtype=np.int32 if version.startswith("8") else np.int64)
@@ -535,3 +537,105 @@ def test_a_model_changed_before_its_private_copy_is_refused_and_nothing_is_left(
     with pytest.raises(device.IntegrityFailed, match="changed after the bundle was verified"):
         device.verified_copies(["model.onnx"], "build from it")
     assert list(private_root.iterdir()) == []
+
+
+def test_a_dla_core_the_device_lacks_fails_the_build_naming_the_fix(fake_device, tmp_path):
+    """An Orin NX 8GB has one DLA core: core 1 fails before TensorRT's own, fix-less error."""
+    trt, _ = fake_device("10.3", "8.7")
+    onnx_path = tmp_path / "m.onnx"
+    tiny_onnx(onnx_path)
+    kw = dict(profiles=[], precision="fp16", strongly_typed=False, workspace_mib=64)
+    trt._state.dla_cores = 1
+    with pytest.raises(adapter.EngineBuildError, match=r"DLA core 1 asked for, but this device has 1 .*--dla-core 0"):
+        adapter.build_serialized_engine(str(onnx_path), dla_core=1, **kw)
+    assert adapter.build_serialized_engine(str(onnx_path), dla_core=0, **kw)
+
+
+def test_engine_outputs_are_copies_not_polygraphys_reused_buffers(monkeypatch):
+    """polygraphy's TrtRunner reuses its host output buffers across calls: outputs kept from earlier calls (the
+    device step judges all goldens after running them) must keep their own values; its errors are RuntimeError."""
+    buffer = np.zeros(2, np.float32)
+
+    class PolygraphyException(Exception):  # polygraphy's own class derives from Exception only
+        pass
+
+    class ReusingRunner:
+        def __init__(self, loader):  # type: ignore[no-untyped-def]
+            pass
+
+        def activate(self) -> None:
+            pass
+
+        def infer(self, feeds):  # type: ignore[no-untyped-def]
+            if "bad" in feeds:
+                raise PolygraphyException("set_input_shape failed")
+            buffer[:] = feeds["x"]
+            return {"y": buffer[:]}  # a view of the one buffer, as polygraphy returns
+
+    backend = types.ModuleType("polygraphy.backend.trt")
+    backend.EngineFromBytes = lambda data: data  # type: ignore[attr-defined]
+    backend.TrtRunner = ReusingRunner  # type: ignore[attr-defined]
+    for name in ("polygraphy", "polygraphy.backend"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", backend)
+    monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.3"))
+    session = adapter.EngineSession(b"engine")
+    kept = [session.infer({"x": np.full(2, v, np.float32)}) for v in (1.0, 2.0, 3.0)]
+    assert [float(k["y"][0]) for k in kept] == [1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="PolygraphyException: set_input_shape failed"):
+        session.infer({"bad": np.zeros(1)})
+
+
+def test_the_plan_takes_a_shape_tensors_values_from_the_goldens(tmp_path):
+    """An integer input of one fixed dim may be a shape tensor to TensorRT: the plan records the least and the
+    greatest of its golden values (and the opt golden's), the box the engine is validated in."""
+    from edgedeploy.config import config_from_dict
+    from edgedeploy.trt.plan import BuildPlan, shape_values_from_goldens
+
+    cfg = config_from_dict(
+        {
+            "model": {"factory": "m:build"},
+            "inputs": [
+                {"name": "x", "shape": ["batch", 4]},
+                {"name": "dims", "shape": [2], "dtype": "int64", "range": [1, 8]},
+            ],
+            "dims": {"batch": {"min": 1, "opt": 2, "max": 4}},
+            "outputs": ["y"],
+            "build": {"target": "jetson-orin"},
+        }
+    )
+    arrays = {}
+    for point, dims in (("min", [1, 8]), ("opt", [4, 2]), ("max", [8, 1])):
+        arrays[f"{point}/0/in/x"] = np.zeros((1, 4), np.float32)
+        arrays[f"{point}/0/in/dims"] = np.array(dims, np.int64)
+        arrays[f"{point}/0/out/y"] = np.zeros((1, 4), np.float32)
+    np.savez(tmp_path / "goldens.npz", **arrays)
+    values = shape_values_from_goldens(cfg, tmp_path / "goldens.npz")
+    assert values == {"dims": ((1, 1), (4, 2), (8, 8))}
+    written = BuildPlan(
+        target="jetson-orin", trt_version="10.3", sm="8.7", precision="fp32", strategy="fp32", onnx="model.onnx",
+        strongly_typed=False, inputs=(InputProfile("x", (1, 4), (2, 4), (4, 4)),), workspace_mib=64,
+        shape_values=values,
+    )  # fmt: skip
+    plan = BuildPlan.from_dict(json.loads(json.dumps(written.to_dict())))
+    assert plan.shape_values == values  # through plan.json and back
+    assert shape_values_from_goldens(cfg, tmp_path / "none.npz") == {}
+
+
+def test_the_device_step_hands_the_plans_shape_values_to_the_builder(fake_device, tmp_path, monkeypatch):
+    fake_device("10.3", "8.7")
+    bundle = make_bundle(tmp_path / "b", "10.3", shape_values={"n": ((1,), (2,), (3,))})
+    seen = {}
+    build = adapter.build_serialized_engine
+
+    def recording(onnx_path, **kwargs):  # type: ignore[no-untyped-def]
+        seen.update(kwargs)
+        return build(onnx_path, **kwargs)
+
+    monkeypatch.setattr(adapter, "build_serialized_engine", recording)
+    assert run_device_step(bundle, [])["status"] == "passed"
+    assert seen["shape_values"] == {"n": [[1], [2], [3]]}
+    plan = json.loads((bundle / "plan.json").read_text())
+    plan["shape_values"] = {"n": [[1], [2]]}
+    with pytest.raises(device.BundleInputError, match="'shape_values' is not input"):
+        device.plan_shape_values(plan)

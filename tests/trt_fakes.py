@@ -219,6 +219,7 @@ class FakeState:
         self.build_failure: list[tuple[int, str]] | None = None  # (severity, message) lines, then None
         self.configs: list[Any] = []
         self.shape_inputs: set[str] = set()  # engine inputs that are shape tensors (values read on the host)
+        self.dla_cores = 0  # IBuilder.num_DLA_cores: a desktop GPU has none
 
 
 def _strict(state: FakeState, api: str) -> type:
@@ -310,6 +311,10 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
         def __init__(self, name: str, dtype: Any, shape: tuple[int, ...] = ()) -> None:
             self.name, self.dtype, self.shape = name, dtype, shape
 
+        @property
+        def is_shape_tensor(self) -> bool:
+            return self.name in state.shape_inputs
+
     class ILayer(_strict(state, "ILayer")):
         def __init__(self, name: str, outputs: list[ITensor], failures: list[str]) -> None:
             self.name = name
@@ -332,12 +337,20 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
         def __init__(self, flags: int) -> None:
             self._flags = flags
             self._layers: list[ILayer] = []
+            self._inputs: list[ITensor] = []
             self._failures: list[str] = []
             self._onnx = b""
 
         @property
         def num_layers(self) -> int:
             return len(self._layers)
+
+        @property
+        def num_inputs(self) -> int:
+            return len(self._inputs)
+
+        def get_input(self, index: int) -> ITensor:
+            return self._inputs[index]
 
         def get_layer(self, index: int) -> ILayer:
             return self._layers[index]
@@ -351,6 +364,12 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             inferred = onnx.shape_inference.infer_shapes(model)
             g = inferred.graph
             types_ = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
+            inits = {i.name for i in g.initializer}
+            self._network._inputs = [
+                ITensor(i.name, dtypes[onnx_to_trt.get(types_.get(i.name, 1), "float32")])
+                for i in g.input
+                if i.name not in inits
+            ]
             for i, node in enumerate(model.graph.node):
                 if node.op_type == "Constant":  # the parser turns Constant nodes into weights, not layers
                     continue
@@ -369,10 +388,15 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
     class IOptimizationProfile(_strict(state, "IOptimizationProfile")):
         def __init__(self) -> None:
             self._shapes: dict[str, tuple[Any, Any, Any]] = {}
+            self._values: dict[str, tuple[Any, Any, Any]] = {}
 
         def set_shape(self, name: str, lo: Any, opt: Any, hi: Any) -> None:
             assert all(isinstance(d, Dims) for d in (lo, opt, hi)), "set_shape takes Dims"
             self._shapes[name] = (tuple(lo), tuple(opt), tuple(hi))
+
+        def set_shape_input(self, name: str, lo: Any, opt: Any, hi: Any) -> None:
+            assert all(a <= b <= c for a, b, c in zip(lo, opt, hi)), "min <= opt <= max, value by value"
+            self._values[name] = (tuple(lo), tuple(opt), tuple(hi))
 
     class ITimingCache(_strict(state, "ITimingCache")):
         def __init__(self, data: bytes) -> None:
@@ -445,6 +469,10 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
         def __init__(self, logger: Any) -> None:
             self._logger = logger
 
+        @property
+        def num_DLA_cores(self) -> int:
+            return state.dla_cores
+
         def create_network(self, flags: int = 0) -> INetworkDefinition:
             return INetworkDefinition(int(flags))
 
@@ -462,6 +490,16 @@ def make_tensorrt(version: str, cuda: FakeLibCuda | None = None) -> types.Module
             if network._failures:
                 for msg in network._failures:
                     log(self._logger, "ERROR", msg)
+                return None
+            # NvInferRuntime.h: setShapeValues "must be called three times for every input tensor t that is a
+            # shape tensor"; NvInfer.h: a network with shape input tensors needs a profile
+            for name in sorted(state.shape_inputs & {t.name for t in network._inputs}):
+                if not config._profiles or any(name not in p._values for p in config._profiles):
+                    log(self._logger, "ERROR", f"{name}: shape tensor input has no values in the optimization profile")
+                    return None
+            core = config.__dict__.get("DLA_core")
+            if core is not None and int(core) >= state.dla_cores:  # sampleEngines.cpp: "Cannot create DLA engine"
+                log(self._logger, "ERROR", f"Cannot create DLA engine, {core} not available")
                 return None
             dynamic = any(lo != hi for p in config._profiles for lo, _, hi in p._shapes.values())
             if "INT8" in config._flags and config._calibrator is not None and dynamic and major < 10:

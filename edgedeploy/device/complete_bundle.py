@@ -818,6 +818,26 @@ def latency_ms(runner: Any, feeds: Dict[str, Any], iters: int, warmup: int = 3) 
     }
 
 
+def plan_shape_values(plan: Dict[str, Any]) -> Dict[str, List[List[int]]]:
+    """The plan's ``shape_values`` (input -> [min, opt, max] value lists), checked.
+
+    Raises:
+        BundleInputError: not a table of three equally long lists of whole numbers per input.
+    """
+    raw = plan.get("shape_values") or {}
+    ok = isinstance(raw, dict)
+    for triple in raw.values() if ok else ():
+        ok = ok and isinstance(triple, list) and len(triple) == 3
+        ok = ok and all(isinstance(v, list) and len(v) == len(triple[0]) for v in triple)
+        ok = ok and all(isinstance(n, int) and not isinstance(n, bool) for v in triple for n in v)
+    if not ok:
+        raise BundleInputError(
+            "plan.json: 'shape_values' is not input -> [min, opt, max] lists of whole numbers",
+            hint="rebuild the bundle with deploy build",
+        )
+    return {str(k): v for k, v in raw.items()}
+
+
 def plan_profiles(plan: Dict[str, Any]) -> List[Dict[str, Tuple[Tuple[int, ...], ...]]]:
     """The plan's optimization profile (one, or none for a static model): where the shapes vary, or where the
     ONNX input dims are symbolic (TensorRT fails a network with a -1 input dim and no profile)."""
@@ -855,6 +875,7 @@ def _build_from(
     onnx_path = os.path.join(private, *plan["onnx"].split("/"))
     calib = os.path.join(private, *plan["calib_cache"].split("/")) if plan.get("calib_cache") else None
     timing = args.timing_cache or os.path.join(private, *timing_name.split("/"))
+    shape_values = plan_shape_values(plan)
 
     def build(workspace: int) -> bytes:
         return adapter.build_serialized_engine(
@@ -869,6 +890,7 @@ def _build_from(
             timing_cache=timing,
             dla_core=plan.get("dla_core"),
             gpu_fallback=bool(plan.get("gpu_fallback", True)),
+            shape_values=shape_values,
             log=log if args.verbose else None,
             warn=log,
         )

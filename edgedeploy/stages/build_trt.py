@@ -10,6 +10,7 @@ On the device, ``python3 -I complete_bundle.py .`` verifies, builds and validate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -29,6 +30,7 @@ from edgedeploy.trt.plan import (
     PRECISION_INFO,
     BuildPlan,
     make_plan,
+    shape_values_from_goldens,
     write_plan,
 )
 from edgedeploy.trt.trtexec import TRTEXEC_SCRIPT, trtexec_script
@@ -123,7 +125,10 @@ class BundleFromOnnx(Stage):
         key = str(ctx.staging)
         if key not in self._plans:
             files = {n: ctx.path(n) for n in (ONNX_FP32, ONNX_FP16, ONNX_INT8, CALIB_CACHE) if ctx.path(n).is_file()}
-            self._plans[key] = make_plan(ctx.cfg, ctx.target, files, precision_info=_precision_info(ctx))
+            plan = make_plan(ctx.cfg, ctx.target, files, precision_info=_precision_info(ctx))
+            # a shape tensor's profile values: the ones the goldens validate the engine on
+            values = shape_values_from_goldens(ctx.cfg, ctx.path(GOLDENS))
+            self._plans[key] = dataclasses.replace(plan, shape_values=values) if values else plan
         return self._plans[key]
 
     def outputs(self, ctx: BuildContext) -> tuple[str, ...]:

@@ -222,6 +222,7 @@ def build_serialized_engine(
     gpu_fallback: bool = True,
     log: Optional[Callable[[str], None]] = None,
     warn: Optional[Callable[[str], None]] = None,
+    shape_values: Optional[Dict[str, Sequence[Sequence[int]]]] = None,
 ) -> bytes:
     """Parse ``onnx_path`` and build a serialized TensorRT engine.
 
@@ -234,6 +235,9 @@ def build_serialized_engine(
             no TensorRT layer are skipped with a warning (as trtexec does).
         timing_cache: file read before and written after the build (created when absent).
         dla_core: run on this DLA core, with GPU fallback when ``gpu_fallback``.
+        shape_values: input -> (min, opt, max) values for each input TensorRT takes as a shape tensor; every
+            optimization profile must carry them (``IOptimizationProfile::setShapeValues``: "must be called three
+            times for every input tensor t that is a shape tensor"), and a network with one needs a profile.
         log: receives every TensorRT warning and error (verbose output).
         warn: receives edgedeploy's own warnings (skipped pins); defaults to ``log``.
 
@@ -270,6 +274,19 @@ def build_serialized_engine(
         raise EngineBuildError(
             "TensorRT cannot parse {}: {}".format(onnx_path, "; ".join(errors) or "; ".join(messages))
         )
+    shape_inputs = [
+        network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor
+    ]
+    values = shape_values or {}
+    missing = [name for name in shape_inputs if name not in values]
+    if missing:
+        raise EngineBuildError(
+            "input(s) {} are shape tensors to TensorRT: an engine needs the range of their values, and the plan "
+            "gives none (integer inputs of one fixed dim get theirs from the goldens: rebuild the bundle with "
+            "edgedeploy, whose goldens hold their values)".format(", ".join(missing))
+        )
+    if shape_inputs and not profiles:
+        profiles = [{}]  # NvInfer.h: a network with shape input tensors needs at least one profile
     config = builder.create_builder_config()
     _set_workspace(config, workspace_mib)
     if optimization_level is not None and hasattr(config, "builder_optimization_level"):  # 8.6+
@@ -297,6 +314,9 @@ def build_serialized_engine(
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
             profile.set_shape(name, trt.Dims(list(lo)), trt.Dims(list(opt)), trt.Dims(list(hi)))
+        for name in shape_inputs:
+            least, usual, most = ([int(v) for v in vals] for vals in values[name])
+            profile.set_shape_input(name, least, usual, most)
         config.add_optimization_profile(profile)
         calib_profile = calib_profile or profile
     if calib_profile is not None and major < 10 and calib_cache and precision == "int8" and not strongly_typed:
@@ -304,6 +324,14 @@ def build_serialized_engine(
         # with runtime dimensions (as polygraphy does: the first profile); its opt shapes are used
         config.set_calibration_profile(calib_profile)
     if dla_core is not None:
+        cores = int(getattr(builder, "num_DLA_cores", 0) or 0)
+        if int(dla_core) >= cores:  # TensorRT would fail the build later, naming no fix
+            raise EngineBuildError(
+                "DLA core {} asked for, but this device has {} DLA core(s) (an Orin NX 8GB has 1, an Orin Nano "
+                "none): build the bundle with --dla-core 0{}".format(
+                    dla_core, cores, "" if cores else " on a device with DLA, or without --dla-core"
+                )
+            )
         config.default_device_type = trt.DeviceType.DLA
         config.DLA_core = int(dla_core)
         if gpu_fallback:
@@ -401,8 +429,22 @@ class EngineSession:
         return {name: meta[name].dtype for name in meta.keys()}
 
     def infer(self, feeds: Dict[str, Any]) -> Dict[str, Any]:
-        """Run once; returns output name -> numpy array (copied to the host)."""
-        return dict(self._runner.infer(feeds))
+        """Run once; returns output name -> numpy array, a copy of its own.
+
+        polygraphy's runners reuse their host output buffers across calls (its ``BaseRunner.infer``: "make a
+        copy ... if you need to retain outputs"): without the copy, every output kept from an earlier call would
+        hold the last call's values.
+
+        Raises:
+            RuntimeError: polygraphy or TensorRT failed the run (polygraphy's own exception class is not one).
+        """
+        import numpy as np
+
+        try:
+            outputs = self._runner.infer(feeds)
+        except Exception as exc:  # PolygraphyException derives from Exception only
+            raise RuntimeError("{}: {}".format(type(exc).__name__, " ".join(str(exc).split())[:400])) from None
+        return {name: np.array(value, copy=True) for name, value in outputs.items()}
 
     def close(self) -> None:
         self._runner.deactivate()

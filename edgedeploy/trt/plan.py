@@ -81,6 +81,9 @@ class BuildPlan:
     dla_core: int | None = None
     gpu_fallback: bool = True
     min_workspace_mib: int = 32
+    # input -> (min, opt, max) values of an integer input TensorRT may take as a shape tensor (a Reshape's target
+    # shape): a profile must carry them (IOptimizationProfile::setShapeValues), the engine accepts values within
+    shape_values: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     schema: str = PLAN_SCHEMA
     notes: tuple[str, ...] = field(default=())
 
@@ -118,6 +121,10 @@ class BuildPlan:
         )
         for key in ("fp32_layers", "fp32_output_layers", "notes"):
             data[key] = tuple(data.get(key) or ())
+        data["shape_values"] = {
+            str(name): tuple(tuple(int(v) for v in values) for values in triple)
+            for name, triple in (data.get("shape_values") or {}).items()
+        }
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
@@ -228,6 +235,53 @@ def qdq_problems(model_path: Path) -> tuple[bool, list[str]]:
         elif np.any(arr != 0):
             problems.append(f"{n.name or n.op_type}: zero point is not 0 (asymmetric)")
     return bool(qdq), problems
+
+
+def shape_values_from_goldens(
+    cfg: DeployConfig, goldens: Path
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(min, opt, max) values of every integer input of one fixed dim (what TensorRT may take as a shape tensor)
+    from the goldens the engine is validated on: the elementwise least and greatest over every golden, and the
+    opt point's first sample (its values run at the opt shape). Empty when the model has no such input.
+
+    Raises:
+        InputError: the goldens file is unreadable (from :func:`edgedeploy.modelio.goldens.load_goldens`).
+    """
+    candidates = [
+        s.name
+        for s in cfg.inputs
+        if s.dtype.startswith(("int", "uint")) and len(cfg.shape_for(s, "opt")) == 1
+        and cfg.shape_for(s, "min") == cfg.shape_for(s, "max")
+    ]  # fmt: skip
+    if not candidates or not goldens.is_file():
+        return {}
+    import numpy as np
+
+    from edgedeploy.modelio.goldens import load_goldens
+
+    cases = load_goldens(goldens)
+    out = {}
+    for name in candidates:
+        seen = [
+            np.asarray(pair["in"][name]).astype(np.int64).reshape(-1)
+            for point in cases.values()
+            for pair in point.values()
+            if name in pair["in"]
+        ]
+        if not seen or len({v.size for v in seen}) != 1:
+            continue
+        stack = np.stack(seen)
+        opt_cases = cases.get("opt") or {}
+        opt = next(
+            (np.asarray(p["in"][name]).astype(np.int64).reshape(-1) for p in opt_cases.values() if name in p["in"]),
+            stack[0],
+        )
+        out[name] = (
+            tuple(int(v) for v in stack.min(0)),
+            tuple(int(v) for v in opt),
+            tuple(int(v) for v in stack.max(0)),
+        )
+    return out
 
 
 def make_plan(

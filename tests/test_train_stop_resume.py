@@ -221,3 +221,54 @@ def test_augmentation_for_data_it_cannot_apply_to_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match=r"\[data.augment\] \(hflip\) applies to image files"):
         _with(tmp_path, data={"augment": {"hflip": 0.5}})  # npz arrays: nothing applies it
+
+
+NOISY = '''
+import random
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+def net(num_classes=3):
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, num_classes))
+
+
+class Noisy(Dataset):
+    def __init__(self, x, y, augment):
+        self.x, self.y, self.augment = x, y, augment
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):  # augmentation from Python's global generator
+        return (self.x[i] + 0.05 * random.random() if self.augment else self.x[i]), self.y[i]
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 1, 4, 4, generator=g)
+    y = x.flatten(1)[:, :3].argmax(1)
+    return Noisy(x[:96], y[:96], True), Noisy(x[96:], y[96:], False), {"num_classes": 3}
+'''
+
+
+def test_a_best_checkpoint_written_mid_run_leaves_an_exact_resume_exact(tmp_path):
+    """Writing the deploy samples with the first best checkpoint runs the dataset's augmentation: the global
+    generators are put back, so a run stopped and resumed ends bit for bit where the straight run ends."""
+    from edgedeploy.train.config import train_config_from_dict
+
+    (tmp_path / "noisy_data.py").write_text(NOISY)
+    raw = {
+        "model": {"factory": "noisy_data:net", "python_path": ["."], "kwargs": {"num_classes": 3}},
+        "data": {"dataset": "callable", "callable": "noisy_data:data", "batch_size": 16, "val_fraction": 0.25},
+        "checkpoint": {"monitor": "val_loss", "save_best": True},
+        "monitor": {"memory": False},
+        "run": {"epochs": 3, "device": "cpu", "threads": 1},
+    }
+    cfg = train_config_from_dict(raw, source="train.toml", base_dir=tmp_path)
+    straight = run_training(cfg, tmp_path / "straight", log=QUIET)
+    run_training(cfg, tmp_path / "resumed", stop_after=1, log=QUIET)
+    resumed = run_training(cfg, tmp_path / "resumed", resume=True, log=QUIET)
+    _assert_identical(load_file(str(straight.checkpoint)), load_file(str(resumed.checkpoint)))

@@ -163,22 +163,6 @@ def amp_state(state: Any, ckpt: Path) -> None:
         raise _bad(ckpt, "amp.scaler", "is not a table of numbers")
 
 
-def folded_temperature(folded: Any, layers: Mapping[str, Any], ckpt: Path) -> tuple[str, float]:
-    """(layer, temperature) of a finished run's fold, checked against the model's layers.
-
-    Raises:
-        CheckpointError: the layer is not the model's, or the temperature is not a positive number.
-    """
-    if not isinstance(folded, Mapping):
-        raise _bad(ckpt, "folded_temperature", "is not a table")
-    layer, temperature = folded.get("layer"), folded.get("temperature")
-    if not isinstance(layer, str) or layer not in layers:
-        raise _bad(ckpt, "folded_temperature.layer", f"{layer!r} is not a layer of this model")
-    if not isinstance(temperature, (int, float)) or not _number(temperature) or temperature <= 0:
-        raise _bad(ckpt, "folded_temperature.temperature", f"is {temperature!r}, not a positive number")
-    return layer, float(temperature)
-
-
 def loss_state(loss_fn: torch.nn.Module, state: Any, ckpt: Path) -> None:
     """Load the learned loss parameters.
 

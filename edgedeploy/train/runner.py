@@ -41,7 +41,6 @@ from edgedeploy.train.options import (
     freeze,
     freeze_norm_statistics,
     no_decay_parameters,
-    scale_linear,
     use_channels_last,
     write_graph,
 )
@@ -359,10 +358,8 @@ def _run(
         amp.load_state_dict(saved.get("amp", {}))
         if saved.get("loss"):  # learned loss parameters (e.g. the temperature) live outside the model
             checks.loss_state(loss_fn, saved["loss"], ckpt)
-        if saved.get("folded_temperature"):  # a finished run's head was divided by T: undo it
-            layers = dict(model.named_modules())
-            layer, temperature = checks.folded_temperature(saved["folded_temperature"], layers, ckpt)
-            scale_linear(layers[layer], temperature)
+        # a finished run's temperature was folded into a copy for X.safetensors: the training weights the resume
+        # file holds were never divided by T, so nothing is undone here
         where = f", batch {state.batch} of epoch {state.epoch + 1}" if state.batch else ""
         say(f"resumed from {ckpt} at epoch {state.epoch}, step {state.step}{where}")
         if state.stopped_early:  # a finished run: resuming it trains nothing and rewrites nothing
@@ -471,9 +468,15 @@ def _run(
     written_data: list[tuple[dict[str, str], dict[str, str]]] = []
 
     def deploy_data() -> tuple[dict[str, str], dict[str, str]]:
-        """The deploy samples every sidecar lists (written once, on rank 0)."""
+        """The deploy samples every sidecar lists (written once, on rank 0). Reading them runs the dataset's
+        ``__getitem__``, whose augmentation draws from the global generators: their states are put back, so a
+        best checkpoint written mid-run leaves the training draws (and an exact resume) as they were."""
         if not written_data:
-            written_data.append(_write_deploy_data(cfg, splits, out))
+            generators = capture_rng(device)
+            try:
+                written_data.append(_write_deploy_data(cfg, splits, out))
+            finally:
+                restore_rng(generators, device)
         return written_data[0]
 
     def deployable(

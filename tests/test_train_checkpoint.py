@@ -52,6 +52,27 @@ def test_train_config_errors_name_the_key(tmp_path):
         load_train_config(tmp_path / "nope.toml")
 
 
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"clip": {"max_norm": 0.5}}, r"'clip\.max_norm' applies to clip\.mode = 'norm', not 'none'"),
+        ({"clip": {"mode": "norm", "clip_value": 0.1}}, r"'clip\.clip_value' applies to clip\.mode = 'value'"),
+        ({"loss": {"temperature": 2.0}}, r"'loss\.temperature' applies to loss\.kind = 'temperature_ce'"),
+        ({"loss": {"export_temperature": "output"}}, r"'loss\.export_temperature' applies to loss\.kind"),
+        (
+            {"checkpoint": {"monitor": "val_accuracy", "mode": "min"}, "data": {"val_fraction": 0.2}},
+            r"'checkpoint\.mode' = 'min' would keep the worst epoch by val_accuracy",
+        ),
+        ({"checkpoint": {"monitor": "val_loss", "mode": "max"}}, r"'checkpoint\.mode' = 'max' would keep the worst"),
+    ],
+)
+def test_a_key_its_setting_makes_do_nothing_is_refused(section, message):
+    """As [data.augment] on arrays: a key that would be ignored (or invert the selection) is a config error."""
+    with pytest.raises(ConfigError, match=message):
+        train_config_from_dict({"model": {"factory": "m:f"}, **section})
+    train_config_from_dict({"model": {"factory": "m:f"}, "clip": {"mode": "norm", "max_norm": 0.5}})  # applies
+
+
 def test_checkpoint_metadata_contract_and_deploy_config_from_it(tmp_path):
     result = run_training(_tiny_cfg(tmp_path, epochs=1), tmp_path / "run", log=lambda _l: None)
     ckpt = result.checkpoint

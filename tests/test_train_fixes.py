@@ -265,3 +265,49 @@ def test_an_unfinished_run_keeps_its_temperature_unfolded_and_says_so(tmp_path):
     assert meta["temperature"]["export"] == "not folded: the run is unfinished"
     trained_state = json.loads((tmp_path / "run" / "model.resume.json").read_text())["train_state"]
     assert "folded_temperature" not in trained_state and not any("folded into" in line for line in lines)
+
+
+BOUNDED = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return 4 * torch.tanh(self.head(self.body(x)))  # bounded logits: the head is not the last op
+
+
+def net():
+    return Net()
+"""
+
+
+def test_a_model_the_temperature_cannot_fold_into_fails_before_training(tmp_path):
+    """``export_temperature = 'fold'`` is tried on a copy before the first epoch: a head behind a tanh fails at
+    once (exit 2, naming the fix), not after the last epoch with the run's work lost."""
+    from edgedeploy.errors import ConfigError
+
+    (tmp_path / "bounded.py").write_text(BOUNDED)
+    cfg = _temperature_cfg(tmp_path, "fold")
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, factory="bounded:net", kwargs={}))
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="does not divide the logits by T"):
+        run_training(cfg, tmp_path / "run", log=lines.append)
+    assert not any(line.startswith("epoch") for line in lines), lines
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path):
+    from edgedeploy.errors import ConfigError
+
+    (tmp_path / "model.safetensors").write_bytes(b"an earlier checkpoint")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        run_training(_temperature_cfg(tmp_path, "none"), tmp_path / "model.safetensors", log=lambda _l: None)
+    assert (tmp_path / "model.safetensors").read_bytes() == b"an earlier checkpoint"

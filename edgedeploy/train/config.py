@@ -194,6 +194,7 @@ def train_config_from_dict(raw: dict[str, Any], *, source: str = "<dict>", base_
     cfg: TrainConfig = dataclass_from_dict(TrainConfig, raw, source)
     cfg = dataclasses.replace(cfg, source=str(source), base_dir=str(base_dir))
     _check(cfg)
+    _check_keys_apply(cfg, raw)
     return cfg
 
 
@@ -294,6 +295,47 @@ def _check(cfg: TrainConfig) -> None:
             raise ConfigError(f"{where}: key 'data.{key}' has {len(values)} values for {d.channels} channels")
     if cfg.data.dataset == "digits" and cfg.data.path:
         raise ConfigError(f"{where}: key 'data.path' is not used with data.dataset = 'digits'", hint="remove it")
+
+
+# keys that only mean something beside another key's value: (section, keys, the setting they need, its value)
+_DEPENDENT_KEYS = (
+    ("clip", ("max_norm",), "clip.mode", "norm"),
+    ("clip", ("clip_value",), "clip.mode", "value"),
+    (
+        "loss",
+        ("temperature", "learn_temperature", "temperature_lr", "export_temperature"),
+        "loss.kind",
+        "temperature_ce",
+    ),
+)
+
+
+def _check_keys_apply(cfg: TrainConfig, raw: dict[str, Any]) -> None:
+    """A key set where the setting it depends on makes it do nothing is refused, as [data.augment] is: a
+    ``clip.max_norm`` with ``clip.mode = 'none'`` would train unclipped, and ``checkpoint.mode = 'min'`` on an
+    accuracy would keep the worst epoch.
+
+    Raises:
+        ConfigError: the key, the setting it needs, and the fix.
+    """
+    for section, keys, needs, value in _DEPENDENT_KEYS:
+        table = raw.get(section) or {}
+        given = [k for k in keys if isinstance(table, dict) and k in table]
+        have = getattr(getattr(cfg, section), needs.split(".")[1])
+        if given and have != value:
+            raise ConfigError(
+                f"{cfg.source}: key '{section}.{given[0]}' applies to {needs} = '{value}', not '{have}': it would "
+                "be ignored",
+                hint=f"set {needs} = '{value}', or remove {section}.{given[0]}",
+            )
+    c = cfg.checkpoint
+    wrong = {"min": ("accuracy",), "max": ("loss",)}.get(c.mode, ())
+    if any(c.monitor.endswith(word) for word in wrong):
+        best = "max" if c.mode == "min" else "min"
+        raise ConfigError(
+            f"{cfg.source}: key 'checkpoint.mode' = '{c.mode}' would keep the worst epoch by {c.monitor}",
+            hint=f"set checkpoint.mode = '{best}' (or 'auto')",
+        )
 
 
 def _plain_name(name: str) -> bool:

@@ -210,13 +210,17 @@ def run_training(
     ``metrics["suggested_lr"]``; ``optim.find_lr = true`` trains with that suggestion.
 
     Raises:
-        ConfigError: bad factory, kwargs, loss, freeze or strategy settings.
+        ConfigError: bad factory, kwargs, loss, freeze or strategy settings; ``out`` is a file.
         InputError: unreadable training data.
         CheckpointError: ``resume`` without a usable checkpoint.
         TargetCapabilityError: device or precision not available (never downgraded silently).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
+    if out.exists() and not out.is_dir():  # found before an epoch runs, not when the checkpoint is written
+        raise ConfigError(
+            f"--out {out} is a file, not a folder", hint=f"pass the folder to train into, e.g. --out {out.parent}"
+        )
     device = _device(cfg)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -296,6 +300,10 @@ def _run(
     val_loader = None if val_set is None else eval_loader_of(val_set)
     probe = fabric.to_device(next(iter(eval_loader))[0])  # inputs for graph dumps, compile trials, folding
     _check_model_fits(cfg, model, probe, splits.num_classes)
+    if cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "fold" and not fsdp:
+        # the fold is tried now, on a copy, so a model it cannot fold fails before training, not after the last
+        # epoch (ConfigError from fold_temperature, naming the fix)
+        fold_temperature(copy.deepcopy(model), 2.0, probe, call_model)
     if cfg.run.graph and fabric.is_global_zero:  # before any wrapping: a plain module, no collectives
         graph = write_graph(model, probe, out / f"{cfg.checkpoint.name}.dot", call_model)
         say(f"graph: {graph}")

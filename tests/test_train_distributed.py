@@ -17,7 +17,8 @@ from edgedeploy.train.models import digits_cnn
 
 
 @pytest.mark.slow
-def test_two_process_torchrun_gloo_ends_with_identical_weights_and_one_checkpoint(tmp_path):
+@pytest.mark.parametrize("ema", [0.0, 0.9])  # EMA: its BatchNorm statistics synced too, not each rank's own
+def test_two_process_torchrun_gloo_ends_with_identical_weights_and_one_checkpoint(tmp_path, ema):
     rng = np.random.default_rng(0)
     x = rng.random((64, 1, 8, 8), dtype=np.float32)
     y = (x[:, 0, :4].mean(axis=(1, 2)) > 0.5).astype(np.int64)
@@ -43,6 +44,7 @@ def test_two_process_torchrun_gloo_ends_with_identical_weights_and_one_checkpoin
             threads = 1
             """
         )
+        + f"ema = {ema}\n"
     )
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

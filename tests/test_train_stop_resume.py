@@ -272,3 +272,11 @@ def test_a_best_checkpoint_written_mid_run_leaves_an_exact_resume_exact(tmp_path
     run_training(cfg, tmp_path / "resumed", stop_after=1, log=QUIET)
     resumed = run_training(cfg, tmp_path / "resumed", resume=True, log=QUIET)
     _assert_identical(load_file(str(straight.checkpoint)), load_file(str(resumed.checkpoint)))
+
+
+def test_a_mid_epoch_stop_records_where_its_weights_are_not_the_last_epochs_figures(tmp_path):
+    cfg = _with(tmp_path, run={"epochs": 3})
+    result = run_training(cfg, tmp_path / "run", stop_after_steps=10, log=QUIET)  # 8 steps an epoch: mid epoch 2
+    meta = json.loads(result.checkpoint.with_suffix(".meta.json").read_text())
+    assert {k: meta["metrics"][k] for k in ("epoch", "step", "batch")} == {"epoch": 1, "step": 10, "batch": 2}
+    assert "test_accuracy" not in meta["metrics"] and "train_loss" not in meta["metrics"]

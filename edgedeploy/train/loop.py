@@ -233,6 +233,8 @@ def fit(
         summed = torch.tensor([part["loss_sum"], part["samples"], part["skipped"]], dtype=torch.float64)
         loss_sum, samples, skipped = fabric.all_reduce(summed, reduce_op="sum").tolist()
         broadcast_buffers(parts.model, fabric)
+        if ema is not None:  # its BatchNorm statistics average each rank's own batches: rank 0's, as the model's
+            broadcast_buffers(ema.module, fabric)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float] = {
             "epoch": epoch + 1,

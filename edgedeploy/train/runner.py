@@ -572,7 +572,10 @@ def _run(
     weights = deploy_weights() or D.full_state_dict(model)
     digests = D.gather_objects(D.param_digest(model, weights), fabric)
     rng = D.gather_objects(capture_rng(device), fabric)
-    metrics = dict(state.history[-1]) if state.history else {}
+    if state.batch:  # stopped mid-epoch: the last epoch's figures are not these weights'; say where they are
+        metrics = {"epoch": state.epoch, "step": state.step, "batch": state.batch}
+    else:
+        metrics = dict(state.history[-1]) if state.history else {}
     metrics.update(world_size=fabric.world_size, seconds=round(time.perf_counter() - t0, 3), compiled=compiled)
     if isinstance(memory, PeakMemory):
         metrics["peak_memory_mib"] = round(memory.peak_bytes / 2**20, 1)

@@ -311,3 +311,20 @@ def test_an_out_that_is_a_file_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         run_training(_temperature_cfg(tmp_path, "none"), tmp_path / "model.safetensors", log=lambda _l: None)
     assert (tmp_path / "model.safetensors").read_bytes() == b"an earlier checkpoint"
+
+
+def test_the_sidecar_names_one_class_per_model_output(tmp_path):
+    """Names counted from the labels are completed to the model's outputs; names given must match them."""
+    import dataclasses
+
+    from edgedeploy.errors import ConfigError
+
+    cfg = _temperature_cfg(tmp_path, "none")
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, kind="cross_entropy"))
+    named = dataclasses.replace(cfg, deploy=dataclasses.replace(cfg.deploy, class_names=("a", "b", "c")))
+    with pytest.raises(ConfigError, match="3 class names .a, b, c. for a model with 2 outputs"):
+        run_training(named, tmp_path / "named", log=lambda _l: None)
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kwargs={"in_features": 64, "num_classes": 3}))
+    result = run_training(wider, tmp_path / "wider", log=lambda _l: None)  # the labels hold classes 0 and 1 only
+    meta = json.loads(result.checkpoint.with_suffix(".meta.json").read_text())
+    assert meta["class_names"] == ["0", "1", "2"]

@@ -223,7 +223,7 @@ def test_augmentation_for_data_it_cannot_apply_to_is_refused(tmp_path):
         _with(tmp_path, data={"augment": {"hflip": 0.5}})  # npz arrays: nothing applies it
 
 
-NOISY = '''
+NOISY = """
 import random
 
 import torch
@@ -251,7 +251,7 @@ def data():
     x = torch.randn(120, 1, 4, 4, generator=g)
     y = x.flatten(1)[:, :3].argmax(1)
     return Noisy(x[:96], y[:96], True), Noisy(x[96:], y[96:], False), {"num_classes": 3}
-'''
+"""
 
 
 def test_a_best_checkpoint_written_mid_run_leaves_an_exact_resume_exact(tmp_path):
@@ -280,3 +280,23 @@ def test_a_mid_epoch_stop_records_where_its_weights_are_not_the_last_epochs_figu
     meta = json.loads(result.checkpoint.with_suffix(".meta.json").read_text())
     assert {k: meta["metrics"][k] for k in ("epoch", "step", "batch")} == {"epoch": 1, "step": 10, "batch": 2}
     assert "test_accuracy" not in meta["metrics"] and "train_loss" not in meta["metrics"]
+
+
+def test_a_data_callables_input_range_covers_its_samples_not_the_first_ones(tmp_path):
+    from edgedeploy.train.config import train_config_from_dict
+
+    (tmp_path / "noisy_data.py").write_text(NOISY)
+    raw = {
+        "model": {"factory": "noisy_data:net", "python_path": ["."], "kwargs": {"num_classes": 3}},
+        "data": {"dataset": "callable", "callable": "noisy_data:data", "batch_size": 16},
+        "monitor": {"memory": False},
+        "run": {"epochs": 1, "device": "cpu", "threads": 1},
+    }
+    result = run_training(train_config_from_dict(raw, source="t.toml", base_dir=tmp_path), tmp_path / "r", log=QUIET)
+    meta = json.loads(result.checkpoint.with_suffix(".meta.json").read_text())
+    lo, hi = meta["inputs"][0]["range"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 1, 4, 4, generator=g)
+    # every sample read (training ones with their augmentation, up to +0.05), not the first test sample's span
+    assert lo <= float(x.min()) + 0.05 and hi >= float(x.max()), (lo, hi, float(x.min()), float(x.max()))
+    assert lo < float(x[96].min()) - 1 and hi > float(x[96].max()) + 1

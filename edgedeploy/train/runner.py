@@ -299,7 +299,8 @@ def _run(
     eval_loader = eval_loader_of(splits.test)
     val_loader = None if val_set is None else eval_loader_of(val_set)
     probe = fabric.to_device(next(iter(eval_loader))[0])  # inputs for graph dumps, compile trials, folding
-    _check_model_fits(cfg, model, probe, splits.num_classes)
+    width = _check_model_fits(cfg, model, probe, splits.num_classes)
+    _check_class_names(cfg, splits, width)
     if cfg.loss.kind == "temperature_ce" and cfg.loss.export_temperature == "fold" and not fsdp:
         # the fold is tried now, on a copy, so a model it cannot fold fails before training, not after the last
         # epoch (ConfigError from fold_temperature, naming the fix)
@@ -752,9 +753,10 @@ def _restore_ema(ema: WeightEMA, tensors: dict[str, torch.Tensor], model: nn.Mod
         raise CheckpointError(f"{ckpt}: its EMA weights do not fit the model ({str(exc).splitlines()[0]})") from None
 
 
-def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> None:
+def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classes: int) -> int:
     """One eval-mode forward on two held-out samples: a model that does not fit the data fails here in
-    one line (naming the shapes), not as a traceback in the first training step.
+    one line (naming the shapes), not as a traceback in the first training step. Returns the model's number of
+    outputs (classes).
 
     Raises:
         ConfigError: the forward fails, or the model has fewer outputs than the data has classes.
@@ -782,6 +784,27 @@ def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classe
             f"for {num_classes} classes in the data",
             hint="set num_classes in model.kwargs to the number of classes",
         )
+    return int(logits.shape[-1])
+
+
+def _check_class_names(cfg: TrainConfig, splits: Splits, width: int) -> None:
+    """The sidecar names one class per model output: names counted from the data's labels (which may miss a class
+    the model has) are completed to the model's outputs; names given (``deploy.class_names``, a data callable's
+    ``class_names``) must number exactly that.
+
+    Raises:
+        ConfigError: given names of another count than the model's outputs.
+    """
+    names = splits.class_names
+    if len(names) == width:
+        return
+    if names != [str(i) for i in range(len(names))]:
+        raise ConfigError(
+            f"{cfg.source}: {len(names)} class names ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) for "
+            f"a model with {width} outputs",
+            hint="list one name per output in deploy.class_names (or match model.kwargs.num_classes to them)",
+        )
+    splits.class_names = [str(i) for i in range(width)]
 
 
 def _write_deploy_data(cfg: TrainConfig, splits: Splits, out: Path) -> tuple[dict[str, str], dict[str, str]]:

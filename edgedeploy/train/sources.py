@@ -491,7 +491,30 @@ def _callable(cfg: TrainConfig) -> Splits:
         num_classes=num_classes,
         class_names=list(info.get("class_names") or cfg.deploy.class_names) or [str(i) for i in range(num_classes)],
         normalization=dict(info.get("normalization") or {}),
-        value_range=tuple(info.get("value_range") or (float(x0.min()), float(x0.max()))),  # type: ignore[arg-type]
+        value_range=tuple(info.get("value_range") or _scanned_range((test, train))),  # type: ignore[arg-type]
         inputs=list(info.get("inputs") or []),
         provenance={"kind": "callable", "location": spec},
     )
+
+
+RANGE_SCAN_SAMPLES = 256  # samples of each set the input range of a data callable is taken over
+
+
+def _scanned_range(datasets: tuple[Dataset, ...]) -> tuple[float, float]:
+    """The inputs' least and greatest values over up to :data:`RANGE_SCAN_SAMPLES` samples of each set, spread
+    evenly (the sidecar's ``inputs.range``, which deploy's spec-random goldens and calibration checks use).
+    Reading a sample may draw from the global generators (a dataset's augmentation): their states are put back."""
+    from edgedeploy.train.rng import capture_rng, restore_rng
+
+    lo, hi = np.inf, -np.inf
+    generators = capture_rng(torch.device("cpu"))
+    try:
+        for ds in datasets:
+            n = len(ds)  # type: ignore[arg-type]
+            for i in sorted({int(k) for k in np.linspace(0, n - 1, min(n, RANGE_SCAN_SAMPLES))}) if n else ():
+                x = ds[i][0]
+                if isinstance(x, torch.Tensor) and x.numel() and x.is_floating_point():
+                    lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    finally:
+        restore_rng(generators, torch.device("cpu"))
+    return outward_range(lo, hi) if lo <= hi else (0.0, 1.0)

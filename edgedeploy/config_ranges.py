@@ -43,6 +43,8 @@ def policy_problems(policy: Any, prefix: str = "") -> list[str]:
     _check(problems, f"{prefix}max_nonfinite", policy.max_nonfinite, 0, None, ">= 0")
     _check(problems, f"{prefix}max_latency_regression_pct", policy.max_latency_regression_pct, 0, None, ">= 0")
     _check(problems, f"{prefix}max_latency_ms", policy.max_latency_ms, 1e-9, None, "> 0")
+    if policy.baseline is not None and not str(policy.baseline).strip():  # an empty path would judge no baseline
+        problems.append(f"'{prefix}baseline' = '' names no report (remove the key, or give a report.json path)")
     return problems
 
 

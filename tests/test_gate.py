@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -290,3 +291,26 @@ def test_a_regression_against_a_baseline_timed_at_another_shape_fails_as_not_com
     code, out, _ = _gate(capsys, str(build), "--baseline", str(tmp_path / "old.json"))
     assert code == 8
     assert any(line.startswith("FAIL regression:onnxruntime-fp32:") and "not comparable" in line for line in out), out
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[gate]\nmax_nonfinite = 0\n[extra]\nx = 1\n', "a [gate] table and other keys or tables (extra) beside it"),
+        ('baseline = ""\n', "'baseline' = '' names no report"),
+    ],
+)
+def test_a_policy_that_would_judge_less_than_it_reads_is_a_config_error(
+    build: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    code, _, err = _gate(capsys, str(build), "--policy", _policy(tmp_path, text))
+    assert code == 2 and message in err, err
+
+
+def test_a_gate_on_a_folder_whose_later_build_failed_says_which_release_it_judged(
+    build: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (build / ".last-failed").mkdir()
+    os.utime(build / "report.json", (1_000_000_000, 1_000_000_000))
+    code, out, err = _gate(capsys, str(build))
+    assert code == 0 and "a later build into" in err and "the previous release it kept" in err

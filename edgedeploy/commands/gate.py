@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from edgedeploy.fileio.outdir import SIGNATURE
+    from edgedeploy.artifacts import REPORT
+    from edgedeploy.fileio.outdir import FAILED_DIR, SIGNATURE
     from edgedeploy.validate.gate import run_gate
 
     folder = Path(args.report) if Path(args.report).is_dir() else Path(args.report).parent
@@ -36,6 +37,13 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"warning: {folder / SIGNATURE} not checked: pass --verify-key PUB (without it the gate proves "
             "the folder is consistent, not who made it)",
+            file=sys.stderr,
+        )
+    failed, report = folder / FAILED_DIR, folder / REPORT
+    if failed.is_dir() and report.is_file() and failed.stat().st_mtime > report.stat().st_mtime:
+        # a later build into this folder failed and left the release as it was: the verdict below is that release's
+        print(
+            f"note: a later build into {folder} failed ({failed}); this verdict is on the previous release it kept",
             file=sys.stderr,
         )
 

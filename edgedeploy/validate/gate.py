@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from edgedeploy.artifacts import MANIFEST, REPORT
 from edgedeploy.errors import (
     ArtifactIntegrityError,
+    ConfigError,
     DeployError,
     InputError,
     ParityError,
@@ -131,6 +132,12 @@ def load_policy(path: str | Path) -> GatePolicy:
     """
     path = Path(path)
     raw = read_toml(path, what="gate policy", hint="pass --policy PATH to a gate.toml")
+    if "gate" in raw and isinstance(raw["gate"], dict) and set(raw) != {"gate"}:
+        stray = sorted(k for k in raw if k != "gate")
+        raise ConfigError(
+            f"{path}: a [gate] table and other keys or tables ({', '.join(stray)}) beside it",
+            hint="put every policy key inside [gate], or write them all at top level without [gate]",
+        )
     table = raw["gate"] if set(raw) == {"gate"} and isinstance(raw["gate"], dict) else raw
     policy: GatePolicy = dataclass_from_dict(GatePolicy, table, str(path))
     from edgedeploy.config_ranges import policy_problems, raise_if_problems

@@ -329,3 +329,54 @@ def test_a_failed_export_offers_only_the_fixes_left_to_try(tmp_path: Path) -> No
     assert "opset 13 is the most target 'jetson-nano' parses" in both
     one = _export_fix(SimpleNamespace(cfg=cfg, target=get_target("cpu")), ["dynamo"])  # type: ignore[arg-type]
     assert "try export.exporter = 'torchscript'" in one
+
+
+# the right shapes at every size, other values away from the example: a branch on a size, a pool over it
+BRANCH_ON_SIZE_MODEL = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Centred(nn.Module):
+    def forward(self, x):
+        if x.shape[0] > 1:  # fixed at export, at the example's batch
+            x = x - x.mean(0, keepdim=True)
+        return x * 2
+
+
+class Pooled(nn.Module):
+    def forward(self, x):
+        return F.avg_pool1d(x, x.shape[-1])  # a kernel of the example's length
+
+
+def build():
+    return Centred()
+
+
+def pooled():
+    return Pooled()
+"""
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_an_export_with_the_right_shapes_and_other_values_fails_naming_the_dim(tmp_path: Path, exporter: str) -> None:
+    """The export probes compare values within the FP32 tolerance, not shapes only: on a TensorRT target the
+    host runs nothing else at the min and max shapes."""
+    cfg = make_config(
+        tmp_path, BRANCH_ON_SIZE_MODEL, inputs=[{"name": "x", "shape": ["batch", 8]}],
+        dims={"batch": {"min": 1, "opt": 4, "max": 8}}, export={"exporter": exporter}, build={"target": "jetson-orin"},
+    )  # fmt: skip
+    with pytest.raises(StageError) as err:
+        run_build(cfg, stages=[OnnxFromTorch()], log=quiet)
+    assert "'batch'" in err.value.message, err.value.message
+    assert not (tmp_path / "out" / ONNX_MODEL).exists()
+    module = cfg.model.factory.split(":")[0]
+    pooled = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, factory=f"{module}:pooled"))
+    pooled = dataclasses.replace(
+        pooled,
+        inputs=(dataclasses.replace(cfg.inputs[0], shape=(2, 3, "n")),),
+        dims={"n": dataclasses.replace(next(iter(cfg.dims.values())), min=5, opt=8, max=15)},
+    )
+    with pytest.raises(StageError, match="'n'"):
+        run_build(pooled, stages=[OnnxFromTorch()], log=quiet)

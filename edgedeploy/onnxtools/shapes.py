@@ -121,11 +121,12 @@ def compare_shapes(
     references: list[dict[str, np.ndarray]],
     *,
     atol: float | None = None,
+    rtol: float = 0.0,
 ) -> tuple[list[str], dict[str, Any]]:
     """Run the candidate at every probe point and compare with the reference outputs there.
 
     Problems name the point (and so the dim). Returns (problems, per-point figures). With ``atol``
-    the values are compared too.
+    the values are compared too: the largest difference may be ``atol + rtol * max|reference|``.
     """
     problems: list[str] = []
     figures: dict[str, Any] = {}
@@ -147,8 +148,10 @@ def compare_shapes(
             elif atol is not None and r.size:
                 diff = float(np.max(np.abs(g.astype(np.float64) - r.astype(np.float64))))
                 worst = max(worst, diff)
-                if not diff <= atol:
-                    bad.append(f"output {name!r} differs from PyTorch by {diff:.3g} (> {atol:g})")
+                finite = np.abs(r[np.isfinite(r)]).astype(np.float64)
+                bound = atol + rtol * (float(finite.max()) if finite.size else 0.0)
+                if not diff <= bound:
+                    bad.append(f"output {name!r} differs from PyTorch by {diff:.3g} (> {bound:.3g})")
         figures[point.label] = {"ok": not bad, "max_abs": worst}
         problems.extend(f"at {point.label}: {b}" for b in bad)
     return problems, figures

@@ -271,3 +271,89 @@ def test_cpu_target_names_the_node_onnxruntime_refuses(tmp_path: Path, capsys: p
     assert [(f.severity, f.node) for f in findings] == [("error", "mystery")]
     assert "ONNX Runtime" in findings[0].message
     assert main(["check", "--onnx", str(path)]) == 5
+
+
+def _graph_model(nodes, inputs, outputs, inits=(), opset=17):  # type: ignore[no-untyped-def]
+    graph = helper.make_graph(list(nodes), "g", list(inputs), list(outputs), initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _errors(model, version: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return [f.message for f in tensorrt_findings(model, trt_version=version) if f.severity == "error"]
+
+
+def _x(name: str = "x", shape=(2, 5000), dtype=TensorProto.FLOAT):  # type: ignore[no-untyped-def]
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def test_ops_inside_if_and_loop_bodies_are_checked_like_the_main_graphs() -> None:
+    """The parser imports If / Loop bodies too: IsInf in a then-branch is refused on TensorRT 8.2 (operators.md
+    release/8.2-GA: `IsInf | N`), as it is at top level."""
+    then = helper.make_graph(
+        [helper.make_node("IsInf", ["x"], ["inf"]), helper.make_node("Cast", ["inf"], ["y1"], to=TensorProto.FLOAT)],
+        "then", [], [_x("y1", (2, 8))],
+    )  # fmt: skip
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["y2"])], "else", [], [_x("y2", (2, 8))])
+    cond = helper.make_tensor("c", TensorProto.BOOL, [], [True])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    model = _graph_model([node], [_x("x", (2, 8))], [_x("y", (2, 8))], [cond], opset=13)
+    assert any("cannot parse IsInf" in m for m in _errors(model, "8.2")), _errors(model, "8.2")
+
+
+def test_table_restrictions_the_parser_enforces_are_errors_not_notes() -> None:
+    """onnx-tensorrt docs/operators.md (release/10.1-GA): TopK `K` < 3840, MaxPool without `Indices`, Resize
+    without antialiasing, Q/DQ zero points of 0, ScatterND without `reduction`."""
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [4000])
+    topk = _graph_model(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"])], [_x()],
+        [_x("v", (2, 4000)), _x("i", (2, 4000), TensorProto.INT64)], [k],
+    )  # fmt: skip
+    assert any("TopK K = 4000" in m for m in _errors(topk, "10.3"))
+    pool = _graph_model(
+        [helper.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2])], [_x("x", (1, 1, 4, 4))],
+        [_x("y", (1, 1, 2, 2)), _x("idx", (1, 1, 2, 2), TensorProto.INT64)],
+    )  # fmt: skip
+    assert any("indices output" in m for m in _errors(pool, "10.3"))
+    scales = helper.make_tensor("s", TensorProto.FLOAT, [4], [1, 1, 0.5, 0.5])
+    resize = _graph_model(
+        [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear", antialias=1)], [_x("x", (1, 1, 8, 8))],
+        [_x("y", (1, 1, 4, 4))], [scales], opset=18,
+    )  # fmt: skip
+    assert any("antialias" in m for m in _errors(resize, "10.3"))
+    scale = helper.make_tensor("sc", TensorProto.FLOAT, [], [0.1])
+    zp = helper.make_tensor("zp", TensorProto.INT8, [], [5])
+    qdq = _graph_model(
+        [helper.make_node("QuantizeLinear", ["x", "sc", "zp"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "sc", "zp"], ["y"])],
+        [_x("x", (2, 8))], [_x("y", (2, 8))], [scale, zp], opset=13,
+    )  # fmt: skip
+    assert sum("zero point [5]: TensorRT needs 0" in m for m in _errors(qdq, "10.3")) == 2
+    idx = helper.make_tensor("ix", TensorProto.INT64, [1, 1], [0])
+    upd = helper.make_tensor("up", TensorProto.FLOAT, [1, 8], [1.0] * 8)
+    scatter = _graph_model(
+        [helper.make_node("ScatterND", ["x", "ix", "up"], ["y"], reduction="add")], [_x("x", (2, 8))],
+        [_x("y", (2, 8))], [idx, upd], opset=16,
+    )  # fmt: skip
+    for version in ("8.5", "10.3"):  # an error on 10.x, silently wrong values on 8.x
+        assert any("ScatterND reduction = 'add'" in m for m in _errors(scatter, version))
+    plain = _graph_model([helper.make_node("Relu", ["x"], ["y"])], [_x("x", (2, 8))], [_x("y", (2, 8))], opset=8)
+    assert any("opset 8 is below" in m for m in _errors(plain, "10.3"))
+
+
+def test_a_slice_to_the_end_is_no_int64_warning_on_tensorrt_8() -> None:
+    starts = helper.make_tensor("st", TensorProto.INT64, [1], [1])
+    ends = helper.make_tensor("en", TensorProto.INT64, [1], [2**63 - 1])
+    axes = helper.make_tensor("ax", TensorProto.INT64, [1], [1])
+    model = _graph_model(
+        [helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])], [_x("x", (2, 8))], [_x("y", (2, 7))],
+        [starts, ends, axes], opset=13,
+    )  # fmt: skip
+    warnings = [f.message for f in tensorrt_findings(model, trt_version="8.2") if f.severity == "warning"]
+    assert not any("INT64 constant" in w for w in warnings), warnings
+    big = helper.make_tensor("big", TensorProto.INT64, [1], [2**40])
+    model.graph.initializer.append(big)
+    model.graph.node.append(helper.make_node("Add", ["big", "big"], ["z"]))
+    warnings = [f.message for f in tensorrt_findings(model, trt_version="8.2") if f.severity == "warning"]
+    assert any("INT64 constant" in w for w in warnings)

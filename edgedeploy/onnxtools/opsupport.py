@@ -169,12 +169,30 @@ class _Graph:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.constants = {i.name for i in g.initializer}
         self.constants |= {o for n in g.node if n.op_type == "Constant" for o in n.output}
+        self._constant_protos = {i.name: i for i in g.initializer}
+        self._constant_protos |= {
+            n.output[0]: a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"
+        }
         self.types: dict[str, Any] = {}
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             self.types[vi.name] = vi.type.tensor_type
         self.inputs = list(g.input)
         self.outputs = list(g.output)
         self.initializers = list(g.initializer)
+        # Slice starts / ends: INT64_MAX / INT64_MIN there mean "to the end", which the parser clamps
+        self.slice_bounds = {n.input[i] for n in g.node if n.op_type == "Slice" for i in (1, 2) if i < len(n.input)}
+
+    def value(self, name: str) -> Any:
+        """The numpy value of constant ``name`` (an initializer or a Constant node's tensor), None otherwise."""
+        from onnx import numpy_helper
+
+        proto = self._constant_protos.get(name)
+        if proto is None:
+            return None
+        try:
+            return numpy_helper.to_array(proto)
+        except Exception:  # external data not loaded: not known here
+            return None
 
     def is_dynamic(self, name: str) -> bool:
         t = self.types.get(name)
@@ -232,6 +250,16 @@ def tensorrt_findings(
     graph = _Graph(model)
     version = table["trt_version"]
     lo, hi = table["opset"]
+    if graph.opset < lo:
+        out.append(
+            Finding(
+                "",
+                "",
+                "error",
+                f"model opset {graph.opset} is below what the TensorRT {version} ONNX parser reads (opset {lo}..{hi})",
+                f"re-export with export.opset = {lo} or higher",
+            )
+        )
     if graph.opset > hi:
         out.append(
             Finding(
@@ -243,12 +271,27 @@ def tensorrt_findings(
             )
         )
     seen_info: set[str] = set()
-    for node in model.graph.node:
-        out.extend(_node_findings(node, table, rules, graph, seen_info, module_paths))
+    for node, nested in _all_nodes(model.graph):
+        out.extend(_node_findings(node, table, rules, graph, seen_info, module_paths, nested=nested))
     out.extend(_type_findings(graph, table, rules))
     if dla:
         out.extend(dla_findings(model, graph, precision, module_paths, trt_version=version, sm=sm))
     return out
+
+
+def _all_nodes(graph: Any, nested: bool = False) -> Any:
+    """(node, inside a subgraph) for every node of ``graph`` and of the If / Loop / Scan bodies within, at any
+    depth: the parser imports those bodies too."""
+    import onnx
+
+    for node in graph.node:
+        yield node, nested
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(a.g, True)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_nodes(g, True)
 
 
 def _node_findings(
@@ -258,7 +301,11 @@ def _node_findings(
     graph: _Graph,
     seen_info: set[str],
     module_paths: dict[str, str] | None,
+    *,
+    nested: bool = False,
 ) -> list[Finding]:
+    """What TensorRT's table says of ``node``. A ``nested`` node (in an If / Loop body) is checked by op and
+    attributes; which of its inputs are constants or dynamic is the main graph's knowledge only."""
     version = table["trt_version"]
     src = node_source(node, module_paths)
     name, op = node.name, node.op_type
@@ -289,7 +336,7 @@ def _node_findings(
     schema = _schema(op, graph.opset)
     input_names = [i.name for i in schema.inputs] if schema is not None else []
     attr_names = set(schema.attributes) if schema is not None else set()
-    for wanted in entry.get("static_inputs", []):
+    for wanted in [] if nested else entry.get("static_inputs", []):
         if wanted in input_names:
             idx = input_names.index(wanted)
             if idx < len(node.input) and node.input[idx] and node.input[idx] not in graph.constants:
@@ -316,7 +363,7 @@ def _node_findings(
         dil = _attr(node, "dilations")
         if dil and any(d != 1 for d in dil):
             out.append(finding("error", f"TensorRT {version} needs {op} dilations of 1, got {list(dil)}", "use 1"))
-    if entry.get("static_shapes") and any(graph.is_dynamic(i) for i in node.input if i):
+    if not nested and entry.get("static_shapes") and any(graph.is_dynamic(i) for i in node.input if i):
         out.append(
             finding(
                 "error",
@@ -336,10 +383,59 @@ def _node_findings(
             )
         )
     restrictions = entry.get("restrictions", "")
-    checked = {"static_inputs", "attributes", "dilations_all_ones", "static_shapes"} & set(entry)
-    if restrictions and not checked and op not in seen_info:
+    out += [finding("error", why, fix) for why, fix in _restriction_errors(node, op, restrictions, graph, nested)]
+    if restrictions and op not in seen_info:  # what no rule checks is still said, once per op type
         seen_info.add(op)
         out.append(finding("info", f"TensorRT {version} restriction for {op}: {restrictions}", "check this holds"))
+    return out
+
+
+TOPK_MAX_K = 3840  # onnx-tensorrt docs/operators.md (release/10.1-GA): "`K` input must be less than 3840"
+
+
+def _restriction_errors(node: Any, op: str, restrictions: str, graph: _Graph, nested: bool) -> list[tuple[str, str]]:
+    """Restrictions of the op table (onnx-tensorrt's docs/operators.md) that the parser enforces, checked on the
+    node: (why, fix) per violation. Where TensorRT ignores an attribute instead (ScatterND's ``reduction`` up to
+    8.x), the result would be silently wrong, so that is an error too."""
+    out = []
+    value = None if nested else graph.value
+    if "less than 3840" in restrictions and len(node.input) > 1 and value is not None:
+        k = value(node.input[1])
+        if k is not None and k.size and int(k.reshape(-1)[0]) >= TOPK_MAX_K:
+            out.append((f"TopK K = {int(k.reshape(-1)[0])}: TensorRT needs K < {TOPK_MAX_K}", "take fewer than 3840"))
+    if "`Indices` output tensor unsupported" in restrictions and len(node.output) > 1 and node.output[1]:
+        out.append((f"{op} with its indices output: TensorRT does not produce it", "drop return_indices=True"))
+    if op == "Resize" and _attr(node, "antialias") and "ntialias" in restrictions:
+        out.append(("Resize with antialias = 1: TensorRT does not antialias", "interpolate with antialias=False"))
+    if (
+        op in ("QuantizeLinear", "DequantizeLinear")
+        and "zero" in restrictions
+        and len(node.input) > 2
+        and node.input[2]
+    ):
+        zero = value(node.input[2]) if value is not None else None
+        if zero is None and not nested and node.input[2] not in graph.constants:
+            out.append((f"{op} zero point is computed: TensorRT needs a constant 0", "quantize symmetrically"))
+        elif zero is not None and zero.size and bool((zero != 0).any()):
+            out.append((f"{op} zero point {zero.reshape(-1)[:4].tolist()}: TensorRT needs 0", "quantize symmetrically"))
+    if op == "ScatterND" and _attr(node, "reduction") not in (None, "none"):
+        out.append(
+            (
+                f"ScatterND reduction = {_attr(node, 'reduction')!r}: TensorRT scatters without it (an error from "
+                "10.x, wrong values before)",
+                "write the update without accumulate=True (index_put / scatter_add)",
+            )
+        )
+    if "Floating point inputs are only supported if" in restrictions and not nested:
+        computed = [i for i in node.input[:3] if i and i not in graph.constants]
+        floating = graph.types.get(node.output[0]) if node.output else None
+        if computed and floating is not None and floating.elem_type in (1, 10, 11, 16):  # float, half, double, bf16
+            out.append(
+                (
+                    f"Range with computed float inputs ({', '.join(computed)}): TensorRT takes only constant ones",
+                    "compute the range in int64 (torch.arange(n)) and cast after",
+                )
+            )
     return out
 
 
@@ -375,7 +471,10 @@ def _type_findings(graph: _Graph, table: dict[str, Any], rules: dict[str, Any]) 
         kind = names.get(init.data_type)
         if kind is None:
             continue
-        if kind == "DOUBLE" or (kind == "INT64" and kind in narrowed and _int64_out_of_range(init)):
+        sentinel_only = init.name in graph.slice_bounds and _int64_out_of_range(init, beyond=2**62) is False
+        if kind == "DOUBLE" or (
+            kind == "INT64" and kind in narrowed and _int64_out_of_range(init) and not sentinel_only
+        ):
             const_hits.setdefault(kind, []).append(init.name)
     out = []
     for kind, tensors in io_hits.items():
@@ -401,14 +500,20 @@ def _type_findings(graph: _Graph, table: dict[str, Any], rules: dict[str, Any]) 
     return out
 
 
-def _int64_out_of_range(init: Any) -> bool:
+def _int64_out_of_range(init: Any, beyond: int = 2**31) -> bool | None:
+    """Whether a value of ``init`` lies outside the int32 range, or (``beyond``) outside [-beyond, beyond): with
+    ``beyond = 2**62``, False means every out-of-int32 value is a Slice-style "to the end" sentinel near the int64
+    limits. None: the values are not readable here (external data)."""
     from onnx import numpy_helper
 
     try:
         values = numpy_helper.to_array(init)
     except Exception:  # external data not loaded: cannot tell
-        return False
-    return bool(values.size) and bool((values > 2**31 - 1).any() or (values < -(2**31)).any())
+        return None
+    if beyond == 2**31:
+        return bool(values.size) and bool((values > 2**31 - 1).any() or (values < -(2**31)).any())
+    outside = (values > 2**31 - 1) | (values < -(2**31))
+    return bool((outside & (abs(values.astype("float64")) < beyond)).any())
 
 
 def dla_findings(

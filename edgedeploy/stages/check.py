@@ -19,7 +19,9 @@ from edgedeploy.stages.base import BuildContext, Stage, StageResult
 
 class PreflightFromOnnx(Stage):
     name = names.CHECK
-    version = "3"  # 3: a missing op's fix names the TensorRT release that parses it
+    # 3: a missing op's fix names the TensorRT release that parses it
+    # 4: If / Loop bodies checked; the table restrictions the parser enforces are errors; the opset floor
+    version = "4"
     consumes = (ONNX_MODEL,)
     optional = (ONNX_DATA,)
     produces = (PREFLIGHT,)

@@ -89,3 +89,25 @@ def test_tree_digest_covers_project_python_files_only(tmp_path: Path, name: str)
     assert tree_digest([tmp_path]) == before
     (tmp_path / "c.py").write_text("C = 1\n")
     assert tree_digest([tmp_path]) != before
+
+
+def test_the_memo_follows_where_imports_resolve(tmp_path: Path):
+    """A module the model imports from PYTHONPATH: with another folder there, the memo's file list (which names
+    the first folder's module) is not trusted, the model code is read again, and the stages run."""
+    from conftest import write_unique_tiny_project
+
+    cfg = write_unique_tiny_project(tmp_path / "proj")
+    module = next(p for p in cfg.parent.glob("tinynet_*.py"))
+    module.write_text("from extscale import SCALE  # noqa: F401\n" + module.read_text())
+    for name, scale in (("hA", 1.0), ("hB", 2.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "extscale.py").write_text(f"SCALE = {scale}\n")
+    runs = {}
+    for name in ("hA", "hA", "hB"):
+        os.environ["PYTHONPATH"], before = str(tmp_path / name), os.environ.get("PYTHONPATH")
+        try:
+            runs.setdefault(name, []).append(_build(cfg))
+        finally:
+            os.environ.pop("PYTHONPATH") if before is None else os.environ.__setitem__("PYTHONPATH", before)
+    assert not runs["hA"][1]["user_module"]  # the same folders: remembered
+    assert runs["hB"][0]["user_module"], "the memo named hA's extscale.py while hB's is the one imported"

@@ -59,7 +59,8 @@ def tree_digest(roots: list[Path]) -> str | None:
 
 
 def memo_key(cfg: DeployConfig) -> str:
-    """What the file list depends on besides the files: the factory, the roots, the interpreter."""
+    """What the file list depends on besides the files: the factory, the roots, the interpreter, and where imports
+    resolve (``sys.path``, so ``PYTHONPATH``: another folder there can hold another module of the same name)."""
     return sha256_json(
         {
             "schema": MEMO_SCHEMA,
@@ -68,6 +69,7 @@ def memo_key(cfg: DeployConfig) -> str:
             "roots": [str(r) for r in _roots(cfg)],
             "python": list(sys.version_info[:2]),
             "executable": sys.executable,
+            "path": list(sys.path),
         }
     )
 

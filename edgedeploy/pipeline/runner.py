@@ -98,6 +98,39 @@ def default_stages(target: TargetProfile, cfg: DeployConfig | None = None) -> li
     return stages
 
 
+# a Hugging Face folder's tokenizer files (transformers' names), which decide the token ids of text data
+HF_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+)  # fmt: skip
+
+
+def _model_files(cfg: DeployConfig) -> tuple[Path, ...]:
+    """Files the model is made of besides its code and checkpoint: the external-data files a given ONNX model's
+    tensors name (read without loading them), a Hugging Face folder's tokenizer files."""
+    files: list[Path] = []
+    onnx_path = cfg.path(cfg.model.onnx) if cfg.model.onnx else None
+    if onnx_path is not None and onnx_path.is_file():
+        import onnx
+
+        try:
+            proto = onnx.load(str(onnx_path), load_external_data=False)
+        except Exception:  # unreadable: the stage that reads it names the problem
+            proto = None
+        locations = {
+            entry.value
+            for t in (proto.graph.initializer if proto is not None else ())
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data
+            if entry.key == "location"
+        }
+        files += [onnx_path.parent / loc for loc in sorted(locations) if (onnx_path.parent / loc).is_file()]
+    if cfg.model.hf:
+        folder = Path(cfg.model.kwargs["folder"])
+        files += [folder / name for name in HF_TOKENIZER_FILES if (folder / name).is_file()]
+    return tuple(files)
+
+
 def _external_inputs(cfg: DeployConfig) -> dict[str, Path]:
     from edgedeploy.pipeline.early import check_exported_file
 
@@ -261,6 +294,11 @@ def _run_build(
         ctx.groups[MODEL_CODE] = model_code
     if cfg.model.hf and cfg.model.factory:  # the architecture lives in the folder's config.json: model code
         ctx.groups[MODEL_CODE] = (*model_code, Path(cfg.model.kwargs["folder"]) / "config.json")
+    # files that are the model as much as its code: a given ONNX model's external weights, a Hugging Face folder's
+    # tokenizer (it turns validate.data's text into the goldens' token ids)
+    extra = _model_files(cfg)
+    if extra:
+        ctx.groups[MODEL_CODE] = (*ctx.groups.get(MODEL_CODE, ()), *extra)
     if calib_code is not None:
         ctx.groups[CALIB_CODE] = calib_code
     records: list[StageRecord] = []

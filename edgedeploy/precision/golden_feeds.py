@@ -251,7 +251,9 @@ def heldout_key(cfg: DeployConfig) -> Any:
         return None
     from edgedeploy.precision.data import calibration_fingerprint
 
-    return [p.mode, calibration_fingerprint(cfg), "views-1"]  # views-1: held-out image views
+    # how the data is loaded decides which samples are held out, and how they look (views-1: held-out image views)
+    loading = {"samples": p.calib_samples, "resize": list(p.calib_resize), "layout": p.calib_layout}
+    return [p.mode, calibration_fingerprint(cfg), loading, cfg.model.normalization, "views-1"]
 
 
 def heldout_calibration(cfg: DeployConfig) -> list[Feeds]:

@@ -74,6 +74,7 @@ class TorchScriptFromModel(Stage):
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()
         key = {"model": c["model"], "inputs": c["inputs"], "dims": c["dims"], "export": c["export"]}
+        key["probe_seed"] = ctx.cfg.validate.seed  # the probe points' random sizes and inputs
         if self._probe_only(ctx):  # a failed trace passes here but fails a cpu build: not one cache entry
             key["probe_only"] = True
         return key

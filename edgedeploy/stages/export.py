@@ -108,6 +108,9 @@ class OnnxFromTorch(Stage):
             "exporters": _order(ctx)[0],
             "opset": {e: choose_opset(ctx.cfg, ctx.target, e) for e in exporter_order(ctx.cfg, ctx.target)},
             "external_data": self.uses_external_data(ctx) if "checkpoint" in ctx.external else "model code",
+            # the probes: their random sizes and inputs, and the tolerance their values are held to
+            "probe_seed": ctx.cfg.validate.seed,
+            "fp32_tolerance": dataclasses.asdict(ctx.cfg.tolerance_for("fp32")),
         }
 
     def run(self, ctx: BuildContext) -> StageResult:

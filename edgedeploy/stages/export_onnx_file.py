@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CHECKPOINT, ONNX_MODEL
+from edgedeploy.artifacts import CHECKPOINT, MODEL_CODE, ONNX_MODEL
 from edgedeploy.errors import StageError
 from edgedeploy.onnxtools.export import check_onnx
 from edgedeploy.onnxtools.outputs import rename_outputs
@@ -24,7 +24,8 @@ class OnnxFromFile(Stage):
     produces = (ONNX_MODEL,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (CHECKPOINT,)
+        # the given model's external-data files are in the model-code group (pipeline/runner.py)
+        return (CHECKPOINT,) + ((MODEL_CODE,) if ctx.has_input(MODEL_CODE) else ())
 
     def config_key(self, ctx: BuildContext) -> Any:
         c = ctx.cfg.to_dict()

@@ -90,7 +90,7 @@ class PrecisionFromOnnx(Stage):
         return {
             "precision": c.to_dict()["precision"],
             "calibration": calibration_fingerprint(c),
-            "target": [t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],
+            "target": [t.name, t.runtime, t.trt_version, t.implicit_int8, t.strongly_typed_only],  # precision.json
             "cpu_int8": list(_cpu_flags()) if ctx.precision == "int8" and _host_kernels(t.runtime) else [],
             # the tolerance the stage's goldens veto judges at (INT8 candidates, the FP16 dry-run model)
             "tolerance": ctx.cfg.tolerance_for(ctx.precision).__dict__ if ctx.precision != "fp32" else None,

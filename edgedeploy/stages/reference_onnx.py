@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy import stagenames as names
-from edgedeploy.artifacts import CALIB_CODE, CHECKPOINT, GOLDENS, VALIDATION_DATA
+from edgedeploy.artifacts import CALIB_CODE, CHECKPOINT, GOLDENS, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.errors import StageError
 from edgedeploy.onnxtools.opsupport import onnxruntime_findings, raise_on_errors
 from edgedeploy.onnxtools.ort import ort_session
@@ -29,7 +29,7 @@ class GoldensFromOnnx(Stage):
     produces = (GOLDENS,)
 
     def inputs(self, ctx: BuildContext) -> tuple[str, ...]:
-        return (CHECKPOINT,) + tuple(n for n in (VALIDATION_DATA, CALIB_CODE) if ctx.has_input(n))
+        return (CHECKPOINT,) + tuple(n for n in (MODEL_CODE, VALIDATION_DATA, CALIB_CODE) if ctx.has_input(n))
 
     def config_key(self, ctx: BuildContext) -> Any:
         return goldens_config_key(ctx.cfg)

@@ -1,0 +1,99 @@
+"""A cached stage replays a result only when everything it read is unchanged: each test changes one input a
+stage reads and checks the next build runs that stage again (a stale replay would publish old weights or an old
+verdict)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import write_unique_tiny_project
+from onnx import TensorProto, helper, numpy_helper
+
+from edgedeploy.cli import main
+from edgedeploy.config import load_config
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(folder))
+    return folder
+
+
+def _stages(out: Path) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def _given_onnx(folder: Path, weight: float) -> None:
+    """``given.onnx`` (y = x @ W) with W in the external file ``given.onnx.data``: the same graph file for any W."""
+    w = numpy_helper.from_array(np.full((8, 4), weight, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "given.onnx"), save_as_external_data=True, location="given.onnx.data",
+              size_threshold=0)  # fmt: skip
+
+
+def test_a_given_onnx_models_external_weights_key_the_cache(tmp_path: Path, cache: Path) -> None:
+    _given_onnx(tmp_path, 1.0)
+    (tmp_path / "deploy.toml").write_text(
+        '[model]\nonnx = "given.onnx"\n[dims.batch]\nmin = 1\nopt = 2\nmax = 4\n'
+        "[validate]\nsamples = 1\nlatency_iters = 1\nlatency_warmup = 0\n"
+    )
+    cfg, out = str(tmp_path / "deploy.toml"), tmp_path / "out"
+    assert main(["build", "-c", cfg, "--out", str(out)]) == 0
+    (tmp_path / "given.onnx.data").write_bytes(np.full((8, 4), 3.0, np.float32).tobytes())  # the graph file as it was
+    assert main(["build", "-c", cfg, "--out", str(out)]) == 0
+    assert _stages(out)["export"] == "ran" and _stages(out)["reference"] == "ran"
+    shipped = onnx.load(str(out / "model.onnx"))
+    assert float(numpy_helper.to_array(next(i for i in shipped.graph.initializer if i.name == "W")).max()) == 3.0
+
+
+def test_the_probe_seed_and_the_fp32_tolerance_key_capture_and_export(tmp_path: Path, cache: Path) -> None:
+    """The probes' random sizes and inputs come from validate.seed; export holds their values to tolerance.fp32."""
+    cfg = write_unique_tiny_project(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "-c", str(cfg), "--out", str(out)]) == 0
+    assert main(["build", "-c", str(cfg), "--out", str(out), "--seed", "3"]) == 0
+    assert _stages(out)["capture"] == "ran" and _stages(out)["export"] == "ran"
+    again = ["build", "-c", str(cfg), "--out", str(out), "--seed", "3", "--set", "tolerance.fp32.atol=0.001"]
+    assert main(again) == 0
+    assert _stages(out)["capture"] == "cached" and _stages(out)["export"] == "ran"
+
+
+def test_how_calibration_data_is_loaded_keys_the_held_out_goldens(tmp_path: Path) -> None:
+    """Which calibration samples are held out (and so never calibrated on) depends on how many are loaded."""
+    from edgedeploy.precision.golden_feeds import heldout_key
+
+    cfg = load_config(write_unique_tiny_project(tmp_path))
+    np.save(tmp_path / "calib.npy", np.zeros((32, 3, 8, 8), np.float32))
+
+    def with_precision(**fields):  # type: ignore[no-untyped-def]
+        return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, mode="int8", **fields))
+
+    keys = [json.dumps(heldout_key(with_precision(calib="calib.npy", calib_samples=n)), default=str) for n in (16, 32)]
+    assert keys[0] != keys[1]
+
+
+def test_a_hugging_face_folders_tokenizer_files_are_model_files(tmp_path: Path) -> None:
+    from edgedeploy.pipeline.runner import _model_files
+
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"):
+        (folder / name).write_text("{}")
+    cfg = load_config(write_unique_tiny_project(tmp_path / "p"))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf=str(folder), kwargs={"folder": str(folder)}))
+    assert {p.name for p in _model_files(cfg)} == {"vocab.txt", "tokenizer_config.json"}

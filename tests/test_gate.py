@@ -296,7 +296,7 @@ def test_a_regression_against_a_baseline_timed_at_another_shape_fails_as_not_com
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[gate]\nmax_nonfinite = 0\n[extra]\nx = 1\n', "a [gate] table and other keys or tables (extra) beside it"),
+        ("[gate]\nmax_nonfinite = 0\n[extra]\nx = 1\n", "a [gate] table and other keys or tables (extra) beside it"),
         ('baseline = ""\n', "'baseline' = '' names no report"),
     ],
 )

@@ -471,10 +471,8 @@ def _type_findings(graph: _Graph, table: dict[str, Any], rules: dict[str, Any]) 
         kind = names.get(init.data_type)
         if kind is None:
             continue
-        sentinel_only = init.name in graph.slice_bounds and _int64_out_of_range(init, beyond=2**62) is False
-        if kind == "DOUBLE" or (
-            kind == "INT64" and kind in narrowed and _int64_out_of_range(init) and not sentinel_only
-        ):
+        wide = kind == "INT64" and kind in narrowed and _int64_out_of_range(init, init.name in graph.slice_bounds)
+        if kind == "DOUBLE" or wide:
             const_hits.setdefault(kind, []).append(init.name)
     out = []
     for kind, tensors in io_hits.items():
@@ -500,20 +498,20 @@ def _type_findings(graph: _Graph, table: dict[str, Any], rules: dict[str, Any]) 
     return out
 
 
-def _int64_out_of_range(init: Any, beyond: int = 2**31) -> bool | None:
-    """Whether a value of ``init`` lies outside the int32 range, or (``beyond``) outside [-beyond, beyond): with
-    ``beyond = 2**62``, False means every out-of-int32 value is a Slice-style "to the end" sentinel near the int64
-    limits. None: the values are not readable here (external data)."""
+def _int64_out_of_range(init: Any, sentinels_allowed: bool = False) -> bool:
+    """Whether a value of ``init`` lies outside the int32 range (False when its values are not readable here:
+    external data). ``sentinels_allowed`` (a Slice's starts / ends): values within 2**62 of the int64 limits, its
+    "to the end" sentinels, which the parser clamps, do not count."""
     from onnx import numpy_helper
 
     try:
         values = numpy_helper.to_array(init)
     except Exception:  # external data not loaded: cannot tell
-        return None
-    if beyond == 2**31:
-        return bool(values.size) and bool((values > 2**31 - 1).any() or (values < -(2**31)).any())
+        return False
     outside = (values > 2**31 - 1) | (values < -(2**31))
-    return bool((outside & (abs(values.astype("float64")) < beyond)).any())
+    if sentinels_allowed:
+        outside &= abs(values.astype("float64")) < 2**62
+    return bool(outside.any())
 
 
 def dla_findings(

@@ -1,7 +1,8 @@
 """Content-keyed stage cache: ``<root>/<stage>/<key>/`` holds a stage's files and metrics.
 
-Keys hash the stage's code version, the config fields it reads and the sha256 of
-every artifact it consumes; modification times never enter.
+Keys hash the stage's code version, the config fields it reads, the sha256 of
+every artifact it consumes and the Python environment (the interpreter and every installed package's
+version, :mod:`edgedeploy.fileio.environment`); modification times never enter.
 
 The cache cannot vouch for itself: anyone who can write its folder can rewrite an artifact and
 every hash beside it. So each entry's record carries an HMAC-SHA256 over the stage, the key, every

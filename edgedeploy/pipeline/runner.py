@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from edgedeploy.artifacts import CALIB_CODE, CALIBRATION, CHECKPOINT, MODEL_CODE, VALIDATION_DATA
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import ConfigError, DeployError, InputError, StageInputError
+from edgedeploy.fileio.environment import environment_key
 from edgedeploy.fileio.hashing import sha256_json
 from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
 from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
@@ -301,6 +302,7 @@ def _run_build(
         ctx.groups[MODEL_CODE] = (*ctx.groups.get(MODEL_CODE, ()), *extra)
     if calib_code is not None:
         ctx.groups[CALIB_CODE] = calib_code
+    environment = environment_key()  # the interpreter and installed packages key every stage's cache entry
     records: list[StageRecord] = []
     produced: list[str] = []
     log(f"deploy build: target={target.name}{resolved} precision={cfg.precision.mode} out={out}")
@@ -315,7 +317,7 @@ def _run_build(
             showing = console.stage(i, len(stages), stage.name) if console is not None else contextlib.nullcontext()
             try:
                 with showing, heard:
-                    rec = _run_stage(stage, ctx, cache, cfg, list(zip(stages, records)))
+                    rec = _run_stage(stage, ctx, cache, cfg, list(zip(stages, records)), environment)
             finally:
                 noise.extend(f"[{stage.name}] {line}" for line in heard.lines)
                 if console is not None:
@@ -491,6 +493,7 @@ def _run_stage(
     cache: StageCache,
     cfg: DeployConfig,
     earlier: list[tuple[Stage, StageRecord]] | None = None,
+    environment: str = "",
 ) -> StageRecord:
     reason = stage.applies(ctx)
     if reason is not None:
@@ -505,6 +508,8 @@ def _run_stage(
             "consumes": _consumed_hashes(stage, ctx, earlier or []),
             "inputs": _input_hashes(stage, ctx),
             "outputs": outputs,
+            # the interpreter and the installed packages' versions made the artifact too (fileio.environment)
+            "environment": environment,
         }
     )
     use_cache = cfg.build.cache and stage.cacheable

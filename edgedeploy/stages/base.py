@@ -197,10 +197,10 @@ class Stage(ABC):
     reads only when present (``optional``, declared explicitly), the external inputs it
     depends on (:meth:`inputs`: checkpoint, user code, calibration or validation data; a
     declared input the build lacks is an error) and the files it produces. Its cache key
-    hashes ``name``, ``version``, :meth:`config_key`, the consumed files and the inputs;
-    when the key is unchanged the stage is not run and its files and whole
-    :class:`StageResult` (warnings included) come from the cache. Stages never import each
-    other: shared code lives in the tool and domain packages, shared names in
+    hashes ``name``, ``version``, :meth:`config_key`, the consumed files, the inputs and the Python
+    environment (:func:`edgedeploy.fileio.environment.environment_key`); when the key is unchanged the
+    stage is not run and its files and whole :class:`StageResult` (warnings included) come from the cache.
+    Stages never import each other: shared code lives in the tool and domain packages, shared names in
     ``edgedeploy.artifacts``.
     """
 

@@ -97,3 +97,45 @@ def test_a_hugging_face_folders_tokenizer_files_are_model_files(tmp_path: Path) 
     cfg = load_config(write_unique_tiny_project(tmp_path / "p"))
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf=str(folder), kwargs={"folder": str(folder)}))
     assert {p.name for p in _model_files(cfg)} == {"vocab.txt", "tokenizer_config.json"}
+
+
+def test_installing_or_upgrading_a_package_runs_every_stage_again(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export, a quantization or a verdict made under other library versions is not replayed."""
+    site = tmp_path / "site"
+    (site / "somelib-1.0.dist-info").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    cfg = write_unique_tiny_project(tmp_path)
+    out = tmp_path / "out"
+    build = ["build", "-c", str(cfg), "--out", str(out)]
+    assert main(build) == 0
+    assert main(build) == 0
+    stages = _stages(out)
+    assert {stages[s] for s in ("capture", "export", "reference", "validate")} == {"cached"}
+    (site / "somelib-1.0.dist-info").rename(site / "somelib-1.1.dist-info")  # pip install -U somelib
+    assert main(build) == 0
+    stages = _stages(out)
+    assert {stages[s] for s in ("capture", "export", "reference", "validate")} == {"ran"}
+    assert main(build) == 0
+    assert _stages(out)["export"] == "cached"
+
+
+def test_the_environment_lists_each_folders_packages_in_import_order(tmp_path: Path) -> None:
+    from edgedeploy.fileio.environment import installed_distributions
+
+    first, second, plain = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    layout = {first: ["numpy-2.0.dist-info", "old-1.0-py3.11.egg-info"], second: ["numpy-1.26.dist-info"]}
+    for folder, names in layout.items():
+        for name in names:
+            (folder / name).mkdir(parents=True)
+    (plain / "numpy").mkdir(parents=True)  # a package folder alone says no version: not listed
+    archive = tmp_path / "lib.zip"
+    archive.write_bytes(b"PK")
+    paths = [str(first), str(archive), str(plain), str(tmp_path / "gone"), str(second)]
+    assert installed_distributions(paths) == [
+        (str(first), ["numpy-2.0.dist-info", "old-1.0-py3.11.egg-info"]),
+        (str(second), ["numpy-1.26.dist-info"]),
+    ]
+    # which folder comes first decides which numpy imports
+    assert installed_distributions(paths[::-1]) != installed_distributions(paths)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 import uuid
 from pathlib import Path
@@ -74,3 +75,66 @@ def test_default_route_names_the_line_and_its_fix_builds(tmp_path: Path, monkeyp
     assert f"{path}:{line}" in err and "write `y.shape[0]` instead of `int(y.shape[0])`" in err
     path.write_text(path.read_text().replace("int(y.shape[0])", "y.shape[0]"))
     assert main(_argv(tmp_path, name)) == 0
+
+
+BRANCHY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            if x.abs().amax() > 100:
+                x = x / 100
+            return self.fc(x)
+
+
+    def build():
+        return Branchy()
+    """
+)
+
+
+def test_a_branch_on_tensor_values_fails_export_and_its_fix_builds(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The traced graph would take the example's branch for every input (no probe input reaches 100): the
+    exporter that traced it fails naming the line, and the rewrite its fix names builds a graph with both paths."""
+    import numpy as np
+    import onnxruntime as ort
+
+    name = f"branchy_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(BRANCHY)
+    line = BRANCHY.splitlines().index("        if x.abs().amax() > 100:") + 1
+    monkeypatch.chdir(tmp_path)
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 6
+    err = _one_line(capsys)
+    assert f"{path}:{line} freezes a Python value into the graph (`if x.abs().amax() > 100:`" in err
+    assert f"fix: at {path.name}:{line} decide with tensor ops (torch.where(cond, a, b)" in err
+    assert not (tmp_path / "out" / "model.onnx").exists()  # the failure report only
+    path.write_text(BRANCHY.replace("if x.abs().amax() > 100:\n            x = x / 100",
+                                    "x = torch.where(x.abs().amax() > 100, x / 100, x)"))  # fmt: skip
+    assert main(argv) == 0
+    sess = ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    big = np.full((2, 8), 500.0, np.float32)  # scaled down by the model: its output is that of 5.0
+    assert np.allclose(sess.run(None, {"x": big})[0], sess.run(None, {"x": big / 100})[0], atol=1e-5)
+
+
+def test_accepting_tracer_warnings_warns_per_line(tmp_path: Path, monkeypatch) -> None:
+    name = f"branchy_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(BRANCHY)
+    monkeypatch.chdir(tmp_path)
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(tmp_path / "out"), "--no-fail-on-tracer-warnings",
+            "--exporter", "torchscript", "--capture", "script"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    where = f"{tmp_path / name}.py:{BRANCHY.splitlines().index('        if x.abs().amax() > 100:') + 1}"
+    assert f"export: the torchscript exporter froze a Python value at {where}" in " ".join(report["warnings"])
+    assert report["metrics"]["export"]["tracer_warnings"][0].startswith(where)

@@ -110,6 +110,25 @@ def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
     )
 
 
+def frozen_value_hint(finding: TracerFinding) -> str:
+    """The fix for a user TracerWarning, by what was frozen: a branch on tensor values, or a number.
+
+    ``if x.amax() > 100:`` (a tensor made a Python boolean) is decided once, for the example, when the model is
+    traced; the graph then takes that path for every input. Tensor ops keep both paths in the graph.
+    """
+    file, _, line = finding.where.partition(" ")[0].rpartition(":")
+    short = f"{os.path.basename(file)}:{line}"
+    accept = (
+        "; or set export.fail_on_tracer_warnings = false to accept the traced graph (checked at the probe inputs only)"
+    )
+    if "Python boolean" in finding.message:
+        return (
+            f"at {short} decide with tensor ops (torch.where(cond, a, b), a mask) instead of a Python if/while on "
+            "a tensor's values, so the graph keeps both paths" + accept
+        )
+    return frozen_value_fix(finding)[1] + accept
+
+
 class TracerWarnings:
     """Context manager collecting TracerWarnings (deduplicated) as :class:`TracerFinding`."""
 

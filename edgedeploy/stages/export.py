@@ -25,7 +25,7 @@ from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
-from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix
+from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix, frozen_value_hint
 from edgedeploy.onnxtools.export import (
     EXPORTER_OPSETS,
     EXTERNAL_DATA_THRESHOLD,
@@ -57,6 +57,9 @@ if TYPE_CHECKING:
     from edgedeploy.config import DeployConfig
 
 
+_FROZE = "tracing froze Python values into the graph"  # an exporter's failure for TracerWarnings at the user's lines
+
+
 def weights_bytes(ctx: BuildContext) -> int:
     """Size of the model's weights: the checkpoint file's, else the parameters' and buffers' in memory."""
     if "checkpoint" in ctx.external:
@@ -71,7 +74,8 @@ class OnnxFromTorch(Stage):
     # 4: a named dim with min = max is exported at its size (TorchScript exporter, as dynamo)
     # 5: a factory without checkpoint builds its weights from a fixed seed (entries of unseeded ones differ)
     # 6: the probes compare values within the FP32 tolerance, not shapes only
-    version = "6"
+    # 7: a trace that froze Python values at the user's lines fails that exporter (export.fail_on_tracer_warnings)
+    version = "7"
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
@@ -135,6 +139,8 @@ class OnnxFromTorch(Stage):
                 frozen += [f for f in traced.user if f not in frozen]
                 metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
                 metrics["exporter_order_why"] = why
+                if traced.user:  # the probes passed, yet the graph holds values the user's code computed
+                    self._frozen_values(cfg, exporter, traced.user, metrics, warnings)
             except (ExportFailed, StageError) as exc:
                 # every post-export check (checker, shapes, probes) counts as this exporter failing
                 reason = exc.message.removeprefix(f"[{self.name}] ") if isinstance(exc, StageError) else str(exc)
@@ -158,10 +164,52 @@ class OnnxFromTorch(Stage):
             # each exporter's own message stays in report.json (the symptoms, for whoever digs deeper)
             error.partial = StageResult({"errors": errors, "frozen": [str(f) for f in frozen]})
             raise error
+        if frozen:  # an exporter traced values of the user's code into the graph: that line is the one to fix
+            source = frozen_value_fix(frozen[0])[0].partition("  #")[0]
+            others = [e.partition(":")[0] for e in errors if not e.partition(": ")[2].startswith(_FROZE)]
+            error = StageError(
+                self.name,
+                f"{frozen[0].where} freezes a Python value into the graph (`{source}`: "
+                f"{frozen[0].message.partition(' might ')[0]})"
+                + (f" (+{len(frozen) - 1} more such line(s))" if len(frozen) > 1 else "")
+                + (f"; the {', '.join(others)} exporter failed too (report.json)" if others else ""),
+                hint=frozen_value_hint(frozen[0]),
+            )
+            error.partial = StageResult({"errors": errors, "frozen": [str(f) for f in frozen]})
+            raise error
         raise StageError(
             self.name,
             ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
             hint=_export_fix(ctx, order),
+        )
+
+    def _frozen_values(
+        self,
+        cfg: DeployConfig,
+        exporter: str,
+        found: list[TracerFinding],
+        metrics: dict[str, Any],
+        warnings: list[str],
+    ) -> None:
+        """An exporter that traced the model froze Python values at the user's lines (TracerWarnings): the graph
+        takes the path the example took for every input, checked only at the probe inputs. It fails, as a
+        traced capture does, unless ``export.fail_on_tracer_warnings = false`` (then a warning per line).
+
+        Raises:
+            StageError: ``export.fail_on_tracer_warnings`` (the default).
+        """
+        if cfg.export.fail_on_tracer_warnings:
+            raise StageError(
+                self.name,
+                f"{_FROZE} ({len(found)} TracerWarning(s) in your code): "
+                + " | ".join(str(f) for f in found[:2])
+                + (f" (+{len(found) - 2} more)" if len(found) > 2 else ""),
+            )
+        metrics["tracer_warnings"] = [str(f) for f in found]
+        warnings.extend(
+            f"export: the {exporter} exporter froze a Python value at {f.where} (TracerWarning, accepted by "
+            "export.fail_on_tracer_warnings = false): the graph matched PyTorch at the probe inputs only"
+            for f in found
         )
 
     def _finish(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgedeploy.artifacts import MODEL_CODE
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import CheckpointError, ConfigError
 from edgedeploy.modelio.usercode import import_factory, running_user_code
@@ -129,7 +130,7 @@ def build_model(cfg: DeployConfig, factory: Any = None) -> Any:
         # the same initial weights in every call: without a checkpoint they are the model's weights, and a stage
         # restored from the cache must have seen the same model as a stage that runs again (forked: the
         # caller's own random stream is left as it was)
-        with running_user_code(cfg), torch.random.fork_rng(devices=[]):
+        with running_user_code(cfg, MODEL_CODE), torch.random.fork_rng(devices=[]):
             torch.manual_seed(FACTORY_SEED)
             model = factory(**cfg.model.kwargs)
     except Exception as exc:  # user code: report it as a config problem with the cause

@@ -45,9 +45,11 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
+from edgedeploy.artifacts import CALIB_CODE, MODEL_CODE
 from edgedeploy.config import DeployConfig, module_file_in_roots
 from edgedeploy.errors import ConfigError
 from edgedeploy.fileio.hashing import sha256_file
+from edgedeploy.modelio import reads
 from edgedeploy.modelio.userfiles import changed_since_import, project_modules, user_dependencies, user_file
 
 _LOADED: set[str] = set()  # sys.modules names this loader added (dropped by forget())
@@ -159,12 +161,13 @@ def _project_imports(roots: list[Path], *, set_aside_ours: bool) -> Iterator[lis
 
 
 @contextmanager
-def running_user_code(cfg: DeployConfig) -> Iterator[None]:
+def running_user_code(cfg: DeployConfig, group: str) -> Iterator[None]:
     """Run user code (the model factory) the way it was loaded: what it imports late (``from .layers
     import Net`` inside ``build()``) comes from the project on disk, never from a stale module in
-    ``sys.modules``, and is this loader's to drop at the next build.
+    ``sys.modules``, and is this loader's to drop at the next build. What it reads from disk is recorded for
+    the build's input group ``group`` (:mod:`edgedeploy.modelio.reads`).
     """
-    with _project_imports(_roots(cfg), set_aside_ours=False):
+    with _project_imports(_roots(cfg), set_aside_ours=False), reads.recording(group):
         yield
 
 
@@ -260,7 +263,8 @@ def load_factory(cfg: DeployConfig) -> LoadedFactory:
     if origin != "sidecar":
         module_source(cfg, cfg.model.factory, "model.factory")  # "cannot find module" before running anything
     try:
-        loaded = load_module(module_name, roots)
+        with reads.recording(MODEL_CODE):  # what the module reads as it imports is the model's too
+            loaded = load_module(module_name, roots)
     except ConfigError:  # a stale module (see _refuse_stale): already one clear line
         raise
     except Exception as exc:  # any import-time failure is the user's factory
@@ -323,7 +327,8 @@ def load_callable_code(cfg: DeployConfig, spec: str, key: str) -> LoadedCallable
         if shas == _shas(loaded.files):
             return loaded
     try:
-        code = load_module(module_name, roots)
+        with reads.recording(CALIB_CODE):
+            code = load_module(module_name, roots)
         fn = getattr(code.module, attr)
     except ConfigError:
         raise

@@ -171,3 +171,54 @@ def factory_loader(cfg: DeployConfig, files: tuple[Path, ...], memo: CodeMemo) -
         return loaded.factory
 
     return load
+
+
+READS_SCHEMA = "edgedeploy-reads-memo/1"
+
+
+@dataclass(frozen=True)
+class ReadsMemo:
+    """The files and folders one group of user code (the model factory, the calibration callable) read when it
+    last ran (:mod:`edgedeploy.modelio.reads`), remembered so the next build keys them before the code runs.
+
+    Only a path list: each path's content is hashed when the key is computed. A lost memo costs one build whose
+    stages are not stored (the runner stores no entry whose key missed a file the code read), never a stale one.
+    """
+
+    store: MemoStore
+    key: str
+
+    @classmethod
+    def for_group(cls, cfg: DeployConfig, store: MemoStore, group: str, spec: str) -> ReadsMemo:
+        key = sha256_json(
+            {
+                "schema": READS_SCHEMA,
+                "group": group,
+                "spec": spec,
+                "base": str(cfg.base_dir),
+                "roots": [str(r) for r in _roots(cfg)],
+            }
+        )
+        return cls(store, key)
+
+    @property
+    def name(self) -> str:
+        return f"reads-{self.key}"
+
+    def recall(self) -> tuple[Path, ...]:
+        """The remembered paths (none when absent or not authenticated)."""
+        text = self.store.read_memo(self.name)
+        try:
+            data = json.loads(text) if text is not None else {}
+            if data.get("schema") != READS_SCHEMA:
+                return ()
+            return tuple(Path(p) for p in data["paths"] if isinstance(p, str) and os.path.isabs(p))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return ()
+
+    def remember(self, paths: list[Path]) -> None:
+        """Write the list (best effort: a read-only cache only costs the next build its cache entries)."""
+        try:
+            self.store.write_memo(self.name, json.dumps({"schema": READS_SCHEMA, "paths": [str(p) for p in paths]}))
+        except OSError:
+            pass

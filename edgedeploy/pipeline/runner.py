@@ -20,7 +20,8 @@ from edgedeploy.fileio.outdir import FAILED_DIR as FAILED_DIR
 from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
 from edgedeploy.fileio.signing import release_model
 from edgedeploy.fileio.store import atomic_write_json
-from edgedeploy.modelio import usercode
+from edgedeploy.modelio import reads, usercode
+from edgedeploy.modelio.reads import path_state
 from edgedeploy.pipeline.cache import CACHE_ENV as CACHE_ENV
 from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_bytes
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
@@ -214,7 +215,8 @@ def run_build(
         with OutputFolder(out, inputs=inputs, log=log, sha256=memo) as folder:  # one build per folder, one unit
             check_free_space(folder.out.parent, cfg.path(cfg.model.checkpoint))
             try:
-                return _run_build(cfg, folder, stages, log, verbose, target, console, cache())
+                with reads.building(reads.ReadLog()) as read_log:  # what user code reads keys the cache too
+                    return _run_build(cfg, folder, stages, log, verbose, target, console, cache(), read_log)
             except OSError as exc:  # ENOSPC / EDQUOT: one line, staging already removed, OUT untouched
                 err = disk_full(exc, folder.out)
                 if err is None:
@@ -264,6 +266,7 @@ def _run_build(
     checked: tuple[TargetProfile, str],
     console: BuildConsole | None = None,
     cache: StageCache | None = None,
+    read_log: reads.ReadLog | None = None,
 ) -> BuildResult:
     t_start = time.perf_counter()
     target, resolved = checked
@@ -302,6 +305,9 @@ def _run_build(
         ctx.groups[MODEL_CODE] = (*ctx.groups.get(MODEL_CODE, ()), *extra)
     if calib_code is not None:
         ctx.groups[CALIB_CODE] = calib_code
+    ctx.read_log = read_log
+    read_memos = _reads_memos(cfg, cache, ctx) if cfg.build.cache else {}
+    ctx.reads = {group: memo.recall() for group, memo in read_memos.items()}
     environment = environment_key()  # the interpreter and installed packages key every stage's cache entry
     records: list[StageRecord] = []
     produced: list[str] = []
@@ -328,10 +334,12 @@ def _run_build(
             detail = "; ".join(x for x in (rec.reason, heard.summary()) if x)
             detail = f" ({detail})" if detail else ""
             log(f"[{i}/{len(stages)}] {stage.name:<10} {rec.status:<7} {rec.seconds:6.2f}s{detail}")
+        _remember_reads(ctx, read_memos, log)
         if noise:
             (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
             produced.append(BUILD_LOG)
     except DeployError as exc:
+        _remember_reads(ctx, read_memos, log)
         if noise:
             (staging / BUILD_LOG).write_text("\n".join(noise) + "\n")
         _fail(ctx, cfg, target, records, current, exc, t_start, folder)
@@ -401,6 +409,32 @@ def _model_code(cfg: DeployConfig, cache: MemoStore) -> tuple[tuple[Path, ...], 
     return tuple(loaded.files), loaded.factory, None
 
 
+def _reads_memos(cfg: DeployConfig, cache: StageCache, ctx: BuildContext) -> dict[str, Any]:
+    """Input group -> the memo of the paths its user code read when it last ran (the model factory, the
+    calibration callable), for the groups this build has."""
+    from edgedeploy.pipeline.code_memo import ReadsMemo
+
+    specs = {MODEL_CODE: cfg.model.factory, CALIB_CODE: cfg.precision.calib_callable}
+    return {g: ReadsMemo.for_group(cfg, cache, g, spec) for g, spec in specs.items() if spec and g in ctx.groups}
+
+
+def _remember_reads(ctx: BuildContext, memos: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Remember what each group's code read, where it ran this build, for the next build's keys; say so when
+    this build's stages could not be stored for it."""
+    if ctx.read_log is None:
+        return
+    for group in ctx.read_log.ran:
+        if group in memos:
+            memos[group].remember(ctx.read_log.of(group)[: reads.MAX_READS])
+    unkeyed = ctx.unkeyed_reads()
+    if unkeyed and memos:
+        names = ", ".join(p.name for p in unkeyed[:3]) + (f" (+{len(unkeyed) - 3} more)" if len(unkeyed) > 3 else "")
+        log(
+            f"  your code read files the cache keys did not hold yet ({names}): the stages that ran are not cached "
+            "this time; the next build keys these files"
+        )
+
+
 def _calibration_code(cfg: DeployConfig) -> tuple[Path, ...] | None:
     """The files of ``precision.calib_callable`` and what it imports, when a build uses it (loaded once, here,
     so a callable that does not import fails before anything is written).
@@ -433,6 +467,11 @@ def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
             "sha256": ctx.sha256(name),
             "files": [{"path": str(f), "sha256": ctx.group_file_sha(name, f)} for f in files],
         }
+        # what the code read as it ran (this build's run, else the last one's, which keyed the cached stages)
+        ran = ctx.read_log is not None and name in ctx.read_log.ran
+        read = ctx.read_log.of(name) if ran else list(ctx.reads.get(name, ()))
+        if read:
+            inputs[name]["reads"] = [{"path": str(p), "state": path_state(p)} for p in read]
     return inputs
 
 
@@ -538,7 +577,9 @@ def _run_stage(
     if missing:  # a stage that claims outputs it did not write is a bug in that stage
         raise RuntimeError(f"stage {stage.name} did not write {missing}")
     _record(ctx, stage.name, result, emitted=len(emitted))
-    if use_cache:
+    # a key that missed a file the user's code read this build (its first run, or a new file) cannot vouch for
+    # the result: not stored; the next build keys that file (modelio.reads)
+    if use_cache and not ctx.unkeyed_reads():
         cache.store(stage.name, key, ctx.staging, outputs, result.metrics, warnings=result.warnings, notes=result.notes)
     return StageRecord(stage.name, "ran", time.perf_counter() - t0, key, files=outputs)
 

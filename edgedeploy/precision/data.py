@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edgedeploy.artifacts import CALIB_CODE
 from edgedeploy.config import DeployConfig, InputSpec
 from edgedeploy.errors import ConfigError, InputError
 from edgedeploy.fileio.arrays import read_npy, read_npz
@@ -264,7 +265,7 @@ def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
     names = [s.name for s in cfg.inputs]
     chunks: dict[str, list[np.ndarray]] = {n: [] for n in names}
     try:
-        with running_user_code(cfg):  # what it imports late comes from the project on disk
+        with running_user_code(cfg, CALIB_CODE):  # what it imports late comes from the project on disk
             batches = list(fn())
         for i, batch in enumerate(batches):
             if not isinstance(batch, dict):

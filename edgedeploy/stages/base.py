@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,9 @@ class BuildContext:
     _staged_sha: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     # an input group's file -> its sha256, hashed once per build (the group's digest and the manifest both list it)
     _group_file_sha: dict[Path, str] = field(default_factory=dict)
+    # input group -> the paths its code read when it last ran (modelio.reads): hashed into the group's digest
+    reads: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    read_log: Any = None  # the modelio.reads.ReadLog of this build: what user code read while it ran
 
     @property
     def precision(self) -> str:
@@ -64,7 +68,9 @@ class BuildContext:
         """
         if name in self.groups:
             if name not in self._sha:
-                self._sha[name] = sha256_json({str(f): self.group_file_sha(name, f) for f in self.groups[name]})
+                files = {str(f): self.group_file_sha(name, f) for f in self.groups[name]}
+                read = self.read_states(name)
+                self._sha[name] = sha256_json({"files": files, "reads": read} if read else files)
             return self._sha[name]
         p = self.path(name)
         if name in self.external and name in self._sha:
@@ -104,6 +110,30 @@ class BuildContext:
                 raise InputError(f"{name}: file not found: {path}")
             self._group_file_sha[path] = self.digests.sha256(path) if self.digests is not None else sha256_file(path)
         return self._group_file_sha[path]
+
+    def read_states(self, name: str) -> dict[str, str]:
+        """Path -> what it holds (:func:`edgedeploy.modelio.reads.path_state`), for the paths input group ``name``'s
+        code read when it last ran (``reads``); a file's sha256 through the digest memo when there is one."""
+        from edgedeploy.modelio.reads import path_state
+
+        states = {}
+        for path in self.reads.get(name, ()):
+            if self.digests is not None and path.is_file():
+                states[str(path)] = "file:" + self.digests.sha256(path)
+            else:
+                states[str(path)] = path_state(path)
+        return states
+
+    def unkeyed_reads(self) -> list[Path]:
+        """Paths user code read in this build that no cache key of it holds: not an input file, not in an input
+        group, not remembered from the code's last run (the first build of code that reads files)."""
+        if self.read_log is None:
+            return []
+        keyed = {os.path.realpath(p) for p in self.external.values()}
+        for name, files in self.groups.items():
+            keyed.update(os.path.realpath(f) for f in (*files, *self.reads.get(name, ())))
+        read = [p for name in self.read_log.paths for p in self.read_log.of(name)]
+        return [p for p in read if os.path.realpath(p) not in keyed]
 
     def has_input(self, name: str) -> bool:
         """True when external input ``name`` is configured for this build."""

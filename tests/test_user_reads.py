@@ -1,0 +1,150 @@
+"""Files the user's code reads while it runs (a factory loading its own weights, a calibration callable reading its
+samples) key the stage cache like its source files: a retrained ``weights.pt`` is exported, never the old one."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgedeploy.cli import main
+from edgedeploy.modelio import reads
+
+WEIGHTS_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    def build():
+        net = nn.Linear(8, 4)
+        net.load_state_dict(torch.load("weights.pt"))
+        return net
+    """
+)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(folder))
+    return folder
+
+
+def _stages(out: Path) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in json.loads((out / "report.json").read_text())["stages"]}
+
+
+def _save_weights(folder: Path, seed: int) -> np.ndarray:
+    import torch
+
+    torch.manual_seed(seed)
+    state = torch.nn.Linear(8, 4).state_dict()
+    torch.save(state, folder / "weights.pt")
+    return state["weight"].numpy()
+
+
+def _exported_weight(out: Path) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    arrays = [numpy_helper.to_array(t) for t in onnx.load(str(out / "model.onnx")).graph.initializer]
+    return next(a for a in arrays if a.size == 32)
+
+
+def test_weights_the_factory_loads_itself_key_the_cache(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"wnet_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(WEIGHTS_MODEL)
+    monkeypatch.chdir(tmp_path)
+    first = _save_weights(tmp_path, 0)
+    out = tmp_path / "out"
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "read files the cache keys did not hold yet (weights.pt)" in capsys.readouterr().err
+    assert main(argv) == 0 and _stages(out)["export"] == "ran"  # the first build's key lacked weights.pt: not stored
+    assert main(argv) == 0 and _stages(out)["export"] == "cached"
+    exported = _exported_weight(out)
+    assert np.allclose(exported.reshape(first.shape), first) or np.allclose(exported.T, first)
+    retrained = _save_weights(tmp_path, 1)  # the same file, new weights
+    for memo in cache.rglob("reads-*.json"):  # a lost memo: the key misses weights.pt, and no such entry exists
+        memo.unlink()
+    assert main(argv) == 0
+    assert {_stages(out)[s] for s in ("reference", "capture", "export", "validate")} == {"ran"}
+    exported = _exported_weight(out)
+    assert np.allclose(exported.reshape(retrained.shape), retrained) or np.allclose(exported.T, retrained)
+    model_code = json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]
+    assert model_code["reads"] == [{"path": str(tmp_path / "weights.pt"), "state": model_code["reads"][0]["state"]}]
+    assert model_code["reads"][0]["state"].startswith("file:")
+
+
+CALIB_FROM_FILE = textwrap.dedent(
+    """
+    import numpy as np
+
+
+    def batches():
+        data = np.load("samples.npy")
+        for i in range(0, len(data), 2):
+            yield {"image": data[i : i + 2]}
+    """
+)
+
+
+def test_samples_a_calibration_callable_reads_key_precision(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    from conftest import TINY_TOML, write_tiny_project
+
+    calib = f"calib_{uuid.uuid4().hex[:8]}"
+    model = f"tinynet_{uuid.uuid4().hex[:8]}"
+    toml = TINY_TOML.replace("tinynet:build", f"{model}:build")
+    cfg = write_tiny_project(
+        tmp_path, toml=toml + f'\n[precision]\nmode = "int8"\ncalib_callable = "{calib}:batches"\n'
+    )
+    (tmp_path / "tinynet.py").rename(tmp_path / f"{model}.py")
+    (tmp_path / f"{calib}.py").write_text(CALIB_FROM_FILE)
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "samples.npy", rng.uniform(-1, 1, (8, 3, 16, 16)).astype(np.float32))
+    build = ["build", "--config", str(cfg)]
+    out = tmp_path / "out"
+    assert main(build) == 0 and main(build) == 0
+    assert main(build) == 0 and _stages(out)["precision"] == "cached"
+    first = json.loads((out / "precision.json").read_text())["calibration"]["data_sha256"]
+    np.save(tmp_path / "samples.npy", rng.uniform(-0.5, 0.5, (8, 3, 16, 16)).astype(np.float32))
+    assert main(build) == 0
+    assert _stages(out)["precision"] == "ran" and _stages(out)["export"] == "cached"  # the model did not change
+    assert json.loads((out / "precision.json").read_text())["calibration"]["data_sha256"] != first
+
+
+def test_what_user_code_reads_is_recorded_and_what_imports_or_it_writes_is_not(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("width: 8\n")
+    (tmp_path / "ckpts").mkdir()
+    log = reads.ReadLog()
+    with reads.building(log):
+        with reads.recording("model_code"):
+            Path("config.yaml").read_text()
+            sorted((tmp_path / "ckpts").glob("*.pt"))  # the newest checkpoint: the listing is what was read
+            try:
+                open("optional.json").close()  # absent: what the code saw
+            except FileNotFoundError:
+                pass
+            Path("scratch.bin").write_bytes(b"x")  # its own product, read back: not an input
+            Path("scratch.bin").read_bytes()
+            import json as _json  # noqa: F401  (the import system's own reads are not the code's)
+        Path("after.txt").write_text("not recorded")
+        Path("after.txt").read_text()  # outside the user code's run
+    got = [p.name for p in log.of("model_code")]
+    assert got == ["config.yaml", "ckpts", "optional.json"], got
+    assert log.ran == {"model_code"}
+    assert reads.path_state(tmp_path / "optional.json") == "absent"
+    before = reads.path_state(tmp_path / "ckpts")
+    (tmp_path / "ckpts" / "epoch9.pt").write_bytes(b"")
+    assert reads.path_state(tmp_path / "ckpts") != before and before.startswith("folder:")

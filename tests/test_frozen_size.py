@@ -138,3 +138,28 @@ def test_accepting_tracer_warnings_warns_per_line(tmp_path: Path, monkeypatch) -
     where = f"{tmp_path / name}.py:{BRANCHY.splitlines().index('        if x.abs().amax() > 100:') + 1}"
     assert f"export: the torchscript exporter froze a Python value at {where}" in " ".join(report["warnings"])
     assert report["metrics"]["export"]["tracer_warnings"][0].startswith(where)
+
+
+QUIET = BRANCHY.replace(
+    "        if x.abs().amax() > 100:\n            x = x / 100\n",
+    "        with warnings.catch_warnings():\n"
+    '            warnings.simplefilter("ignore")  # the model silences warnings around its own code\n'
+    "            big = bool(x.abs().amax() > 100)\n"
+    "        if big:\n            x = x / 100\n",
+).replace("import torch\n", "import warnings\n\nimport torch\n", 1)
+
+
+def test_a_model_that_silences_warnings_still_has_its_frozen_branch_named(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A TracerWarning the model's own filters hide is seen all the same: the conversion itself is watched."""
+    name = f"quiet_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(QUIET)
+    line = QUIET.splitlines().index("            big = bool(x.abs().amax() > 100)") + 1
+    monkeypatch.chdir(tmp_path)
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 6  # no capture route is left: the trace froze the branch, torch.export refuses it
+    err = _one_line(capsys)
+    assert f"trace: tracing froze Python values into the graph (1 TracerWarning(s) in your code): {path}:{line}: " \
+        "Converting a tensor to a Python boolean" in err, err  # fmt: skip
+    assert not (tmp_path / "out" / "model.onnx").exists()

@@ -7,7 +7,8 @@ or a retrained ``weights.pt`` would ship the old weights from the cache.
 
 While user code runs (:func:`edgedeploy.modelio.usercode.running_user_code`), a Python audit hook records the
 paths it opens for reading (``open``, ``io.open``, ``os.open``: so ``torch.load``, ``numpy.load``, ``json``,
-``yaml``...) and the folders it lists (``os.listdir``, ``os.scandir``: so ``glob`` and ``Path.iterdir``),
+``yaml``...; not Python source, which is keyed as the model's code) and the folders it lists (``os.listdir``,
+``os.scandir``: so ``glob`` and ``Path.iterdir``),
 including ones that do not exist (an optional file's absence is what the code saw). Files of the Python
 environment (the interpreter, installed packages: keyed by :mod:`edgedeploy.fileio.environment`) and of the
 kernel (``/proc``, ``/sys``, ``/dev``) are not recorded. Files read by native code (a Rust or C++ reader that
@@ -32,6 +33,7 @@ from edgedeploy.fileio.hashing import sha256_file
 
 _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _KERNEL = ("/proc/", "/sys/", "/dev/")
+_SOURCE = (".py", ".pyc", ".pyi")
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # edgedeploy's package folder
 MAX_READS = 2000  # paths kept per build and group; a build whose user code read more is not cached
 
@@ -78,7 +80,9 @@ def _hook(event: str, args: tuple) -> None:
         path = os.path.abspath(os.fsdecode(os.fspath(raw)))
     except (TypeError, ValueError):
         return
-    if path.startswith(_KERNEL) or path.startswith(_skipped) or not _asked_by_user_code():
+    # Python source is keyed as the model's code (its imports); reading it otherwise is for display: a traceback
+    # or torch's lazy-init stack record reading the caller's lines through linecache
+    if path.endswith(_SOURCE) or path.startswith(_KERNEL) or path.startswith(_skipped) or not _asked_by_user_code():
         return
     if event == "open":
         mode, flags = args[1], args[2]

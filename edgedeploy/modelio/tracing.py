@@ -129,12 +129,60 @@ def frozen_value_hint(finding: TracerFinding) -> str:
     return frozen_value_fix(finding)[1] + accept
 
 
+# Tensor -> Python conversions the tracer freezes, with the first sentence of the TracerWarning torch gives for each
+_CONVERSIONS = {
+    "__bool__": "Converting a tensor to a Python boolean",
+    "__int__": "Converting a tensor to a Python integer",
+    "__float__": "Converting a tensor to a Python float",
+    "__index__": "Converting a tensor to a Python index",
+    "item": "Converting a tensor to a Python number",
+    "tolist": "Converting a tensor to a Python list",
+    "numpy": "Converting a tensor to a NumPy array",
+    "__len__": "Using len to get tensor shape",
+    "__iter__": "Iterating over a tensor",
+}
+_HERE = os.path.abspath(__file__)
+_FROZEN_TAIL = " might cause the trace to be incorrect (recorded while tracing, whatever the warning filters said)"
+
+
 class TracerWarnings:
-    """Context manager collecting TracerWarnings (deduplicated) as :class:`TracerFinding`."""
+    """Context manager collecting TracerWarnings (deduplicated) as :class:`TracerFinding`.
+
+    Two witnesses: torch's TracerWarnings, and the Tensor -> Python conversions themselves (``if t:``,
+    ``t.item()``, ``int(t)``...) made while a trace runs. The second does not depend on the warning filters, which
+    the model's own code may set (``warnings.simplefilter("ignore")`` inside ``forward`` hides every
+    TracerWarning it raises).
+    """
 
     def __init__(self) -> None:
         self.findings: list[TracerFinding] = []
         self._ctx: Any = None
+        self._patched: dict[str, Any] = {}
+
+    def _add(self, found: TracerFinding) -> None:
+        """Keep ``found`` unless the same line froze the same kind of value already (both witnesses saw it)."""
+        kind = found.message.split(" might ")[0]
+        if not any(f.where == found.where and f.message.split(" might ")[0] == kind for f in self.findings):
+            self.findings.append(found)
+
+    def _watch_conversions(self, torch: Any) -> None:
+        """Wrap the Tensor -> Python conversions so one made while tracing is a finding at its caller's line."""
+
+        def watched(original: Any, what: str) -> Any:
+            def converted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+                if torch._C._get_tracing_state() is not None:
+                    caller = sys._getframe(1)
+                    stack = traceback.extract_stack(caller)
+                    self._add(attribute(stack, caller.f_code.co_filename, caller.f_lineno, what + _FROZEN_TAIL))
+                return original(tensor, *args, **kwargs)
+
+            return converted
+
+        for name, what in _CONVERSIONS.items():
+            converted = watched(getattr(torch.Tensor, name), what)
+            # restored as it was: an own attribute put back, an inherited one (TensorBase's C slot) deleted again
+            self._patched[name] = vars(torch.Tensor).get(name)
+            setattr(torch.Tensor, name, converted)
 
     @property
     def user(self) -> list[TracerFinding]:
@@ -155,14 +203,22 @@ class TracerWarnings:
 
         def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
             if issubclass(category, torch.jit.TracerWarning):
-                found = attribute(traceback.extract_stack()[:-1], filename, lineno, message)
-                if found not in self.findings:
-                    self.findings.append(found)
+                if os.path.abspath(filename) != _HERE:  # else raised inside a watched conversion: recorded there
+                    self._add(attribute(traceback.extract_stack()[:-1], filename, lineno, message))
             else:
                 previous(message, category, filename, lineno, file, line)
 
         warnings.showwarning = record
+        self._watch_conversions(torch)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        for name, own in self._patched.items():
+            if own is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, own)
+        self._patched.clear()
         self._ctx.__exit__(*exc)

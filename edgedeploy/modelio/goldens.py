@@ -9,7 +9,7 @@ import numpy as np
 
 from edgedeploy.artifacts import GOLDENS  # noqa: F401  (re-exported for callers that name the file)
 from edgedeploy.errors import InputError, StageError
-from edgedeploy.modelio.torchutil import flatten
+from edgedeploy.modelio.torchutil import flatten, torch_args
 
 
 def golden_key(point: str, sample: int, kind: str, name: str) -> str:
@@ -45,9 +45,8 @@ def torch_outputs(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> dict[st
     """
     import torch
 
-    args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs]
     with torch.inference_mode():
-        result = model(*args)
+        result = model(*torch_args(cfg, feeds))
     flat = flatten(result)
     if len(flat) != len(cfg.outputs):
         raise StageError(

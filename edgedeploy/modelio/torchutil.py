@@ -13,10 +13,11 @@ from edgedeploy.modelio.tracing import user_frame  # the user's frame: outside i
 
 
 def torch_args(cfg: Any, feeds: dict[str, np.ndarray]) -> tuple[Any, ...]:
-    """The model's positional arguments (config input order) as torch tensors."""
+    """The model's positional arguments (config input order) as torch tensors of their own: a model that changes
+    its input in place (``x.mul_(2)``) leaves the feed as it was for every other run compared with it."""
     import torch
 
-    return tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs)
+    return tuple(torch.from_numpy(np.array(feeds[s.name], order="C", copy=True)) for s in cfg.inputs)
 
 
 def outputs_as_numpy(cfg: Any, result: Any) -> dict[str, np.ndarray]:

@@ -110,9 +110,10 @@ def record_calls(model: Any, cfg: Any, feeds: dict[str, np.ndarray]) -> list[Cal
         for name, module in model.named_modules():
             handles.append(module.register_forward_pre_hook(pre(name)))
             handles.append(module.register_forward_hook(post(name)))
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in cfg.inputs]
+        from edgedeploy.modelio.torchutil import torch_args
+
         with torch.inference_mode():
-            model(*args)
+            model(*torch_args(cfg, feeds))
     finally:
         for h in handles:
             h.remove()

@@ -197,8 +197,9 @@ def _torchscript_runner_class() -> type:
             import torch
 
             from edgedeploy.modelio.torchutil import flatten as _flatten
+            from edgedeploy.modelio.torchutil import torch_args
 
-            args = [torch.from_numpy(np.ascontiguousarray(feed_dict[s.name])) for s in self._cfg.inputs]
+            args = torch_args(self._cfg, feed_dict)  # copies: a model that writes its input leaves the feed alone
             start = time.perf_counter()
             with torch.inference_mode():
                 result = _flatten(self.module(*args))

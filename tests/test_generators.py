@@ -23,10 +23,13 @@ def test_masks_are_prefix_masks_never_fully_masked() -> None:
         mask = generate(spec, (16, length), rng)
         assert mask.dtype == np.int64
         lengths = mask.sum(1)
-        assert lengths.min() >= 1 and mask[0].all()
+        assert lengths.min() >= 1
         for row, n in zip(mask, lengths):
             assert row[:n].all() and not row[n:].any()
     assert (generate(spec, (64, 16), rng).sum(1) < 16).any(), "padding is exercised"
+    # some batches hold a full-length row and some do not (where a model trimming padding returns less)
+    longest = {int(generate(spec, (2, 12), rng).sum(1).max()) for _ in range(40)}
+    assert 12 in longest and min(longest) < 12
     assert prefix_mask((2, 3, 5), rng, np.float32).shape == (2, 3, 5)
 
 

@@ -25,13 +25,18 @@ def kind_of(spec: Any) -> str:
 
 
 def prefix_mask(shape: tuple[int, ...], rng: np.random.Generator, dtype: Any) -> np.ndarray:
-    """Ones for a random prefix of the last axis (length >= 1), zeros after; row 0 is all ones."""
+    """Ones for a random prefix of the last axis (length >= 1), zeros after.
+
+    Row 0 is all ones in about half the draws: the full length is always exercised somewhere, and so is a batch
+    whose longest row is shorter than the axis, where a model that trims padding to its longest row
+    (``pack_padded_sequence`` + ``pad_packed_sequence``) returns a shorter output than the axis.
+    """
     if not shape:
         return np.ones((), dtype=dtype)
     length = shape[-1]
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     lengths = rng.integers(1, length + 1, size=rows) if length else np.zeros(rows, dtype=np.int64)
-    if rows:
+    if rows and rng.random() < 0.5:
         lengths[0] = length
     mask = np.arange(length)[None, :] < lengths[:, None]
     return mask.reshape(shape).astype(dtype)

@@ -493,6 +493,29 @@ def _check_normalization(where: str, norm: dict[str, Any]) -> None:
         )
 
 
+def _check_dims_used(cfg: DeployConfig) -> None:
+    """Every [dims.*] table sizes a dim some input names: a mistyped or stale one would leave the model validated
+    at sizes nobody asked for (a given ONNX model's 'batch' at 1 while [dims.bach] holds 1:4:8).
+
+    Raises:
+        ConfigError: naming the unused table, the dims the inputs use, and the closest one.
+    """
+    import difflib
+
+    used = [size for spec in cfg.inputs for size in spec.shape if isinstance(size, str)]
+    for name, d in cfg.dims.items():
+        if name not in used:
+            close = difflib.get_close_matches(name, used, n=1)
+            names = ", ".join(dict.fromkeys(used)) or "none: every input shape is static"
+            raise ConfigError(
+                f"{cfg.source}: key 'dims.{name}' sizes a dim no input names (the inputs' dims: {names})",
+                hint=f"did you mean '{close[0]}'? give those sizes to [dims.{close[0]}] and drop [dims.{name}] "
+                f"(--dim {close[0]}={d.min}:{d.opt}:{d.max})"
+                if close
+                else f"remove [dims.{name}], or name it in an input's shape",
+            )
+
+
 def _check_consistency(cfg: DeployConfig) -> None:
     where = cfg.source
     if not cfg.model.factory and not cfg.model.onnx:
@@ -540,6 +563,7 @@ def _check_consistency(cfg: DeployConfig) -> None:
         lo, hi = spec.range
         if lo > hi:
             raise ConfigError(f"{where}: key 'inputs[{i}].range' must be [low, high] with low <= high")
+    _check_dims_used(cfg)
     _check_normalization(where, cfg.model.normalization)
     for name in cfg.tolerance:
         if name not in DEFAULT_TOLERANCES:

@@ -172,10 +172,17 @@ def _config_from_overrides(args: argparse.Namespace, overrides: dict[str, Any]) 
         overrides["outputs"] = ["output"]
     for spec in overrides.get("inputs") or []:
         for size in spec["shape"]:
-            if isinstance(size, str) and size not in (overrides.get("dims") or {}):
+            given = overrides.get("dims") or {}
+            if isinstance(size, str) and size not in given:
+                import difflib
+
+                close = difflib.get_close_matches(size, list(given), n=1)
                 raise ConfigError(
-                    f"--input {spec['name']} names dynamic dim {size!r} and no --dim gives its sizes",
-                    hint=f"add --dim {size}=MIN:OPT:MAX, e.g. --dim {size}=1:4:8",
+                    f"--input {spec['name']} names dynamic dim {size!r} and no --dim gives its sizes"
+                    + (f" (--dim {close[0]} is given: a typo?)" if close else ""),
+                    hint=f"add --dim {size}=MIN:OPT:MAX, e.g. --dim {size}=1:4:8"
+                    if not close
+                    else f"rename --dim {close[0]}=... to --dim {size}=...",
                 )
     # the model comes from flags: relative paths (python_path, --calib) are the working directory's
     return config_from_dict({}, source="<flags>", base_dir=Path.cwd(), overrides=overrides)

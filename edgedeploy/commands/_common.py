@@ -172,11 +172,11 @@ def _config_from_overrides(args: argparse.Namespace, overrides: dict[str, Any]) 
         overrides["outputs"] = ["output"]
     for spec in overrides.get("inputs") or []:
         for size in spec["shape"]:
-            given = overrides.get("dims") or {}
-            if isinstance(size, str) and size not in given:
+            sized = overrides.get("dims") or {}
+            if isinstance(size, str) and size not in sized:
                 import difflib
 
-                close = difflib.get_close_matches(size, list(given), n=1)
+                close = difflib.get_close_matches(size, list(sized), n=1)
                 raise ConfigError(
                     f"--input {spec['name']} names dynamic dim {size!r} and no --dim gives its sizes"
                     + (f" (--dim {close[0]} is given: a typo?)" if close else ""),

@@ -78,3 +78,32 @@ def store_goldens(
             arrays[golden_key(point, s, "in", n)] = a
     for n, a in outs.items():
         arrays[golden_key(point, s, "out", n)] = a
+
+
+def not_deterministic(
+    model: Any, cfg: Any, feeds: dict[str, np.ndarray], first: dict[str, np.ndarray], atol: float
+) -> str | None:
+    """Why eager PyTorch cannot be the reference, or None: a second run on ``feeds`` gives outputs other than
+    ``first`` (the first run's) by more than ``atol``. Randomness in ``forward`` (``F.dropout(training=True)``,
+    ``torch.rand``) or a buffer it updates make every capture and export differ from any eager run.
+
+    Raises:
+        StageError: the model's output count differs from the configured ``outputs``.
+    """
+    again = torch_outputs(model, cfg, feeds)
+    for name, ref in first.items():
+        got = again.get(name)
+        if got is None or got.shape != ref.shape:
+            shape = None if got is None else list(got.shape)
+            return f"output {name!r} has shape {shape} on a second run, {list(ref.shape)} on the first"
+        if got.size and np.issubdtype(got.dtype, np.number):
+            diff = float(np.nanmax(np.abs(got.astype(np.float64) - ref.astype(np.float64)), initial=0.0))
+            if diff > atol or not np.array_equal(np.isnan(got), np.isnan(ref)):
+                return f"output {name!r} differs by {diff:.3g} between two runs on the same input"
+    return None
+
+
+NOT_DETERMINISTIC_FIX = (
+    "make forward() give the same output for the same input in eval mode: no F.dropout(..., training=True), "
+    "torch.rand / randn, or buffer updates (self.count += 1) in forward"
+)

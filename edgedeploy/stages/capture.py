@@ -23,6 +23,7 @@ from edgedeploy import stagenames as names
 from edgedeploy.artifacts import TORCHSCRIPT
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.capture import API, ARTIFACTS, capture_route, route_order, save_artifact
+from edgedeploy.modelio.goldens import NOT_DETERMINISTIC_FIX, not_deterministic
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, root_cause, torch_args
 from edgedeploy.onnxtools.shapes import (
@@ -132,6 +133,9 @@ class TorchScriptFromModel(Stage):
             self._artifact = ""
             why = "tracing not proven for this model: the export stage keeps the exporter that emits the opset"
             return StageResult({"mode": mode, "route": None, "tried": tried, "artifact": None, "why": why})
+        moving = not_deterministic(model, cfg, feeds[0], eager[0], CAPTURE_ATOL)
+        if moving:  # no route can match a reference that moves: that is the one line
+            raise StageError(self.name, f"eager PyTorch is not deterministic: {moving}", hint=NOT_DETERMINISTIC_FIX)
         raise StageError(
             self.name,
             "no capture route matches eager PyTorch: "

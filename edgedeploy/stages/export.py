@@ -23,6 +23,7 @@ import numpy as np
 from edgedeploy import stagenames as names
 from edgedeploy.artifacts import ONNX_DATA, ONNX_MODEL
 from edgedeploy.errors import StageError
+from edgedeploy.modelio.goldens import NOT_DETERMINISTIC_FIX, not_deterministic
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
 from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix, frozen_value_hint
@@ -149,6 +150,10 @@ class OnnxFromTorch(Stage):
             if errors:
                 warnings.append(f"export: the {order[0]} exporter failed, used {exporter} instead ({errors[0][:300]})")
             return StageResult(metrics, warnings=warnings)
+        atol = cfg.tolerance_for("fp32").atol or 1e-4
+        moving = not_deterministic(model, cfg, probe.feeds[0], probe.references[0], atol)
+        if moving:  # no exporter can match a reference that moves: that is the one line
+            raise StageError(self.name, f"eager PyTorch is not deterministic: {moving}", hint=NOT_DETERMINISTIC_FIX)
         dims = _dims_named(errors)
         if frozen and dims:  # a dynamic dim was baked and the user's own line froze a size: that is the one line
             source, fix = frozen_value_fix(frozen[0])

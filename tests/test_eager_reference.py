@@ -70,3 +70,29 @@ def test_a_model_whose_eager_outputs_move_fails_saying_so(
     assert len(err) == 1
     assert f"[{stage}] eager PyTorch is not deterministic: output 'y' differs by" in err[0]
     assert "between two runs on the same input -- fix: make forward() give the same output" in err[0]
+
+
+def test_the_dry_run_feeds_masks_with_a_token_in_every_row() -> None:
+    """The admission run draws inputs as every stage does: a model that refuses a fully masked row (as
+    nn.TransformerEncoder's fast path does) is not refused for a row no stage would feed it."""
+    import torch
+
+    from edgedeploy.config import config_from_dict
+    from edgedeploy.modelio.admission import dry_forward
+
+    class NeedsAToken(torch.nn.Module):
+        def forward(self, x, mask):
+            if bool((mask.sum(1) == 0).any()):
+                raise ValueError("every row needs at least one token")
+            return x.sum(1)
+
+    raw = {
+        "model": {"factory": "m:build"},
+        "outputs": ["y"],
+        "inputs": [
+            {"name": "x", "shape": ["batch", "seq", 4]},
+            {"name": "mask", "shape": ["batch", "seq"], "dtype": "int64", "kind": "mask", "range": [0, 1]},
+        ],
+        "dims": {"batch": {"min": 2, "opt": 2, "max": 4}, "seq": {"min": 3, "opt": 6, "max": 8}},
+    }
+    dry_forward(NeedsAToken(), config_from_dict(raw))

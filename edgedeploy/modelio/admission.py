@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy.errors import CheckpointError, ConfigError
+from edgedeploy.modelio.generators import generate
 
 # a trained float parameter beyond this magnitude is not a weight: most likely integer bits read as float
 ABSURD_WEIGHT = 1e6
@@ -89,7 +90,9 @@ def forward_arity_problem(model: Any, cfg: Any) -> str | None:
 
 
 def dry_forward(model: Any, cfg: Any) -> None:
-    """Run the model once on zeros at the min shape of every input, before anything else runs it.
+    """Run the model once at the min shape of every input, before anything else runs it, on inputs drawn as
+    every stage draws them (:func:`edgedeploy.modelio.generators.generate`: a mask keeps a token in every row,
+    ids stay in their range), so a model that refuses a fully masked row is not refused for it.
 
     Raises:
         ConfigError: the input spec does not fit ``forward`` (count), or the model rejects the
@@ -102,7 +105,8 @@ def dry_forward(model: Any, cfg: Any) -> None:
     if arity:
         raise ConfigError(f"{where}: {arity}", hint="list one [[inputs]] table per forward() argument, in order")
     specs = [(s, cfg.shape_for(s, "min")) for s in cfg.inputs]
-    args = [torch.from_numpy(np.zeros(shape, dtype=np.dtype(s.dtype))) for s, shape in specs]
+    rng = np.random.default_rng(0)
+    args = [torch.from_numpy(np.ascontiguousarray(generate(s, shape, rng))) for s, shape in specs]
     try:
         with torch.inference_mode():
             model(*args)

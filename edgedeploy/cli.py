@@ -111,7 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     previous = _stop_on_sigterm()
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, not at interpreter exit, so a reader gone early is caught below
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe (a subprocess, a socket) broke: an unexpected error keeps its traceback
+        _quiet_stdout()
+        return EXIT_STDOUT_CLOSED
     except DeployError as exc:
         print(f"deploy: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
@@ -126,6 +133,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             import signal
 
             signal.signal(signal.SIGTERM, previous)
+
+
+# what a shell reports for a process killed by SIGPIPE (128 + 13), as `yes | head -1` gives: the reader of
+# stdout stopped reading (`deploy targets | head -3`), which is no error of the command's
+EXIT_STDOUT_CLOSED = 141
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone; True where that cannot be asked (no poll)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True  # stdout replaced by something without a descriptor: the error can only be its own
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so the interpreter's final flush of what is still buffered for the gone
+    reader does not print a second BrokenPipeError on the way out."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # no descriptor to redirect: nothing will be flushed to it either
 
 
 class Terminated(KeyboardInterrupt):

@@ -169,8 +169,35 @@ def read_toml(path: str | Path, *, what: str, hint: str | None = None) -> dict[s
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}", hint=hint)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+        raise ConfigError(f"{path}: not a UTF-8 text file", hint=f"save {path} as UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})", hint=_toml_fix(path, text, str(exc))) from None
+
+
+# what the parser's message means, in the words of the fix: the parser notices most mistakes only after them, at
+# the start of the next line or the end of the file
+_TOML_CAUSES = (
+    ("Unclosed array", "an unclosed [ just before it: close it with ]"),
+    ("Unclosed inline table", "an unclosed { just before it: close it with }, on the same line"),
+    ("Illegal character '\\n'", "a string without its closing \" or ' on that line"),
+    ("Unterminated string", "a string without its closing \" or '"),
+    ("Cannot overwrite a value", "a key or table set twice: keep one"),
+    ("Cannot declare", "a table declared twice: merge them into one"),
+    ("Expected '=' after a key", "write KEY = VALUE, a string value in quotes"),
+    ("Invalid value", "a value TOML cannot read: an unquoted string, True for true, a [ or { left open"),
+)
+
+
+def _toml_fix(path: str | Path, text: str, error: str) -> str:
+    """The fix for a TOML parse error ``error`` (tomllib's message) in ``text`` read from ``path``: the line to
+    edit and what the message says is wrong there."""
+    import re
+
+    where = re.search(r"\(at line (\d+), column \d+\)", error)
+    line = int(where.group(1)) if where else max(1, len(text.rstrip("\n").splitlines()))
+    cause = next((c for key, c in _TOML_CAUSES if key in error), "look at that line and the one before it")
+    return f"fix the TOML syntax at {path}:{line} ({cause})"

@@ -23,16 +23,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
+    """Prune the named or default cache folder to its size bound.
+
+    Raises:
+        ConfigError: ``--max-size`` is not a size.
+        InputError: the folder named by ``--dir``, ``--out`` or ``$EDGEDEPLOY_CACHE_DIR`` does not exist (a
+            mistyped path would otherwise read as an empty cache), or is a link or not this user's.
+    """
+    import os
     from pathlib import Path
 
-    from edgedeploy.errors import ConfigError
-    from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_bytes, parse_size
+    from edgedeploy.errors import ConfigError, InputError
+    from edgedeploy.pipeline.cache import CACHE_ENV, StageCache, default_cache_dir, max_cache_bytes, parse_size
 
     root = args.dir or (str(Path(args.out) / ".cache") if args.out else str(default_cache_dir()))
     try:
         limit = parse_size(args.max_size) if args.max_size is not None else max_cache_bytes()
     except ValueError:
         raise ConfigError(f"--max-size {args.max_size!r} is not a size", hint="e.g. 500M, 10G") from None
+    if not os.path.lexists(root):
+        # a named folder that is missing is a mistyped path, not an empty cache; the default folder before the
+        # first build made it is an empty cache, and says so below
+        if args.dir or args.out:
+            flag = "--dir" if args.dir else "--out"
+            raise InputError(
+                f"cache folder not found: {root} ({flag})",
+                hint=f"check the path, or leave out {flag} to prune the cache deploy build uses "
+                f"({default_cache_dir()})",
+            )
+        if os.environ.get(CACHE_ENV):
+            raise InputError(
+                f"cache folder not found: {root} (${CACHE_ENV})",
+                hint=f"set {CACHE_ENV} to the folder deploy build caches in, or unset it for the default",
+            )
     cache = StageCache(Path(root))
     removed, freed = cache.prune(limit)
     left = sum(r[1] for r in cache.entries())

@@ -154,6 +154,39 @@ def _mac(secret: bytes, stage: str, key: str, record: dict[str, Any]) -> str:
     return hmac.new(secret, blob.encode(), hashlib.sha256).hexdigest()
 
 
+def _folder_fix(root: Path) -> str:
+    """What makes ``root`` usable as the cache folder, from what is wrong with it: mode bits a chmod fixes, else
+    another folder (a link, another user's folder, a file, one that cannot be made)."""
+    if os.environ.get(CACHE_ENV):
+        elsewhere = f"point {CACHE_ENV} at another folder of yours"
+    else:
+        elsewhere = f"set {CACHE_ENV} to a folder of yours"
+    try:
+        st = os.lstat(root)
+    except OSError:  # it could not be made (a parent that is not writable, a file in the way)
+        return f"{elsewhere} (mkdir -m 700 DIR)"
+    uid = _my_uid()
+    if stat.S_ISLNK(st.st_mode):
+        return f"{elsewhere} that is not a link (mkdir -m 700 DIR)"
+    if uid is not None and st.st_uid != uid:
+        return f"{elsewhere} (mkdir -m 700 DIR): {root} is not yours to fix"
+    if uid is not None and st.st_mode & 0o022:
+        return f"chmod 700 {root}"
+    return f"{elsewhere} (mkdir -m 700 DIR)"
+
+
+def _key_fix(path: Path) -> str:
+    """What makes the cache key file usable, from what is wrong with it."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"make {path.parent} a folder of yours (mkdir -m 700 {path.parent}), or set {KEY_ENV}"
+    uid = _my_uid()
+    if stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid) and st.st_mode & 0o077:
+        return f"chmod 600 {path}"
+    return f"delete {path} (the next build makes a new one), or set {KEY_ENV}"
+
+
 class StageCache:
     """A folder of finished stage results, looked up by content key and used only when authenticated."""
 
@@ -181,6 +214,7 @@ class StageCache:
         if self._checked:
             return self._problem
         self._checked = True
+        fix = None
         try:
             if not self.root.exists() and not self.root.is_symlink():
                 self.root.mkdir(parents=True, mode=0o700)
@@ -191,11 +225,14 @@ class StageCache:
             if self._problem is None and not any(self.root.iterdir()):  # a folder made for it (mkdir -m 700)
                 (self.root / _TAG).write_text(_TAG_TEXT)
             if self._problem is None and self._secret is None:
+                fix = _key_fix(key_file())  # the folder is fine: what fails from here on is the key
                 self._secret = cache_secret()
         except OSError as exc:
             self._problem = str(exc) if not exc.strerror else f"{exc.filename or self.root}: {exc.strerror}"
         if self._problem:
-            self._say(f"stage cache not used: {self._problem}; every stage runs (set {CACHE_ENV} to a folder of yours)")
+            # "warning:" keeps the line under -q: a build that silently caches nothing is worth knowing about
+            fix = fix or _folder_fix(self.root)
+            self._say(f"warning: stage cache not used: {self._problem}; every stage runs -- fix: {fix}")
         return self._problem
 
     def _entry_problem(self, d: Path) -> str | None:

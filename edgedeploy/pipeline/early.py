@@ -20,7 +20,8 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
     """Raise the first refusal knowable from config, target and data presence alone.
 
     Raises:
-        TargetCapabilityError: a precision, DLA core or opset the target does not support.
+        TargetCapabilityError: a precision, DLA core or opset the target does not support, or a TensorRT
+            workspace larger than the target's memory.
         InputError: INT8 without calibration data; a data file that is missing or needs a
             Hugging Face tokenizer the model source does not have; an image folder without images, or for
             a model with several inputs; .npy / .npz data without an array per input, or validation
@@ -31,6 +32,7 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
     from edgedeploy.onnxtools.export import choose_opset
 
     choose_opset(cfg, target)  # precision and DLA: targets.resolve.check_capabilities, just before this
+    _refuse_workspace(cfg, target)
     p = cfg.precision
     calib = cfg.path(p.calib)
     if p.mode == "int8" and calib is None and not p.calib_callable:
@@ -60,6 +62,26 @@ def refuse_early(cfg: DeployConfig, target: TargetProfile) -> None:
             rows = _check_array_names(cfg, key, path)
             if key == "precision.calib" and rows is not None:
                 _refuse_one_batch(cfg, str(path), rows)
+
+
+def _refuse_workspace(cfg: DeployConfig, target: TargetProfile) -> None:
+    """A builder workspace larger than the device's memory (shared with the CPU on a Jetson) can never be
+    granted: refused here, not after every stage ran and the engine plan is written.
+
+    Raises:
+        TargetCapabilityError: ``build.workspace_mib`` exceeds the target's ``memory_mib``.
+    """
+    from edgedeploy.errors import TargetCapabilityError
+
+    asked = cfg.build.workspace_mib
+    if asked is None or not target.memory_mib or asked <= target.memory_mib:
+        return
+    raise TargetCapabilityError(
+        f"build.workspace_mib (--workspace-mib) {asked} MiB exceeds target '{target.name}' memory "
+        f"({target.memory_mib} MiB)",
+        hint=f"use --workspace-mib {target.memory_mib} or less (the target's memory; without the flag it gets "
+        f"{target.workspace_mib} MiB)",
+    )
 
 
 def check_exported_file(key: str, path: Path, origin: dict[str, str]) -> None:

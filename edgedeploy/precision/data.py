@@ -288,6 +288,19 @@ def _from_callable(cfg: DeployConfig, spec: str) -> dict[str, np.ndarray]:
         raise InputError(f"calibration callable {spec}: batches do not stack along axis 0 ({exc})") from None
 
 
+def _file_sets(source: str, table: str, key: str, value: Any) -> bool:
+    """Whether the config file ``source`` itself sets ``[table] key`` to ``value``: an error about a value it does
+    not hold names the flag (or keyword) that set it, not the file."""
+    from edgedeploy.schema import read_toml
+
+    try:
+        raw = read_toml(source, what="config file")
+    except ConfigError:  # no file (a build from flags alone, a dict): the value came from a flag or keyword
+        return False
+    section = raw.get(table)
+    return isinstance(section, dict) and section.get(key) == value
+
+
 def _image_geometry(cfg: DeployConfig, spec: InputSpec, where: str) -> tuple[int, int, int]:
     """(height, width, channels) the image-folder preprocessing produces for ``spec``."""
     if len(spec.shape) != 4:
@@ -300,10 +313,23 @@ def _image_geometry(cfg: DeployConfig, spec: InputSpec, where: str) -> tuple[int
     c_axis, hw = (1, (2, 3)) if layout == "NCHW" else (3, (1, 2))
     channels = spec.shape[c_axis]
     if channels not in (1, 3):
+        other, other_axis = ("NHWC", 3) if layout == "NCHW" else ("NCHW", 1)
+        from_file = _file_sets(cfg.source, "precision", "calib_layout", layout)
+        if spec.shape[other_axis] in (1, 3):  # the input's own layout: the one that puts 1 or 3 on its channel axis
+            use = f'set precision.calib_layout = "{other}"' if from_file else f"use --calib-layout {other}"
+            hint = f"{use} (the layout of input {spec.name!r}: {spec.shape[other_axis]} channels on axis {other_axis})"
+        else:
+            hint = (
+                f"input {spec.name!r} is no 1- or 3-channel image: calibrate with a .npy/.npz file or "
+                "precision.calib_callable"
+            )
+        where = (
+            f"{cfg.source}: key 'precision.calib_layout'" if from_file else "--calib-layout (precision.calib_layout)"
+        )
         raise ConfigError(
-            f"{cfg.source}: input {spec.name!r} has {channels} channels on axis {c_axis} ({layout}); "
+            f"{where} = {layout!r} puts {channels} channels on axis {c_axis} of input {spec.name!r}; "
             "images give 1 or 3",
-            hint="set precision.calib_layout to the input's layout",
+            hint=hint,
         )
     if cfg.precision.calib_resize:
         if len(cfg.precision.calib_resize) != 2:

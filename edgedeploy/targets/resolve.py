@@ -18,6 +18,7 @@ recorded), else the ``desktop`` profile as is. Every resolution is said in one l
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -129,9 +130,7 @@ def resolve_target(
         else:
             chosen = jetson_default
             how = "not on a Jetson: [build] jetson default"
-        if chosen in ALIASES:
-            raise ConfigError(f"[build] jetson = {chosen!r} must name a profile", hint="e.g. jetson-orin")
-        return get_target(chosen, targets_file), f" (from 'jetson': {how})"
+        return _jetson_profile(chosen, targets_file), f" (from 'jetson': {how})"
     if name == "desktop":
         found = local_tensorrt() if callable(local_tensorrt) else local_tensorrt
         version, gpu = found if found is not None else (None, None)
@@ -142,6 +141,34 @@ def resolve_target(
         profile = dataclasses.replace(profile, trt_version=".".join(version.split(".")[:2]), sm=gpu.get("sm", ""))
         return profile, f" (from 'desktop': local TensorRT {version} on {gpu.get('name', '?')}, SM {gpu.get('sm')})"
     return get_target(name, targets_file), ""
+
+
+def _jetson_profile(name: str, targets_file: str | Path | None) -> TargetProfile:
+    """The profile ``--target jetson`` resolved to: one with a JetPack release, never a CPU or desktop profile
+    (``--jetson cpu`` would otherwise build for a machine that is no Jetson).
+
+    Raises:
+        ConfigError: ``name`` is unknown, an alias, or no Jetson profile (the Jetson profiles named).
+    """
+    from edgedeploy.targets.profiles import all_targets
+
+    targets = all_targets(targets_file)
+    jetsons = [n for n, t in targets.items() if t.jetpack]
+    profile = targets.get(name)
+    if profile is not None and profile.jetpack:
+        return profile
+    if name in ALIASES:
+        problem = f"{name!r} is not a Jetson profile (an alias of --target)"
+    elif profile is None:
+        problem = f"unknown target {name!r}"
+    else:
+        problem = f"{name!r} is not a Jetson profile (the {profile.runtime} target for {profile.arch})"
+    close = difflib.get_close_matches(name, jetsons, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(
+        f"key 'build.jetson' (--jetson): {problem}",
+        hint=f"{hint}use one of {', '.join(jetsons)}, or a targets-file profile with a jetpack",
+    )
 
 
 def check_capabilities(target: TargetProfile, cfg: Any) -> None:

@@ -310,7 +310,8 @@ def make_plan(
     if target.memory_mib and workspace > target.memory_mib:
         raise TargetCapabilityError(
             f"workspace {workspace} MiB exceeds target '{target.name}' memory ({target.memory_mib} MiB)",
-            hint=f"use --workspace-mib {target.workspace_mib} (the target's default) or less",
+            hint=f"use --workspace-mib {target.memory_mib} or less (the target's memory; without the flag it gets "
+            f"{target.workspace_mib} MiB)",
         )
     notes: list[str] = []
     calib = None

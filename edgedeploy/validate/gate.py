@@ -82,7 +82,11 @@ class GateCheck:
 
 @dataclass(frozen=True)
 class GateResult:
+    """Every check of one verdict; ``fixes`` holds the fix for an exit code whose failures have a cause more
+    specific than the kind's own (a required check that did not run, a latency budget), else the kind's."""
+
     checks: list[GateCheck]
+    fixes: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def failures(self) -> list[GateCheck]:
@@ -113,7 +117,7 @@ class GateResult:
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
             return StageError(GATE, message, hint="fix the build failure first; see its report")
-        err = _ERRORS[code](message, hint=_GATE_FIXES[code])
+        err = _ERRORS[code](message, hint=self.fixes.get(code, _GATE_FIXES[code]))
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
         return err
@@ -216,7 +220,75 @@ def evaluate(
     checks += _parity(view, policy)
     checks += _required(view, policy, integrity_checked=folder is not None)
     checks += _latency(view, policy, before)
-    return GateResult(checks)
+    return GateResult(checks, _fixes(view, policy, checks, folder))
+
+
+def _did_not_run(check: GateCheck) -> bool:
+    """A failing check whose cause is that something required was not run (not that it ran and failed)."""
+    if check.id.startswith("required:"):
+        return not check.message.endswith(" failed")  # "required backend X failed": it ran
+    return check.id.startswith("latency:") and check.message.startswith("no ")  # a budget with no timing
+
+
+def _awaits_device(report: ReportView) -> bool:
+    """A TensorRT device bundle: its engine is built and validated by the device step, not on this host."""
+    from edgedeploy.fileio.signing import report_model
+
+    return str(report_model(report.raw).get("artifact", "")).endswith("bundle.json")
+
+
+def _fixes(report: ReportView, policy: GatePolicy, checks: list[GateCheck], folder: Path | None) -> dict[int, str]:
+    """The fix per exit code where the failing checks of that code tell more than the kind's general fix:
+    a required check or timing that never ran is not fixed by the model or a tolerance, and a budget missed
+    with no baseline is not fixed by a baseline."""
+    failing = [c for c in checks if not c.passed]
+    fixes: dict[int, str] = {}
+    parity = [c for c in failing if c.exit_code == PARITY]
+    if parity and all(_did_not_run(c) for c in parity):
+        fixes[PARITY] = _not_run_fix(report, policy, folder, parity)
+    slow = [c for c in failing if c.exit_code == PERFORMANCE]
+    parts = []
+    if any(_did_not_run(c) for c in slow):
+        parts.append(_not_run_fix(report, policy, folder, [c for c in slow if _did_not_run(c)]))
+    if any(c.id.startswith("latency:") and not _did_not_run(c) for c in slow):
+        parts.append(
+            f"speed the artifact up (a lower precision, a faster target) or raise or remove max_latency_ms "
+            f"({policy.max_latency_ms} ms) in the gate policy"
+        )
+    if any(c.id.startswith("regression") for c in slow):
+        parts.append(_GATE_FIXES[PERFORMANCE])
+    if parts:
+        fixes[PERFORMANCE] = "; ".join(parts)
+    return fixes
+
+
+def _not_run_fix(report: ReportView, policy: GatePolicy, folder: Path | None, missing: list[GateCheck]) -> str:
+    """What applies when required checks did not run: run them where they run (a bundle's device step), or gate
+    with a policy that requires what did run."""
+    ran = [c for c in _judged(report, policy) if c.status != "skipped"]
+    kinds = ["integrity", *sorted({r.check for c in ran for r in c.checks} & {"parity", "batch_consistency"})]
+    if report.latency.backends:
+        kinds.append("latency")
+    require = f"required_checks = {json.dumps(kinds)}"
+    if policy.required_backends:
+        require += f", required_backends = {json.dumps([c.name for c in ran if c.status == 'passed'])}"
+    if _awaits_device(report):
+        from edgedeploy.fileio.signing import report_model
+
+        out = str(folder) if folder is not None else "OUT"
+        bundle = Path(out) / Path(report_model(report.raw)["artifact"]).parent
+        target = report.raw.get("target") if isinstance(report.raw.get("target"), str) else "TARGET"
+        return (
+            f"the engine is built and validated on the device: run the device step (deploy device run {out} "
+            f"--host {target}=user@device, or deploy bundle complete {bundle} where edgedeploy and "
+            f"the target's TensorRT are installed) and gate again, or gate the host stages alone with --policy "
+            f"FILE holding {require}"
+        )
+    names = ", ".join(dict.fromkeys(c.id.split(":", 1)[1] for c in missing))
+    return (
+        f"{names} did not run in this build: rebuild where {names} can run, or gate with --policy FILE "
+        f"requiring what ran: {require}"
+    )
 
 
 def _integrity(folder: Path) -> GateCheck:
@@ -554,7 +626,7 @@ def run_gate(
     # a failed build publishes no manifest: judge the failure itself, not the missing files
     checked = folder if report.status == "passed" else None
     result = evaluate(report, policy, folder=checked, baseline=baseline)
-    return GateResult([signature, *result.checks]) if signature else result
+    return GateResult([signature, *result.checks], result.fixes) if signature else result
 
 
 def load_baseline(path: str | Path, policy: GatePolicy) -> ReportView:

@@ -163,3 +163,20 @@ def test_a_model_that_silences_warnings_still_has_its_frozen_branch_named(tmp_pa
     assert f"trace: tracing froze Python values into the graph (1 TracerWarning(s) in your code): {path}:{line}: " \
         "Converting a tensor to a Python boolean" in err, err  # fmt: skip
     assert not (tmp_path / "out" / "model.onnx").exists()
+
+
+COUNTED = BAKED.replace("b = int(y.shape[0])", "b = int((y > 0).sum())").replace(
+    "return self.fc(y.reshape(b, -1))", "return self.fc(y.reshape(y.shape[0], -1)) * b"
+)
+
+
+def test_a_frozen_count_is_named_as_a_value_not_a_size(tmp_path: Path, monkeypatch, capsys) -> None:
+    name = f"counted_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(COUNTED)
+    line = COUNTED.splitlines().index("        b = int((y > 0).sum())") + 1
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(tmp_path, name, "--exporter", "torchscript", "--capture", "script")) == 6
+    err = _one_line(capsys)
+    assert f"{path}:{line} freezes a value computed from a tensor into the graph as a Python number" in err, err
+    assert "values computed from tensors (a count, a maximum) as tensors" in err

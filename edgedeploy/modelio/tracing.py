@@ -87,7 +87,7 @@ def attribute(stack: list[traceback.FrameSummary], filename: str, lineno: int, m
 
 
 # int(x.shape[0]) / int(x.size(1)) / float(t.shape[-1]): a tensor size made a Python number
-_NUMBER_OF_SIZE = re.compile(r"\b(?:int|float)\(\s*([\w.]+(?:\.shape\s*\[[^\]]+\]|\.size\([^)]*\)))\s*\)")
+SIZE_AS_NUMBER = re.compile(r"\b(?:int|float)\(\s*([\w.]+(?:\.shape\s*\[[^\]]+\]|\.size\([^)]*\)))\s*\)")
 
 
 def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
@@ -100,13 +100,14 @@ def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
     file, _, line = finding.where.partition(" ")[0].rpartition(":")
     source = linecache.getline(file, int(line)).strip() if line.isdigit() else ""
     short = f"{os.path.basename(file)}:{line}"
-    match = _NUMBER_OF_SIZE.search(source)
+    match = SIZE_AS_NUMBER.search(source)
     if match:
         size = match.group(1)
         return source, f"write `{size}` instead of `{match.group(0)}` at {short} (a tensor size follows the input)"
     return source, (
-        f"at {short} keep sizes as tensor shapes (x.shape[i], x.size(i)) instead of Python numbers "
-        "(int(...), .item(), .tolist()), which export fixes at the example's value"
+        f"at {short} keep the value a tensor: sizes as x.shape[i] / x.size(i), values computed from tensors "
+        "(a count, a maximum) as tensors, without int(...), .item() or .tolist(), which export fixes at the "
+        "example's value"
     )
 
 

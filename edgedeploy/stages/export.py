@@ -26,7 +26,13 @@ from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import NOT_DETERMINISTIC_FIX, not_deterministic
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
-from edgedeploy.modelio.tracing import TracerFinding, TracerWarnings, frozen_value_fix, frozen_value_hint
+from edgedeploy.modelio.tracing import (
+    SIZE_AS_NUMBER,
+    TracerFinding,
+    TracerWarnings,
+    frozen_value_fix,
+    frozen_value_hint,
+)
 from edgedeploy.onnxtools.export import (
     EXPORTER_OPSETS,
     EXTERNAL_DATA_THRESHOLD,
@@ -157,9 +163,10 @@ class OnnxFromTorch(Stage):
         dims = _dims_named(errors)
         if frozen and dims:  # a dynamic dim was baked and the user's own line froze a size: that is the one line
             source, fix = frozen_value_fix(frozen[0])
+            what = "a tensor size" if SIZE_AS_NUMBER.search(source) else "a value computed from a tensor"
             error = StageError(
                 self.name,
-                f"{frozen[0].where} freezes a tensor size into the graph as a Python number"
+                f"{frozen[0].where} freezes {what} into the graph as a Python number"
                 + (f" (`{source}`)" if source else "")
                 + ", so the exported model works only at the example's size of dim(s) "
                 + ", ".join(f"'{d}'" for d in dict.fromkeys(dims))

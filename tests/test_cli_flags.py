@@ -82,7 +82,7 @@ def test_choice_flag_names_the_flag_and_the_closest_choice() -> None:
 
 def test_set_reaches_nested_keys_and_refuses_unknown_ones() -> None:
     nested = ["tolerance.int8.min_cosine=0.97", "gate.max_latency_ms=5", "dims.b={min=1,opt=2,max=3}"]
-    cfg = _cfg(*[arg for text in nested for arg in ("--set", text)])
+    cfg = _cfg("--input", "y:bx4", *[arg for text in nested for arg in ("--set", text)])
     assert cfg.tolerance_for("int8").min_cosine == 0.97 and cfg.gate is not None and cfg.gate.max_latency_ms == 5
     assert cfg.dims["b"].max == 3
     with pytest.raises(ConfigError) as err:

@@ -180,3 +180,37 @@ def test_a_frozen_count_is_named_as_a_value_not_a_size(tmp_path: Path, monkeypat
     err = _one_line(capsys)
     assert f"{path}:{line} freezes a value computed from a tensor into the graph as a Python number" in err, err
     assert "values computed from tensors (a count, a maximum) as tensors" in err
+
+
+THIRDS = textwrap.dedent(
+    """
+    from torch import nn
+
+
+    class Thirds(nn.Module):
+        def forward(self, x):
+            return x // 3  # floor division; the TorchScript exporter's Div truncates negatives toward zero
+
+
+    def build():
+        return Thirds()
+    """
+)
+
+
+def test_values_wrong_at_the_examples_own_sizes_blame_an_op_not_a_dim(tmp_path: Path, monkeypatch, capsys) -> None:
+    name = f"thirds_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(THIRDS)
+    (tmp_path / "deploy.toml").write_text(
+        f'outputs = ["y"]\n[model]\nfactory = "{name}:build"\n'
+        '[[inputs]]\nname = "x"\nshape = ["batch", 8]\ndtype = "int64"\nrange = [-10, 10]\n'
+        "[dims.batch]\nmin = 1\nopt = 2\nmax = 4\n[validate]\nsamples = 1\nlatency_iters = 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    argv = ["build", "-c", str(tmp_path / "deploy.toml"), "--out", str(tmp_path / "out")]
+    code = main([*argv, "--exporter", "torchscript"])
+    err = _one_line(capsys)
+    assert code == 6, err
+    assert "computes other values than PyTorch at the example's own sizes (opt), so no dynamic dim is at fault" in err
+    assert "across dynamic dim" not in err and "try export.exporter = 'dynamo'" in err
+    assert main([*argv, "--exporter", "dynamo"]) == 0  # the fix it names

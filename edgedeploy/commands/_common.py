@@ -172,7 +172,11 @@ def _config_from_overrides(args: argparse.Namespace, overrides: dict[str, Any]) 
         overrides["outputs"] = ["output"]
     for spec in overrides.get("inputs") or []:
         for size in spec["shape"]:
-            sized = overrides.get("dims") or {}
+            # --dim NAME=... and --set 'dims.NAME={...}' both size a dim
+            sized = {
+                **(overrides.get("dims") or {}),
+                **{k[5:]: v for k, v in overrides.items() if k.startswith("dims.")},
+            }
             if isinstance(size, str) and size not in sized:
                 import difflib
 

@@ -277,7 +277,7 @@ class OnnxFromTorch(Stage):
             onnx.save(proto, str(out), save_as_external_data=True, location=ONNX_DATA, size_threshold=1024)
         else:
             onnx.save(proto, str(out))
-        probes = self._probe(ctx, probe)
+        probes = self._probe(ctx, probe, used)
         return {
             "exporter": used,
             "exporters_tried": order[: len(errors) + 1],
@@ -292,7 +292,7 @@ class OnnxFromTorch(Stage):
             "declared_shapes": shape_fix,
         }
 
-    def _probe(self, ctx: BuildContext, probe: _Probe) -> dict[str, Any]:
+    def _probe(self, ctx: BuildContext, probe: _Probe, exporter: str = "") -> dict[str, Any]:
         """Run the saved model in ONNX Runtime at every probe point; compare output shapes with PyTorch.
 
         Raises:
@@ -318,8 +318,19 @@ class OnnxFromTorch(Stage):
         )  # fmt: skip
         if problems:
             dims = sorted({p.varied for p, f in zip(points, figures.values()) if not f["ok"] and p.varied})
-            where = ", ".join(repr(d) for d in dims) or "at opt"
+            at_example = any(not f["ok"] and not p.varied for p, f in zip(points, figures.values()))
             values = all("differs from PyTorch" in p for p in problems)
+            if at_example and values:  # wrong at the example's own sizes too: no dynamic dim is at fault
+                other = next((e for e in EXPORTER_OPSETS if e != exporter), None)
+                raise StageError(
+                    self.name,
+                    "the exported model computes other values than PyTorch at the example's own sizes (opt), so "
+                    "no dynamic dim is at fault: an op exports with other semantics than PyTorch runs it (a fast "
+                    "path PyTorch takes, an op's edge cases): " + "; ".join(problems[:4]),
+                    hint=(f"try export.exporter = '{other}' (it exports the ops another way), or " if other else "")
+                    + "rewrite the op that differs with ops that export alike",
+                )
+            where = ", ".join(repr(d) for d in dims) or "at opt"
             raise StageError(
                 self.name,
                 (

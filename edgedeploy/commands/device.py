@@ -62,10 +62,17 @@ def _target_of(out: Path) -> str:
 
     report, _ = load_report(out)
     artifact = str((report.get("model") or {}).get("artifact", ""))
-    if report.get("status") != "passed" or not artifact.endswith("bundle.json"):
+    if report.get("status") != "passed":
         raise InputError(
-            f"{out}: not a passed build with a device bundle (status {report.get('status')!r}, model {artifact!r})",
-            hint="deploy build --target <a TensorRT target> --out OUT first",
+            f"{out}: the build failed (report status {report.get('status')!r}): there is no device bundle to run",
+            hint=f"fix the build and run deploy build --out {out} again (its report says why it failed)",
+        )
+    if not artifact.endswith("bundle.json"):
+        raise InputError(
+            f"{out}: a build for target {report.get('target')!r}, whose artifact ({artifact}) runs here: it has no "
+            "device bundle (only TensorRT targets make one)",
+            hint=f"deploy build --target <a TensorRT target, e.g. jetson-orin> --out OTHER_DIR, then deploy device "
+            f"run OTHER_DIR; {out} is validated already",
         )
     return str(report.get("target"))
 

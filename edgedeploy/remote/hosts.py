@@ -76,7 +76,17 @@ def assign_hosts(outputs: dict[Path, str], hosts: list[DeviceHost]) -> list[tupl
         if len(folders) != 1:
             known = ", ".join(f"{o} ({t})" for o, t in outputs.items())
             why = "no output folder was built for it" if not folders else "several output folders were built for it"
-            raise ConfigError(f"--host {host.target}={host.label}: {why} (given: {known})")
+            import difflib
+
+            close = difflib.get_close_matches(host.target, list(by_target), n=1)
+            raise ConfigError(
+                f"--host {host.target}={host.label}: {why} (given: {known})",
+                hint=f"did you mean --host {close[0]}={host.label}?"
+                if close and not folders
+                else "give one output folder per target"
+                if folders
+                else "name the target of one of the folders given: --host TARGET=user@host",
+            )
         pairs.append((folders[0], host))
     taken = [out for out, _ in pairs]
     for out in outputs:

@@ -25,7 +25,11 @@ def read_engine_record(engine: Path) -> dict[str, Any]:
         InputError: the engine or its record is missing or unreadable.
     """
     if not engine.is_file():
-        raise InputError(f"engine not found: {engine}")
+        raise InputError(
+            f"engine not found: {engine}",
+            hint="give the path of a model.engine that deploy bundle complete or deploy device run wrote "
+            "(OUT/bundle/model.engine)",
+        )
     path = engine.parent / ENGINE_RECORD
     try:
         record = json.loads(path.read_text())

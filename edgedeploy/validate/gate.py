@@ -29,6 +29,7 @@ from edgedeploy.errors import (
     StageError,
 )
 from edgedeploy.fileio.integrity import verify_artifacts
+from edgedeploy.fileio.outdir import FAILED_DIR
 from edgedeploy.jsonread import read_json
 from edgedeploy.policy import GatePolicy
 from edgedeploy.reportview import BuildFailure, Candidate, CheckRow, ReportView
@@ -116,7 +117,7 @@ class GateResult:
         more = f" (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""
         message = f"release gate failed: {first.id}: {first.message}{more}"
         if code == BUILD:
-            return StageError(GATE, message, hint="fix the build failure first; see its report")
+            return StageError(GATE, message, hint=self.fixes.get(BUILD, "fix the build failure first; see its report"))
         err = _ERRORS[code](message, hint=self.fixes.get(code, _GATE_FIXES[code]))
         if isinstance(err, ParityError):
             err.failures = [c.to_dict() for c in failures]
@@ -166,6 +167,12 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     if path.is_dir():
         path = path / REPORT
     if not path.is_file():
+        failed = path.parent / FAILED_DIR / REPORT
+        if path.name == REPORT and failed.is_file():  # a folder whose only build failed: its report is there
+            raise InputError(
+                f"report not found: {path}: {path.parent} holds only a failed run",
+                hint=f"deploy gate {failed} judges that run (a failed build: exit 6); a passing build writes {path}",
+            )
         raise InputError(f"report not found: {path}", hint="pass a report.json or a folder written by 'deploy build'")
     try:
         report = read_json(path, follow_links=True)  # the path the user named; a FIFO or a device is refused
@@ -207,6 +214,7 @@ def evaluate(
     view = report if isinstance(report, ReportView) else ReportView.parse(report)
     before = baseline if baseline is None or isinstance(baseline, ReportView) else ReportView.parse(baseline)
     checks: list[GateCheck] = []
+    build_fix = ""
     if folder is not None:
         checks.append(_integrity(folder))
         checks.append(_binding(folder, view))
@@ -216,11 +224,17 @@ def evaluate(
     if view.status != "passed":
         err = view.error or BuildFailure()
         code = PARITY if err.exit_code == ParityError.exit_code else BUILD
-        checks.append(GateCheck("build", "build", False, err.message or "the build did not pass", code))
+        # the build's own message without its fix: the gate's line carries that fix once, as its own
+        said, _, own_fix = (err.message or "the build did not pass").partition(" -- fix: ")
+        checks.append(GateCheck("build", "build", False, said, code))
+        build_fix = own_fix
     checks += _parity(view, policy)
     checks += _required(view, policy, integrity_checked=folder is not None)
     checks += _latency(view, policy, before)
-    return GateResult(checks, _fixes(view, policy, checks, folder))
+    fixes = _fixes(view, policy, checks, folder)
+    if build_fix:
+        fixes[BUILD] = f"fix the build failure first: {build_fix}"
+    return GateResult(checks, fixes)
 
 
 def _did_not_run(check: GateCheck) -> bool:

@@ -54,3 +54,44 @@ def generate(spec: Any, shape: tuple[int, ...], rng: np.random.Generator) -> np.
     if kind == "ids" or np.issubdtype(dtype, np.integer):
         return rng.integers(int(lo), int(hi) + 1, size=shape, dtype=np.int64).astype(dtype)
     return rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def edge_values(spec: Any, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """An array for ``spec`` at ``shape`` made of its range's edges, where random draws never land. Row ``r``
+    (along the first axis) takes pattern ``r`` of :data:`EDGE_PATTERNS`, cycling: all zeros (the low end when 0
+    is out of range), all the high end, all the low end, then each ordered pair of those alternating along the
+    row. A 0/0 (``atan2(0, 0)``), a sign at zero (``atan2(0, -1)``), a tie (TopK's order), an overflow at the
+    high end: where an exported op's edge cases differ from PyTorch's.
+
+    Masks and booleans are drawn as :func:`generate` draws them (a mask of edge values would mask whole rows).
+    """
+    kind = kind_of(spec)
+    if kind in ("mask", "bool"):
+        return generate(spec, shape, rng)
+    dtype = NP_DTYPES[spec.dtype]
+    lo, hi = spec.range
+    if np.issubdtype(dtype, np.integer):
+        lo, hi = int(np.ceil(lo)), int(np.floor(hi))
+    value = {"zero": 0 if lo <= 0 <= hi else lo, "hi": hi, "lo": lo}
+    out: np.ndarray = np.empty(shape, dtype=dtype)
+    if not out.size:
+        return out
+    rows = out.reshape(shape[0] if shape else 1, -1)
+    for r, row in enumerate(rows):
+        first, second = EDGE_PATTERNS[r % len(EDGE_PATTERNS)]
+        row[0::2], row[1::2] = value[first], value[second]
+    return out
+
+
+# the rows of edge_values: the constant ones first (a batch of one gets zeros), then the alternating pairs
+EDGE_PATTERNS = (
+    ("zero", "zero"),
+    ("hi", "hi"),
+    ("lo", "lo"),
+    ("lo", "zero"),
+    ("zero", "lo"),
+    ("lo", "hi"),
+    ("hi", "lo"),
+    ("zero", "hi"),
+    ("hi", "zero"),
+)

@@ -34,6 +34,18 @@ def feeds_with_dims(cfg: DeployConfig, dims: dict[str, int], rng: np.random.Gene
     return feeds
 
 
+def edge_feeds(cfg: DeployConfig, dims: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A feed dict like :func:`feeds_with_dims` made of each input's range edges
+    (:func:`edgedeploy.modelio.generators.edge_values`)."""
+    from edgedeploy.modelio.generators import edge_values
+
+    feeds = {}
+    for s in cfg.inputs:
+        shape = tuple(d if isinstance(d, int) else dims.get(d, cfg.dims[d].opt) for d in s.shape)
+        feeds[s.name] = edge_values(s, shape, rng)
+    return feeds
+
+
 def check_feeds(cfg: DeployConfig, feeds: dict[str, Any], where: str) -> None:
     """Check user-supplied arrays against the input spec: names, rank, fixed sizes, dim ranges.
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgedeploy.config import DeployConfig
-from edgedeploy.modelio.inputs import feeds_with_dims
+from edgedeploy.modelio.inputs import edge_feeds, feeds_with_dims
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,19 @@ def probe_points(cfg: DeployConfig, seed: int = 0) -> list[ProbePoint]:
                 continue
             seen.add(key)
             points.append(ProbePoint(f"{name}={size} ({which})", dims, name))
+    # last, so the random draws above stay as they were; at the max sizes, so a batch holds every edge pattern
+    points.append(ProbePoint(EDGE_POINT, {n: cfg.dims[n].max for n in used_dims(cfg)}))
     return points
 
 
+# the probe point at max whose inputs are their ranges' edges (zeros, both ends, ends alternating), not draws
+EDGE_POINT = "max (range edges)"
+
+
 def probe_feeds(cfg: DeployConfig, points: list[ProbePoint], seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Seeded random inputs for each probe point."""
+    """Seeded random inputs for each probe point; the range edges at :data:`EDGE_POINT`."""
     rng = np.random.default_rng(seed)
-    return [feeds_with_dims(cfg, p.dims, rng) for p in points]
+    return [(edge_feeds if p.label == EDGE_POINT else feeds_with_dims)(cfg, p.dims, rng) for p in points]
 
 
 def example_dims(cfg: DeployConfig) -> dict[str, int]:
@@ -105,6 +111,8 @@ def output_axes(points: list[ProbePoint], references: list[dict[str, np.ndarray]
     base = references[0]
     axes: dict[str, dict[int, str]] = {}
     for point, outs in zip(points[1:], references[1:]):
+        if point.label == EDGE_POINT:  # every dim at once: the one-dim-at-a-time points name the axes
+            continue
         for name, arr in outs.items():
             for i, (a, b) in enumerate(zip(base[name].shape, arr.shape)):
                 if a != b:
@@ -146,12 +154,18 @@ def compare_shapes(
             elif tuple(g.shape) != tuple(r.shape):
                 bad.append(f"output {name!r} has shape {list(g.shape)}, PyTorch gives {list(r.shape)}")
             elif atol is not None and r.size:
-                diff = float(np.max(np.abs(g.astype(np.float64) - r.astype(np.float64))))
+                g64, r64 = g.astype(np.float64), r.astype(np.float64)
+                # NaN where PyTorch gives NaN too is the same answer (0/0 at a range edge); NaN on one side only
+                # differs, and so does an infinity of another sign
+                same = (np.isnan(g64) & np.isnan(r64)) | (np.isinf(r64) & (g64 == r64))
+                gap = np.abs(np.where(same, 0.0, g64 - r64))
+                diff = float(np.max(np.nan_to_num(gap, nan=np.inf, posinf=np.inf)))
                 worst = max(worst, diff)
                 finite = np.abs(r[np.isfinite(r)]).astype(np.float64)
                 bound = atol + rtol * (float(finite.max()) if finite.size else 0.0)
                 if not diff <= bound:
-                    bad.append(f"output {name!r} differs from PyTorch by {diff:.3g} (> {bound:.3g})")
+                    odd = " (NaN or infinity where PyTorch differs)" if np.isinf(diff) else ""
+                    bad.append(f"output {name!r} differs from PyTorch by {diff:.3g} (> {bound:.3g}){odd}")
         figures[point.label] = {"ok": not bad, "max_abs": worst}
         problems.extend(f"at {point.label}: {b}" for b in bad)
     return problems, figures

@@ -44,7 +44,8 @@ CAPTURE_ATOL = 1e-4
 
 class TorchScriptFromModel(Stage):
     name = names.CAPTURE
-    version = "4"  # 4: a factory without checkpoint builds its weights from a fixed seed
+    # 4: a factory without checkpoint builds its weights from a fixed seed; 5: a probe at the inputs' range edges
+    version = "5"
     produces = (TORCHSCRIPT,)
 
     def __init__(self) -> None:

@@ -51,6 +51,7 @@ from edgedeploy.onnxtools.outputs import (
     rename_outputs,
 )
 from edgedeploy.onnxtools.shapes import (
+    EDGE_POINT,
     PROBE_SEED,
     compare_shapes,
     example_dims,
@@ -82,7 +83,8 @@ class OnnxFromTorch(Stage):
     # 5: a factory without checkpoint builds its weights from a fixed seed (entries of unseeded ones differ)
     # 6: the probes compare values within the FP32 tolerance, not shapes only
     # 7: a trace that froze Python values at the user's lines fails that exporter (export.fail_on_tracer_warnings)
-    version = "7"
+    # 8: a probe at the inputs' range edges (modelio.generators.edge_values)
+    version = "8"
     produces = (ONNX_MODEL,)
 
     def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
@@ -132,6 +134,7 @@ class OnnxFromTorch(Stage):
         probe = _Probe(cfg, model, ctx.probe_outputs)
         errors: list[str] = []
         frozen: list[TracerFinding] = []  # TracerWarnings at the user's own lines, while an exporter traced
+        tracers: set[str] = set()  # the exporters that froze them (their failures follow from those lines)
         # exporters see placeholder output names: a user name such as 'embedding' may be an internal value's
         temp = dataclasses.replace(cfg, outputs=tuple(placeholder_names(len(cfg.outputs))))
         axes = output_axes(probe.points, probe.references)
@@ -144,6 +147,8 @@ class OnnxFromTorch(Stage):
                 with TracerWarnings() as traced:
                     proto = export_proto(exporter, model, args, temp, opset, temp_axes)
                 frozen += [f for f in traced.user if f not in frozen]
+                if traced.user:
+                    tracers.add(exporter)
                 metrics = self._finish(ctx, probe, proto, exporter, order, errors, opset, warnings)
                 metrics["exporter_order_why"] = why
                 if traced.user:  # the probes passed, yet the graph holds values the user's code computed
@@ -178,7 +183,7 @@ class OnnxFromTorch(Stage):
             raise error
         if frozen:  # an exporter traced values of the user's code into the graph: that line is the one to fix
             source = frozen_value_fix(frozen[0])[0].partition("  #")[0]
-            others = [e.partition(":")[0] for e in errors if not e.partition(": ")[2].startswith(_FROZE)]
+            others = [e.partition(":")[0] for e in errors if e.partition(":")[0] not in tracers]
             error = StageError(
                 self.name,
                 f"{frozen[0].where} freezes a Python value into the graph (`{source}`: "
@@ -318,10 +323,22 @@ class OnnxFromTorch(Stage):
         )  # fmt: skip
         if problems:
             dims = sorted({p.varied for p, f in zip(points, figures.values()) if not f["ok"] and p.varied})
-            at_example = any(not f["ok"] and not p.varied for p, f in zip(points, figures.values()))
+            failing = [p for p, f in zip(points, figures.values()) if not f["ok"]]
+            at_example = any(not p.varied for p in failing)
             values = all("differs from PyTorch" in p for p in problems)
+            other = next((e for e in EXPORTER_OPSETS if e != exporter), None)
+            if values and all(p.label == EDGE_POINT for p in failing):  # right on draws, wrong at the edges
+                raise StageError(
+                    self.name,
+                    "the exported model computes other values than PyTorch where its inputs sit at their range's "
+                    "edges (zeros, both ends of inputs.range, and pairs of them), though it agrees on random "
+                    "inputs: an op whose edge cases export otherwise (0/0, the sign of a zero, ties): "
+                    + "; ".join(problems[:2]),
+                    hint=(f"try export.exporter = '{other}', or " if other else "")
+                    + "guard that edge case in the model (torch.where), or narrow inputs.range if such values "
+                    "never reach it",
+                )
             if at_example and values:  # wrong at the example's own sizes too: no dynamic dim is at fault
-                other = next((e for e in EXPORTER_OPSETS if e != exporter), None)
                 raise StageError(
                     self.name,
                     "the exported model computes other values than PyTorch at the example's own sizes (opt), so "

@@ -87,7 +87,9 @@ def _reference(ctx: BuildContext) -> str:
 
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
-    version = "3"  # 3: integer outputs judged by exact agreement (a verdict a cached entry must not replay)
+    # 3: integer outputs judged by exact agreement (a verdict a cached entry must not replay); 4: TorchScript runs
+    # on input copies (a model writing its input in place)
+    version = "4"
     consumes = (GOLDENS,)
     # every artifact of the build is validated when present (capture and precision may not run)
     optional = (TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), ONNX_DATA, *ENGINE_FILES)

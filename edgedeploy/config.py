@@ -105,6 +105,9 @@ class ExportSection:
     opset: int | None = field(default=None, metadata=_flag("--opset", "ONNX opset (default: target's)"))
     simplify: bool = field(default=True, metadata=_flag("--simplify", "simplify with onnxslim"))
     fail_on_tracer_warnings: bool = True
+    # the probe at the inputs' range edges (onnxtools.shapes.EDGE_POINT); off where PyTorch's own answer there is
+    # arbitrary (a tie broken in another order by an exported TopK)
+    edge_probe: bool = True
 
 
 @dataclass(frozen=True)

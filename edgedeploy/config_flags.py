@@ -35,6 +35,7 @@ HELP = {
     "model.class_names": "class names of a classifier's outputs, in order",
     "model.normalization": 'input normalization as JSON {"mean": [...], "std": [...]}',
     "export.fail_on_tracer_warnings": "fail tracing on a TracerWarning at your own line",
+    "export.edge_probe": "also probe capture and export at the inputs' range edges (zeros, both ends)",
     "precision.calib_resize": "HEIGHT,WIDTH calibration images are resized to (needed for dynamic H/W)",
     "precision.calib_layout": "layout of image-folder calibration tensors: NCHW or NHWC",
     "precision.calib_samples": "calibration samples used at most",

@@ -58,7 +58,8 @@ def probe_points(cfg: DeployConfig, seed: int = 0) -> list[ProbePoint]:
             seen.add(key)
             points.append(ProbePoint(f"{name}={size} ({which})", dims, name))
     # last, so the random draws above stay as they were; at the max sizes, so a batch holds every edge pattern
-    points.append(ProbePoint(EDGE_POINT, {n: cfg.dims[n].max for n in used_dims(cfg)}))
+    if cfg.export.edge_probe:
+        points.append(ProbePoint(EDGE_POINT, {n: cfg.dims[n].max for n in used_dims(cfg)}))
     return points
 
 

@@ -194,10 +194,17 @@ class OnnxFromTorch(Stage):
             )
             error.partial = StageResult({"errors": errors, "frozen": [str(f) for f in frozen]})
             raise error
+        edges = any(f"at {EDGE_POINT}:" in e for e in errors)
         raise StageError(
             self.name,
             ("torch.onnx.export failed with " if len(errors) > 1 else "") + " | ".join(errors),
-            hint=_export_fix(ctx, order),
+            hint=_export_fix(ctx, order)
+            + (
+                "; or, where PyTorch's own answer at the range edges is arbitrary (tied scores ranked by TopK), "
+                "set export.edge_probe = false (--no-edge-probe)"
+                if edges
+                else ""
+            ),
         )
 
     def _frozen_values(
@@ -336,7 +343,8 @@ class OnnxFromTorch(Stage):
                     + "; ".join(problems[:2]),
                     hint=(f"try export.exporter = '{other}', or " if other else "")
                     + "guard that edge case in the model (torch.where), or narrow inputs.range if such values "
-                    "never reach it",
+                    "never reach it; where PyTorch's own answer there is arbitrary (tied scores ranked by TopK), "
+                    "export.edge_probe = false",
                 )
             if at_example and values:  # wrong at the example's own sizes too: no dynamic dim is at fault
                 raise StageError(

@@ -159,7 +159,8 @@ def compare_shapes(
                 # NaN where PyTorch gives NaN too is the same answer (0/0 at a range edge); NaN on one side only
                 # differs, and so does an infinity of another sign
                 same = (np.isnan(g64) & np.isnan(r64)) | (np.isinf(r64) & (g64 == r64))
-                gap = np.abs(np.where(same, 0.0, g64 - r64))
+                with np.errstate(invalid="ignore"):  # inf - inf where both agree: masked by ``same``
+                    gap = np.abs(np.where(same, 0.0, g64 - r64))
                 diff = float(np.max(np.nan_to_num(gap, nan=np.inf, posinf=np.inf)))
                 worst = max(worst, diff)
                 finite = np.abs(r[np.isfinite(r)]).astype(np.float64)

@@ -215,3 +215,54 @@ def test_values_wrong_at_the_examples_own_sizes_blame_an_op_not_a_dim(tmp_path: 
     assert "computes other values than PyTorch at the example's own sizes (opt), so no dynamic dim is at fault" in err
     assert "across dynamic dim" not in err and "try export.exporter = 'dynamo'" in err
     assert main([*argv, "--exporter", "dynamo"]) == 0  # the fix it names
+
+
+SCALED = textwrap.dedent(
+    """
+    import math
+
+    from torch import nn
+
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x) / math.sqrt(x.size(DIM))
+    """
+)
+
+
+def _scaled_project(tmp_path: Path, dim: int) -> Path:
+    name = f"scaled_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(SCALED.replace("DIM", str(dim)) + "\n\ndef build():\n    return Scaled()\n")
+    (tmp_path / "deploy.toml").write_text(
+        f'outputs = ["y"]\n[model]\nfactory = "{name}:build"\n[export]\nexporter = "torchscript"\n'
+        '[[inputs]]\nname = "x"\nshape = ["batch", "seq", 8]\n[dims.batch]\nmin = 1\nopt = 2\nmax = 3\n'
+        "[dims.seq]\nmin = 4\nopt = 8\nmax = 16\n[validate]\nsamples = 1\nlatency_iters = 1\n"
+    )
+    return tmp_path / "deploy.toml"
+
+
+def test_a_frozen_static_size_passes_with_a_warning(tmp_path: Path, monkeypatch) -> None:
+    """The attention scaling idiom on a static dim freezes a number the probes check everywhere: not a failure."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _scaled_project(tmp_path, -1)
+    assert main(["build", "-c", str(cfg), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("froze a Python value at" in w and "(a number)" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_a_frozen_dynamic_size_names_the_dim_with_the_edge_probe_on(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = _scaled_project(tmp_path, 1)
+    assert main(["build", "-c", str(cfg), "--out", str(tmp_path / "out")]) == 6
+    err = _one_line(capsys)
+    assert "freezes a tensor size into the graph as a Python number" in err, err
+    assert "works only at the example's size of dim(s) 'seq'" in err and "fail_on_tracer_warnings" not in err
+    assert "fix: write `x.size(1) ** 0.5` instead of `math.sqrt(x.size(1))`" in err
+    source = (tmp_path / "deploy.toml").read_text().split('factory = "')[1].split(":")[0] + ".py"
+    (tmp_path / source).write_text((tmp_path / source).read_text().replace("math.sqrt(x.size(1))", "x.size(1) ** 0.5"))
+    assert main(["build", "-c", str(cfg), "--out", str(tmp_path / "out")]) == 0  # the fix, as written

@@ -115,7 +115,8 @@ def test_samples_a_calibration_callable_reads_key_precision(tmp_path: Path, cach
     build = ["build", "--config", str(cfg)]
     out = tmp_path / "out"
     assert main(build) == 0 and main(build) == 0
-    assert main(build) == 0 and _stages(out)["precision"] == "cached"
+    for _ in range(3):  # a cached build imports the callable's module but does not run it: what it read stays keyed
+        assert main(build) == 0 and _stages(out)["precision"] == "cached" and _stages(out)["reference"] == "cached"
     first = json.loads((out / "precision.json").read_text())["calibration"]["data_sha256"]
     np.save(tmp_path / "samples.npy", rng.uniform(-0.5, 0.5, (8, 3, 16, 16)).astype(np.float32))
     assert main(build) == 0
@@ -129,7 +130,7 @@ def test_what_user_code_reads_is_recorded_and_what_imports_or_it_writes_is_not(t
     (tmp_path / "ckpts").mkdir()
     log = reads.ReadLog()
     with reads.building(log):
-        with reads.recording("model_code"):
+        with reads.recording("model_code", runs=True):
             Path("config.yaml").read_text()
             sorted((tmp_path / "ckpts").glob("*.pt"))  # the newest checkpoint: the listing is what was read
             try:
@@ -148,3 +149,77 @@ def test_what_user_code_reads_is_recorded_and_what_imports_or_it_writes_is_not(t
     before = reads.path_state(tmp_path / "ckpts")
     (tmp_path / "ckpts" / "epoch9.pt").write_bytes(b"")
     assert reads.path_state(tmp_path / "ckpts") != before and before.startswith("folder:")
+
+
+THREADED_AND_SAFETENSORS = textwrap.dedent(
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from safetensors.torch import load_file
+    from torch import nn
+
+
+    def build():
+        net = nn.Linear(8, 4)
+        with ThreadPoolExecutor(2) as pool:  # a loader pool: no frame of this file on the worker's stack
+            state = pool.submit(torch.load, "weights.pt").result()
+        net.load_state_dict(state)
+        net.bias.data += load_file("extra.safetensors")["bias"]  # opened by native code, no audit event
+        return net
+    """
+)
+
+
+def test_reads_by_a_loader_thread_and_by_safetensors_key_the_cache(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    name = f"tnet_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(THREADED_AND_SAFETENSORS)
+    monkeypatch.chdir(tmp_path)
+    _save_weights(tmp_path, 0)
+    save_file({"bias": torch.zeros(4)}, str(tmp_path / "extra.safetensors"))
+    out = tmp_path / "out"
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0 and main(argv) == 0 and main(argv) == 0
+    assert _stages(out)["export"] == "cached"
+    read = {
+        Path(r["path"]).name for r in json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]["reads"]
+    }
+    assert {"weights.pt", "extra.safetensors"} <= read
+    _save_weights(tmp_path, 1)
+    assert main(argv) == 0 and _stages(out)["export"] == "ran"
+    assert main(argv) == 0 and _stages(out)["export"] == "cached"
+    save_file({"bias": torch.ones(4)}, str(tmp_path / "extra.safetensors"))
+    assert main(argv) == 0 and _stages(out)["export"] == "ran"
+
+
+def test_the_hook_never_fails_an_open_in_another_thread(tmp_path: Path) -> None:
+    """Recording starts and ends while another thread opens files: that thread's open() never sees an error."""
+    import threading
+
+    (tmp_path / "f.txt").write_text("x")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                (tmp_path / "f.txt").read_text()
+            except BaseException as exc:  # any error is the defect
+                errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(2000):
+            with reads.building(reads.ReadLog()), reads.recording("model_code", runs=True):
+                pass
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []

@@ -24,10 +24,12 @@ import hashlib
 import os
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from edgedeploy.fileio.hashing import sha256_file
 
@@ -35,7 +37,7 @@ _EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
 _KERNEL = ("/proc/", "/sys/", "/dev/")
 _SOURCE = (".py", ".pyc", ".pyi")
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # edgedeploy's package folder
-MAX_READS = 2000  # paths kept per build and group; a build whose user code read more is not cached
+MAX_READS = 20000  # paths kept per build and group; a build whose user code read more is not cached
 
 
 class ReadLog:
@@ -71,8 +73,23 @@ def _environment_folders() -> tuple[str, ...]:
 
 
 def _hook(event: str, args: tuple) -> None:
-    if not _recording or event not in _EVENTS or _current is None:
+    if event not in _EVENTS:
         return
+    log = _current  # both read once: another thread may end the recording meanwhile
+    try:
+        group = _recording[-1]
+    except IndexError:
+        return
+    if log is None:
+        return
+    try:
+        _note(log, group, event, args)
+    except Exception:  # an audit hook that raised would fail the open() of whoever asked
+        return
+
+
+def _note(log: ReadLog, group: str, event: str, args: tuple, *, asked: bool = False) -> None:
+    """Record one event's path for ``group`` (``asked``: known to be the user code's, no frame walk)."""
     raw = args[0] if args else None
     if isinstance(raw, int) or raw is None:  # a file descriptor: whatever opened it was recorded then
         return
@@ -82,18 +99,24 @@ def _hook(event: str, args: tuple) -> None:
         return
     # Python source is keyed as the model's code (its imports); reading it otherwise is for display: a traceback
     # or torch's lazy-init stack record reading the caller's lines through linecache
-    if path.endswith(_SOURCE) or path.startswith(_KERNEL) or path.startswith(_skipped) or not _asked_by_user_code():
+    if path.endswith(_SOURCE) or path.startswith(_KERNEL) or path.startswith(_skipped):
+        return
+    if not asked and not _asked_by_user_code():
         return
     if event == "open":
         mode, flags = args[1], args[2]
-        access = flags & os.O_ACCMODE if isinstance(flags, int) else os.O_RDONLY
-        if (isinstance(mode, str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
-            mode is None and access != os.O_RDONLY
-        ):
-            _current.written.add(path)
-        if (isinstance(mode, str) and "r" not in mode and "+" not in mode) or (mode is None and access == os.O_WRONLY):
+        flags = flags if isinstance(flags, int) else 0
+        if isinstance(mode, str):
+            writes, reads_it = any(c in mode for c in "wxa"), "r" in mode or "+" in mode
+        else:  # os.open: flags only
+            access = flags & os.O_ACCMODE
+            writes = access == os.O_WRONLY or bool(flags & (os.O_CREAT | os.O_TRUNC))
+            reads_it = access != os.O_WRONLY
+        if writes:  # made (or remade) by the code itself: its own product, not an input (a temporary file)
+            log.written.add(path)
+        if not reads_it:
             return
-    _current.add(_recording[-1], path)
+    log.add(group, path)
 
 
 def _asked_by_user_code() -> bool:
@@ -101,7 +124,7 @@ def _asked_by_user_code() -> bool:
     ``torch.load`` called by the factory is; the import system listing a folder, a package probing paths while
     it is imported, or edgedeploy reading the user's source (to list its imports) is not (what a module reads
     as it runs is)."""
-    frame: FrameType | None = sys._getframe(2)  # the code that raised the audit event (above this and the hook)
+    frame: FrameType | None = sys._getframe(3)  # the code that raised the event (above this, _note and the hook)
     while frame is not None:
         name = frame.f_code.co_filename
         if name.startswith("<frozen importlib") or name.startswith(_OWN):  # an import, or edgedeploy's own read
@@ -109,7 +132,9 @@ def _asked_by_user_code() -> bool:
         if not name.startswith("<") and not name.startswith(_skipped):
             return True
         frame = frame.f_back
-    return False
+    # no user frame: in the main thread the read was the environment's own; in another thread (a loader pool the
+    # factory started: torch.load run by a ThreadPoolExecutor) it was made for the code being recorded
+    return threading.current_thread() is not threading.main_thread()
 
 
 @contextmanager
@@ -127,15 +152,49 @@ def building(log: ReadLog) -> Iterator[ReadLog]:
 
 
 @contextmanager
-def recording(group: str) -> Iterator[None]:
-    """Within the block (user code running), what it reads is recorded for input group ``group`` of the build."""
+def recording(group: str, *, runs: bool = False) -> Iterator[None]:
+    """Within the block (user code running), what it reads is recorded for input group ``group`` of the build.
+
+    ``runs``: the block runs the code itself (the factory, the calibration callable), not only imports its module:
+    what it read is then all the code reads, and replaces what was remembered of it
+    (:attr:`ReadLog.ran`). A safetensors file opened through ``safetensors.torch.load_file`` (read by native code,
+    which raises no audit event) is recorded too.
+    """
     _recording.append(group)
-    if _current is not None:
+    if runs and _current is not None:
         _current.ran.add(group)
+    patched = _watch_safetensors() if len(_recording) == 1 else None
     try:
         yield
     finally:
+        if patched is not None:
+            patched()
         _recording.pop()
+
+
+def _watch_safetensors() -> Any:
+    """While user code runs, ``safetensors.torch.load_file`` (``safe_open``, read in Rust) records its path as an
+    ``open`` would; returns what undoes it, or None where safetensors is not imported."""
+    module = sys.modules.get("safetensors.torch")
+    original = getattr(module, "safe_open", None)
+    if original is None:
+        return None
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        log = _current
+        if log is not None and _recording:
+            try:
+                _note(log, _recording[-1], "open", (filename, "r", 0), asked=True)
+            except Exception:  # recording never fails the load
+                pass
+        return original(filename, *args, **kwargs)
+
+    module.safe_open = safe_open  # type: ignore[union-attr]
+
+    def undo() -> None:
+        module.safe_open = original  # type: ignore[union-attr]
+
+    return undo
 
 
 def path_state(path: Path) -> str:

@@ -90,6 +90,12 @@ def attribute(stack: list[traceback.FrameSummary], filename: str, lineno: int, m
 SIZE_AS_NUMBER = re.compile(r"\b(?:int|float)\(\s*([\w.]+(?:\.shape\s*\[[^\]]+\]|\.size\([^)]*\)))\s*\)")
 
 
+# math.sqrt(x.size(-1)) / math.sqrt(q.shape[-1]): a size made a Python float by the math module
+_SQRT_OF_SIZE = re.compile(r"\bmath\.sqrt\(\s*([\w.]+(?:\.shape\s*\[[^\]]+\]|\.size\([^)]*\)))\s*\)")
+# a tensor size anywhere on a line
+SIZE_IN_LINE = re.compile(r"\.shape\s*\[|\.size\(")
+
+
 def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
     """(the source line at ``finding.where``, the fix that keeps the value symbolic) for a user TracerWarning.
 
@@ -104,6 +110,13 @@ def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
     if match:
         size = match.group(1)
         return source, f"write `{size}` instead of `{match.group(0)}` at {short} (a tensor size follows the input)"
+    root = _SQRT_OF_SIZE.search(source)
+    if root:  # the attention scaling idiom: a power of the size stays in the graph, math.sqrt makes a float
+        size = root.group(1)
+        return (
+            source,
+            f"write `{size} ** 0.5` instead of `{root.group(0)}` at {short} (a tensor size follows the input)",
+        )
     return source, (
         f"at {short} keep the value a tensor: sizes as x.shape[i] / x.size(i), values computed from tensors "
         "(a count, a maximum) as tensors, without int(...), .item() or .tolist(), which export fixes at the "
@@ -111,23 +124,31 @@ def frozen_value_fix(finding: TracerFinding) -> tuple[str, str]:
     )
 
 
-def frozen_value_hint(finding: TracerFinding) -> str:
-    """The fix for a user TracerWarning, by what was frozen: a branch on tensor values, or a number.
+def is_branch(finding: TracerFinding) -> bool:
+    """Whether a TracerWarning froze a branch: a tensor made a Python boolean (``if t:``, ``while t:``)."""
+    return "Python boolean" in finding.message
+
+
+def frozen_value_hint(finding: TracerFinding, *, accept: bool = True) -> str:
+    """The fix for a user TracerWarning, by what was frozen: a branch on tensor values, or a number
+    (``accept``: also name ``export.fail_on_tracer_warnings = false``, where it is not set already).
 
     ``if x.amax() > 100:`` (a tensor made a Python boolean) is decided once, for the example, when the model is
     traced; the graph then takes that path for every input. Tensor ops keep both paths in the graph.
     """
     file, _, line = finding.where.partition(" ")[0].rpartition(":")
     short = f"{os.path.basename(file)}:{line}"
-    accept = (
+    accept_text = (
         "; or set export.fail_on_tracer_warnings = false to accept the traced graph (checked at the probe inputs only)"
+        if accept and is_branch(finding)
+        else ""
     )
-    if "Python boolean" in finding.message:
+    if is_branch(finding):
         return (
             f"at {short} decide with tensor ops (torch.where(cond, a, b), a mask) instead of a Python if/while on "
-            "a tensor's values, so the graph keeps both paths" + accept
+            "a tensor's values, so the graph keeps both paths" + accept_text
         )
-    return frozen_value_fix(finding)[1] + accept
+    return frozen_value_fix(finding)[1] + accept_text
 
 
 # Tensor -> Python conversions the tracer freezes, with the first sentence of the TracerWarning torch gives for each

@@ -167,7 +167,7 @@ def running_user_code(cfg: DeployConfig, group: str) -> Iterator[None]:
     ``sys.modules``, and is this loader's to drop at the next build. What it reads from disk is recorded for
     the build's input group ``group`` (:mod:`edgedeploy.modelio.reads`).
     """
-    with _project_imports(_roots(cfg), set_aside_ours=False), reads.recording(group):
+    with _project_imports(_roots(cfg), set_aside_ours=False), reads.recording(group, runs=True):
         yield
 
 

@@ -57,14 +57,26 @@ def probe_points(cfg: DeployConfig, seed: int = 0) -> list[ProbePoint]:
                 continue
             seen.add(key)
             points.append(ProbePoint(f"{name}={size} ({which})", dims, name))
-    # last, so the random draws above stay as they were; at the max sizes, so a batch holds every edge pattern
-    if cfg.export.edge_probe:
-        points.append(ProbePoint(EDGE_POINT, {n: cfg.dims[n].max for n in used_dims(cfg)}))
+    if cfg.export.edge_probe:  # last, so the random draws above stay as they were
+        points.append(ProbePoint(EDGE_POINT, _edge_dims(cfg, opt)))
     return points
 
 
-# the probe point at max whose inputs are their ranges' edges (zeros, both ends, ends alternating), not draws
-EDGE_POINT = "max (range edges)"
+# the probe point whose inputs are their ranges' edges (zeros, both ends, ends alternating), not draws
+EDGE_POINT = "range edges"
+
+
+def _edge_dims(cfg: DeployConfig, opt: dict[str, int]) -> dict[str, int]:
+    """opt, with the leading dim of the first input that names one raised (within its max) to hold a row of
+    every edge pattern: no larger than the opt point where a batch of opt rows holds them all already."""
+    from edgedeploy.modelio.generators import EDGE_PATTERNS
+
+    dims = dict(opt)
+    lead = next((s.shape[0] for s in cfg.inputs if s.shape and isinstance(s.shape[0], str)), None)
+    if lead is not None:
+        d = cfg.dims[lead]
+        dims[lead] = max(d.opt, min(d.max, len(EDGE_PATTERNS)))
+    return dims
 
 
 def probe_feeds(cfg: DeployConfig, points: list[ProbePoint], seed: int = 0) -> list[dict[str, np.ndarray]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from edgedeploy.artifacts import MODEL_CODE
 from edgedeploy.config import DeployConfig
 from edgedeploy.errors import ConfigError
 from edgedeploy.fileio.hashing import sha256_file, sha256_json
@@ -195,6 +196,7 @@ class ReadsMemo:
                 "schema": READS_SCHEMA,
                 "group": group,
                 "spec": spec,
+                "kwargs": cfg.model.kwargs if group == MODEL_CODE else None,  # they may choose the files read
                 "base": str(cfg.base_dir),
                 "roots": [str(r) for r in _roots(cfg)],
             }

@@ -426,8 +426,14 @@ def _remember_reads(ctx: BuildContext, memos: dict[str, Any], log: Callable[[str
     for group in ctx.read_log.ran:
         if group in memos:
             memos[group].remember(ctx.read_log.of(group)[: reads.MAX_READS])
+    many = {g: n for g in ctx.read_log.ran if (n := len(ctx.read_log.of(g))) > reads.MAX_READS}
+    for group, count in many.items():
+        log(
+            f"  your code ({group}) read {count} files, more than the {reads.MAX_READS} a cache key holds: its "
+            "stages are never cached; give such data as a file or folder the config names (precision.calib)"
+        )
     unkeyed = ctx.unkeyed_reads()
-    if unkeyed and memos:
+    if unkeyed and memos and not many:
         names = ", ".join(p.name for p in unkeyed[:3]) + (f" (+{len(unkeyed) - 3} more)" if len(unkeyed) > 3 else "")
         log(
             f"  your code read files the cache keys did not hold yet ({names}): the stages that ran are not cached "

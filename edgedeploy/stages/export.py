@@ -27,11 +27,12 @@ from edgedeploy.modelio.goldens import NOT_DETERMINISTIC_FIX, not_deterministic
 from edgedeploy.modelio.inputs import feeds_with_dims
 from edgedeploy.modelio.torchutil import outputs_as_numpy, torch_args
 from edgedeploy.modelio.tracing import (
-    SIZE_AS_NUMBER,
+    SIZE_IN_LINE,
     TracerFinding,
     TracerWarnings,
     frozen_value_fix,
     frozen_value_hint,
+    is_branch,
 )
 from edgedeploy.onnxtools.export import (
     EXPORTER_OPSETS,
@@ -168,7 +169,7 @@ class OnnxFromTorch(Stage):
         dims = _dims_named(errors)
         if frozen and dims:  # a dynamic dim was baked and the user's own line froze a size: that is the one line
             source, fix = frozen_value_fix(frozen[0])
-            what = "a tensor size" if SIZE_AS_NUMBER.search(source) else "a value computed from a tensor"
+            what = "a tensor size" if SIZE_IN_LINE.search(source) else "a value computed from a tensor"
             error = StageError(
                 self.name,
                 f"{frozen[0].where} freezes {what} into the graph as a Python number"
@@ -190,7 +191,7 @@ class OnnxFromTorch(Stage):
                 f"{frozen[0].message.partition(' might ')[0]})"
                 + (f" (+{len(frozen) - 1} more such line(s))" if len(frozen) > 1 else "")
                 + (f"; the {', '.join(others)} exporter failed too (report.json)" if others else ""),
-                hint=frozen_value_hint(frozen[0]),
+                hint=frozen_value_hint(frozen[0], accept=cfg.export.fail_on_tracer_warnings),
             )
             error.partial = StageResult({"errors": errors, "frozen": [str(f) for f in frozen]})
             raise error
@@ -215,24 +216,28 @@ class OnnxFromTorch(Stage):
         metrics: dict[str, Any],
         warnings: list[str],
     ) -> None:
-        """An exporter that traced the model froze Python values at the user's lines (TracerWarnings): the graph
-        takes the path the example took for every input, checked only at the probe inputs. It fails, as a
-        traced capture does, unless ``export.fail_on_tracer_warnings = false`` (then a warning per line).
+        """An exporter that traced the model froze Python values at the user's lines (TracerWarnings), and every
+        probe passed. A branch on tensor values (``if x.amax() > 100:``) takes the example's path for every input,
+        and the probes' inputs may all take that path too: it fails, as a traced capture does, unless
+        ``export.fail_on_tracer_warnings = false``. A number (``math.sqrt(q.size(-1))``, ``int(self.steps)``) the
+        probes checked at every size and at the range edges: one warning per line.
 
         Raises:
-            StageError: ``export.fail_on_tracer_warnings`` (the default).
+            StageError: a frozen branch, with ``export.fail_on_tracer_warnings`` (the default).
         """
-        if cfg.export.fail_on_tracer_warnings:
+        branches = [f for f in found if is_branch(f)]
+        if branches and cfg.export.fail_on_tracer_warnings:
             raise StageError(
                 self.name,
-                f"{_FROZE} ({len(found)} TracerWarning(s) in your code): "
-                + " | ".join(str(f) for f in found[:2])
-                + (f" (+{len(found) - 2} more)" if len(found) > 2 else ""),
+                f"{_FROZE} ({len(branches)} TracerWarning(s) in your code): "
+                + " | ".join(str(f) for f in branches[:2])
+                + (f" (+{len(branches) - 2} more)" if len(branches) > 2 else ""),
             )
         metrics["tracer_warnings"] = [str(f) for f in found]
         warnings.extend(
-            f"export: the {exporter} exporter froze a Python value at {f.where} (TracerWarning, accepted by "
-            "export.fail_on_tracer_warnings = false): the graph matched PyTorch at the probe inputs only"
+            f"export: the {exporter} exporter froze a Python value at {f.where} ("
+            + ("a branch, accepted by export.fail_on_tracer_warnings = false" if is_branch(f) else "a number")
+            + "): the graph matched PyTorch at the probe inputs"
             for f in found
         )
 
@@ -331,7 +336,7 @@ class OnnxFromTorch(Stage):
         if problems:
             dims = sorted({p.varied for p, f in zip(points, figures.values()) if not f["ok"] and p.varied})
             failing = [p for p, f in zip(points, figures.values()) if not f["ok"]]
-            at_example = any(not p.varied for p in failing)
+            at_example = any(not p.varied and p.label != EDGE_POINT for p in failing)
             values = all("differs from PyTorch" in p for p in problems)
             other = next((e for e in EXPORTER_OPSETS if e != exporter), None)
             if values and all(p.label == EDGE_POINT for p in failing):  # right on draws, wrong at the edges

@@ -9,6 +9,7 @@ machinery, and labelled ``user`` or ``library`` by where that frame's file lives
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -33,7 +34,13 @@ class TracerFinding:
 
 
 def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(edgedeploy's own and the stdlib's folders: skipped, library folders: site-packages and torch)."""
+    """(edgedeploy's own and the stdlib's folders: skipped, library folders: site-packages and torch); computed
+    once per ``sys.path`` (every finding asks, and a trace may convert thousands of times)."""
+    return _dirs_for(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _dirs_for(sys_path: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     import torch
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -43,9 +50,9 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
         path = sysconfig.get_paths().get(key)
         if path:
             libs.add(os.path.abspath(path) + os.sep)
-    for path in sys.path:
-        if path.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
-            libs.add(os.path.abspath(path) + os.sep)
+    for entry in sys_path:
+        if entry.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+            libs.add(os.path.abspath(entry) + os.sep)
     return (here, stdlib), tuple(sorted(libs))
 
 
@@ -180,6 +187,7 @@ class TracerWarnings:
         self.findings: list[TracerFinding] = []
         self._ctx: Any = None
         self._patched: dict[str, Any] = {}
+        self._seen: set[tuple[str, int, str]] = set()  # (file, line, kind) of the conversions recorded
 
     def _add(self, found: TracerFinding) -> None:
         """Keep ``found`` unless the same line froze the same kind of value already (both witnesses saw it)."""
@@ -194,8 +202,11 @@ class TracerWarnings:
             def converted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
                 if torch._C._get_tracing_state() is not None:
                     caller = sys._getframe(1)
-                    stack = traceback.extract_stack(caller)
-                    self._add(attribute(stack, caller.f_code.co_filename, caller.f_lineno, what + _FROZEN_TAIL))
+                    seen = (caller.f_code.co_filename, caller.f_lineno, what)
+                    if seen not in self._seen:  # a loop converting at one line: its stack is read once
+                        self._seen.add(seen)
+                        stack = traceback.extract_stack(caller)
+                        self._add(attribute(stack, caller.f_code.co_filename, caller.f_lineno, what + _FROZEN_TAIL))
                 return original(tensor, *args, **kwargs)
 
             return converted

@@ -64,9 +64,10 @@ _hooked = False
 
 
 def _environment_folders() -> tuple[str, ...]:
-    """Folders whose files the environment key already holds: the interpreter's, the installed packages', and
-    edgedeploy's own."""
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(__file__))}
+    """Folders whose files the environment key already holds: the standard library's, the installed packages',
+    and edgedeploy's own. Not the interpreter's whole prefix: a project in ``/usr/src/app`` under a system
+    Python whose prefix is ``/usr`` is the user's."""
+    folders = {os.path.dirname(os.path.dirname(__file__))}
     folders.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
     folders.update(p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages")))
     return tuple(sorted(os.path.abspath(f).rstrip(os.sep) + os.sep for f in folders if f))

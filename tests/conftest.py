@@ -85,6 +85,38 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home / "cache" / "edgedeploy"
 
 
+@pytest.fixture
+def test_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stage cache of this test's own (mode 700), for tests that count which stages a later build replays."""
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(folder))
+    return folder
+
+
+def write_matmul_onnx(path: Path, weight: float = 1.0, *, external: bool = False) -> None:
+    """A given ONNX model ``y = x @ W`` (``x``: ``batch`` x 8, W all ``weight``); ``external``: W in
+    ``<name>.data`` beside it, so the same graph file can hold any W."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((8, 4), weight, np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if external:
+        onnx.save(model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=0)
+    else:
+        onnx.save(model, str(path))
+
+
 def use_default_exporter(cfg: Path) -> Path:
     """Drop the tiny project's exporter pin from ``cfg``: the build takes the default route (auto)."""
     text = cfg.read_text()

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import write_matmul_onnx
 
 from edgedeploy.cli import main
 
@@ -19,25 +18,11 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err[0]
 
 
-def _given_onnx(path: Path) -> None:
-    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-
-
 def test_a_mistyped_dim_for_a_given_onnx_model_is_refused_and_its_fix_builds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(tmp_path / "cache"))
-    _given_onnx(tmp_path / "given.onnx")
+    write_matmul_onnx(tmp_path / "given.onnx")
     base = ["build", "--onnx", str(tmp_path / "given.onnx"), "--samples", "1", "--latency-iters", "1"]
     assert main([*base, "--dim", "bach=1:4:8", "--out", str(tmp_path / "typo")]) == 2
     err = _one_line(capsys)

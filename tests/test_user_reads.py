@@ -29,11 +29,8 @@ WEIGHTS_MODEL = textwrap.dedent(
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(folder))
-    return folder
+def cache(test_cache: Path) -> Path:
+    return test_cache
 
 
 def _stages(out: Path) -> dict[str, str]:

@@ -97,16 +97,27 @@ def _real_dir(path: str) -> bool:
         return False
 
 
-def _unsafe(st: os.stat_result, what: str) -> str | None:
-    """Why a folder or file with this ``lstat`` cannot be trusted (None: it can)."""
+def _distrust(st: os.stat_result) -> str | None:
+    """``link``, ``owner`` or ``mode``: why a folder or file with this ``lstat`` cannot be trusted (None: it can)."""
     uid = _my_uid()
     if stat.S_ISLNK(st.st_mode):
-        return f"{what} is a link"
+        return "link"
     if uid is not None and st.st_uid != uid:
-        return f"{what} belongs to another user (uid {st.st_uid})"
+        return "owner"
     if uid is not None and st.st_mode & 0o022:
-        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        return "mode"
     return None
+
+
+def _unsafe(st: os.stat_result, what: str) -> str | None:
+    """Why a folder or file with this ``lstat`` cannot be trusted, in words (None: it can)."""
+    why = {
+        "link": f"{what} is a link",
+        "owner": f"{what} belongs to another user (uid {st.st_uid})",
+        "mode": f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})",
+    }
+    kind = _distrust(st)
+    return why[kind] if kind else None
 
 
 def cache_secret() -> bytes:
@@ -165,12 +176,12 @@ def _folder_fix(root: Path) -> str:
         st = os.lstat(root)
     except OSError:  # it could not be made (a parent that is not writable, a file in the way)
         return f"{elsewhere} (mkdir -m 700 DIR)"
-    uid = _my_uid()
-    if stat.S_ISLNK(st.st_mode):
+    kind = _distrust(st)
+    if kind == "link":
         return f"{elsewhere} that is not a link (mkdir -m 700 DIR)"
-    if uid is not None and st.st_uid != uid:
+    if kind == "owner":
         return f"{elsewhere} (mkdir -m 700 DIR): {root} is not yours to fix"
-    if uid is not None and st.st_mode & 0o022:
+    if kind == "mode":
         return f"chmod 700 {root}"
     return f"{elsewhere} (mkdir -m 700 DIR)"
 

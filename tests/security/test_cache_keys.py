@@ -11,19 +11,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import write_unique_tiny_project
-from onnx import TensorProto, helper, numpy_helper
+from conftest import write_matmul_onnx, write_unique_tiny_project
+from onnx import numpy_helper
 
 from edgedeploy.cli import main
 from edgedeploy.config import load_config
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(folder))
-    return folder
+def cache(test_cache: Path) -> Path:
+    return test_cache
 
 
 def _stages(out: Path) -> dict[str, str]:
@@ -32,18 +29,7 @@ def _stages(out: Path) -> dict[str, str]:
 
 def _given_onnx(folder: Path, weight: float) -> None:
     """``given.onnx`` (y = x @ W) with W in the external file ``given.onnx.data``: the same graph file for any W."""
-    w = numpy_helper.from_array(np.full((8, 4), weight, np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(folder / "given.onnx"), save_as_external_data=True, location="given.onnx.data",
-              size_threshold=0)  # fmt: skip
+    write_matmul_onnx(folder / "given.onnx", weight, external=True)
 
 
 def test_a_given_onnx_models_external_weights_key_the_cache(tmp_path: Path, cache: Path) -> None:

@@ -293,3 +293,11 @@ def test_a_bad_flag_value_is_blamed_on_the_flag_typed(tiny_project: Path, capsys
     assert main(["build", "-c", str(tiny_project), "--set", "validate.samples=0"]) == 2
     err = capsys.readouterr().err  # --set names the key itself: that is what was typed
     assert "as overridden by validate.samples: key 'validate.samples' = 0" in err
+
+
+def test_a_key_given_by_its_flag_and_by_set_is_refused() -> None:
+    """Which of two values was meant cannot be known: ``--out A --set build.out=B`` built into B silently."""
+    with pytest.raises(ConfigError) as err:
+        _cfg("--samples", "2", "--set", "validate.samples=3")
+    assert "validate.samples is given twice: --samples 2 and --set validate.samples=3" in err.value.one_line()
+    assert _cfg("--samples", "2", "--set", "validate.samples=2").validate.samples == 2  # the same value: one answer

@@ -103,7 +103,8 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted key -> value for every config flag given on the command line.
 
     Raises:
-        ConfigError: a flag value that does not parse, or a ``--set`` key that is not in the schema.
+        ConfigError: a flag value that does not parse, a ``--set`` key that is not in the schema, or a key given
+            both by its own flag and by ``--set`` (which one was meant cannot be known).
     """
     fields = {ff.dotted: ff for ff in flag_fields()}
     overrides: dict[str, Any] = {}
@@ -111,8 +112,14 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if dest.startswith("cfg:") and value is not None:
             dotted = dest[4:]
             overrides[dotted] = parse_flag_value(fields[dotted], value)
+    flagged = dict(overrides)
     for text in getattr(args, "set", None) or []:
         key, value = parse_set(text)
+        if key in flagged and flagged[key] != value:
+            raise ConfigError(
+                f"{key} is given twice: {fields[key].flag} {flagged[key]!r} and --set {key}={value!r}",
+                hint=f"give one of them ({fields[key].flag} is the usual one)",
+            )
         overrides[key] = value
     overrides.update(
         model_overrides(getattr(args, "input", None), getattr(args, "dim", None), getattr(args, "output", None))

@@ -21,7 +21,6 @@ from edgedeploy.fileio.outdir import OutputFolder, check_free_space, disk_full
 from edgedeploy.fileio.signing import release_model
 from edgedeploy.fileio.store import atomic_write_json
 from edgedeploy.modelio import reads, usercode
-from edgedeploy.modelio.reads import path_state
 from edgedeploy.pipeline.cache import CACHE_ENV as CACHE_ENV
 from edgedeploy.pipeline.cache import StageCache, default_cache_dir, max_cache_bytes
 from edgedeploy.pipeline.manifest import MANIFEST, build_manifest
@@ -477,7 +476,7 @@ def _manifest_inputs(ctx: BuildContext) -> dict[str, Any]:
         ran = ctx.read_log is not None and name in ctx.read_log.ran
         read = ctx.read_log.of(name) if ran else list(ctx.reads.get(name, ()))
         if read:
-            inputs[name]["reads"] = [{"path": str(p), "state": path_state(p)} for p in read]
+            inputs[name]["reads"] = [{"path": str(p), "state": ctx.read_state(p)} for p in read]
     return inputs
 
 

@@ -49,6 +49,7 @@ class BuildContext:
     # input group -> the paths its code read when it last ran (modelio.reads): hashed into the group's digest
     reads: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     read_log: Any = None  # the modelio.reads.ReadLog of this build: what user code read while it ran
+    _keyed: set[str] | None = None  # real paths the keys hold (unkeyed_reads), gathered once
 
     @property
     def precision(self) -> str:
@@ -111,29 +112,31 @@ class BuildContext:
             self._group_file_sha[path] = self.digests.sha256(path) if self.digests is not None else sha256_file(path)
         return self._group_file_sha[path]
 
-    def read_states(self, name: str) -> dict[str, str]:
-        """Path -> what it holds (:func:`edgedeploy.modelio.reads.path_state`), for the paths input group ``name``'s
-        code read when it last ran (``reads``); a file's sha256 through the digest memo when there is one."""
+    def read_state(self, path: Path) -> str:
+        """What a path user code read holds (:func:`edgedeploy.modelio.reads.path_state`); a file's sha256 through
+        the digest memo when there is one (the key and the manifest both ask: a large weights file is hashed once)."""
         from edgedeploy.modelio.reads import path_state
 
-        states = {}
-        for path in self.reads.get(name, ()):
-            if self.digests is not None and path.is_file():
-                states[str(path)] = "file:" + self.digests.sha256(path)
-            else:
-                states[str(path)] = path_state(path)
-        return states
+        if self.digests is not None and path.is_file():
+            return "file:" + self.digests.sha256(path)
+        return path_state(path)
+
+    def read_states(self, name: str) -> dict[str, str]:
+        """Path -> :meth:`read_state`, for the paths input group ``name``'s code read when it last ran (``reads``)."""
+        return {str(path): self.read_state(path) for path in self.reads.get(name, ())}
 
     def unkeyed_reads(self) -> list[Path]:
         """Paths user code read in this build that no cache key of it holds: not an input file, not in an input
         group, not remembered from the code's last run (the first build of code that reads files)."""
-        if self.read_log is None:
+        if self.read_log is None or not self.read_log.paths:
             return []
-        keyed = {os.path.realpath(p) for p in self.external.values()}
-        for name, files in self.groups.items():
-            keyed.update(os.path.realpath(f) for f in (*files, *self.reads.get(name, ())))
+        if self._keyed is None:  # the inputs, groups and remembered reads are fixed for the build
+            keyed = {os.path.realpath(p) for p in self.external.values()}
+            for name, files in self.groups.items():
+                keyed.update(os.path.realpath(f) for f in (*files, *self.reads.get(name, ())))
+            self._keyed = keyed
         read = [p for name in self.read_log.paths for p in self.read_log.of(name)]
-        return [p for p in read if os.path.realpath(p) not in keyed]
+        return [p for p in read if os.path.realpath(p) not in self._keyed]
 
     def has_input(self, name: str) -> bool:
         """True when external input ``name`` is configured for this build."""

@@ -484,12 +484,13 @@ def apply_codes(qdq_path: Path, result: RoundingResult) -> int:
     scale is the one they were learned for. ONNX Runtime raises the weight scale of a channel whose int32 bias
     would overflow (a dead channel: near-zero weights, a bias); such channels keep ORT's codes.
     Returns the weights rewritten (the file is rewritten only when there are any)."""
-    import onnx
     from onnx import numpy_helper
 
     if not result.codes:
         return 0
-    model = onnx.load(str(qdq_path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(qdq_path)
     inits = {i.name: i for i in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
     changed = 0
@@ -523,7 +524,7 @@ def apply_codes(qdq_path: Path, result: RoundingResult) -> int:
         done.add(q_name)
         changed += 1
     if changed:
-        onnx.save(model, str(qdq_path))
+        model_files.save(model, qdq_path)
     return changed
 
 

@@ -175,8 +175,10 @@ def output_mean_shifts(
     """
     import onnx
 
+    from edgedeploy.precision import model_files
+
     batches = list(batches)[:SAMPLES]
-    model = onnx.load(str(qdq_path))
+    model = model_files.copy_of(qdq_path)  # the measurement graph is built on it
     if _dynamic_batch(model):
         batches = joined(batches)
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -324,12 +326,13 @@ def apply_bias_shifts(qdq_path: Path, shifts: dict[str, np.ndarray]) -> int:
     int32 biases behind a DequantizeLinear are re-rounded in their scale; float biases are edited directly.
     Returns the convs changed (the file is rewritten only when there are any).
     """
-    import onnx
     from onnx import numpy_helper
 
     if not shifts:
         return 0
-    model = onnx.load(str(qdq_path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(qdq_path)
     inits = {i.name: i for i in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
     changed = 0
@@ -357,5 +360,5 @@ def apply_bias_shifts(qdq_path: Path, shifts: dict[str, np.ndarray]) -> int:
             continue
         changed += 1
     if changed:
-        onnx.save(model, str(qdq_path))
+        model_files.save(model, qdq_path)
     return changed

@@ -339,12 +339,13 @@ def correct_bias(qdq_path: Path, float_path: Path, means: dict[str, np.ndarray])
     Works on the QDQ model at ``qdq_path`` in place: int32 biases (behind a DequantizeLinear) are re-rounded,
     float biases edited directly. Convs left in float or without a bias are untouched. Returns convs corrected.
     """
-    import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(qdq_path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(qdq_path)
     graph = model.graph
-    float_model = onnx.load(str(float_path))
+    float_model = model_files.read_only(float_path)
     float_inits = {i.name: i for i in float_model.graph.initializer}
     float_w = {n.name: n.input[1] for n in float_model.graph.node if n.op_type == "Conv" and len(n.input) > 1}
     init_idx = {i.name: i for i in graph.initializer}
@@ -406,7 +407,7 @@ def correct_bias(qdq_path: Path, float_path: Path, means: dict[str, np.ndarray])
             continue
         corrected += 1
     if corrected:
-        onnx.save(model, str(qdq_path))
+        model_files.save(model, qdq_path)
     return corrected
 
 
@@ -418,10 +419,11 @@ def integer_clip_bounds(qdq_path: Path) -> int:
     (:func:`tie_clip_ranges`) both sides share scale and zero point, and ``min(q, round(b / s + zp))`` on the
     integers is exactly that chain. Returns the Min nodes rewritten (the model is saved only when any).
     """
-    import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(qdq_path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(qdq_path)
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
@@ -464,5 +466,5 @@ def integer_clip_bounds(qdq_path: Path) -> int:
     nodes = [replace.get(n.output[0], n) for n in graph.node if n.output[0] not in drop]
     del graph.node[:]
     graph.node.extend(nodes)
-    onnx.save(model, str(qdq_path))
+    model_files.save(model, qdq_path)
     return len(replace)

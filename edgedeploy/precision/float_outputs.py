@@ -28,7 +28,9 @@ def float_graph_outputs(path: Path) -> list[str]:
     """
     import onnx
 
-    model = onnx.load(str(path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(path)
     graph = model.graph
     producers = {o: n for n in graph.node for o in n.output}
     readers = Counter(i for n in graph.node for i in n.input)
@@ -72,5 +74,5 @@ def float_graph_outputs(path: Path) -> list[str]:
                 kept.append(after[id(n)])
         del graph.node[:]
         graph.node.extend(kept)
-        onnx.save(model, str(path))
+        model_files.save(model, path)
     return made_float

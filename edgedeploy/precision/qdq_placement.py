@@ -158,9 +158,10 @@ def place_for_tensorrt(path: Path, float_nodes: Iterable[str] = ()) -> Placement
     Edges lose their pair only by rewiring the consumer to the float tensor; a pair no longer read is dropped.
     The model is rewritten only when anything changed.
     """
-    import onnx
 
-    model = onnx.load(str(path))
+    from edgedeploy.precision import model_files
+
+    model = model_files.load(path)
     g = _Graph(model.graph)
     placed = Placement()
     floats = set(float_nodes)
@@ -188,7 +189,7 @@ def place_for_tensorrt(path: Path, float_nodes: Iterable[str] = ()) -> Placement
                 node.input[idx] = src
     if placed.conv_activation or placed.residual_add or placed.float_inputs:
         drop_unread_qdq(model.graph)
-        onnx.save(model, str(path))
+        model_files.save(model, path)
     return placed
 
 

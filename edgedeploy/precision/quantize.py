@@ -194,6 +194,8 @@ class Quantizer:
     float_outputs: bool = True  # graph outputs written in float by the last layer (precision/float_outputs.py)
     placement: dict[str, Any] = field(default_factory=dict)  # what the TensorRT placement changed (last model)
     _ranges_json: Path = field(init=False)
+    # the float model's parses the rewrites read (precision/model_files.py): once per quantizer, not per model
+    _read_cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)
     # the very arrays float_conv_means were taken on (held, so no other array can pass for them)
     _conv_means_on: tuple[np.ndarray, ...] = field(default=(), init=False)
     _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
@@ -250,8 +252,6 @@ class Quantizer:
         Raises:
             StageError: onnxruntime.quantization fails (message names the cause).
         """
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
         self.calibrate(batches)
         if self.flavour.tensorrt_placement and only is None:
             exclude = [*exclude, *(n for n in self.float_for_runtime() if n not in exclude)]
@@ -262,6 +262,26 @@ class Quantizer:
             "QuantizeBias": self.flavour.quantize_bias,
         }
         base = self._base_model(reduce_range)
+        from edgedeploy.precision import model_files
+
+        # the rewrites below share one parse of the model and write it once (precision/model_files.py)
+        with model_files.held(out, self._read_cache):
+            self._write(out, base, batches, exclude, only, reduce_range, extra)
+        return out
+
+    def _write(
+        self,
+        out: Path,
+        base: tuple[Path, Path],
+        batches: Sequence[dict[str, np.ndarray]],
+        exclude: Sequence[str],
+        only: Sequence[str] | None,
+        reduce_range: bool,
+        extra: dict[str, Any],
+    ) -> None:
+        """:meth:`quantize`'s model and its rewrites, inside its :func:`model_files.held` block."""
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
         if not self._derive(base, out, exclude, only):
             with ort_quantization("INT8 quantization", "list the node named in the message in precision.keep_fp32"):
                 quantize_static(
@@ -321,7 +341,6 @@ class Quantizer:
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
         drop_unread_initializers(out)
-        return out
 
     def _base_model(self, reduce_range: bool) -> tuple[Path, Path]:
         """Where the first quantizer output of these settings (float model, ranges, weight width, per-channel,
@@ -348,7 +367,7 @@ class Quantizer:
         first = set(json.loads(base[1].read_text()))
         import onnx
 
-        from edgedeploy.precision import analysis, float_subset
+        from edgedeploy.precision import analysis, float_subset, model_files
 
         proto = onnx.load(str(base[0]))
         if only is not None:  # every quantized node of the first model but ``only`` goes float
@@ -362,8 +381,8 @@ class Quantizer:
         if not float_subset.derivable(proto, extra):
             return False
         if extra:
-            float_subset.keep_float(proto, onnx.load(str(self.float_model)), extra)
-            onnx.save(proto, str(out))
+            float_subset.keep_float(proto, model_files.read_only(self.float_model), extra)
+            model_files.save(proto, out)
         else:
             shutil.copyfile(base[0], out)
         return True
@@ -412,17 +431,17 @@ def drop_unread_initializers(path: Path) -> list[str]:
     """Remove the initializers of the model at ``path`` that no node reads (the scales and zero points of the
     Q/DQ pairs the placement, the float outputs and the float fallback took out): ONNX Runtime warns about
     each on every load. Returns their names (the file is rewritten only when there are any)."""
-    import onnx
-
-    model = onnx.load(str(path))
+    from edgedeploy.precision import model_files
     from edgedeploy.precision.float_subset import names_read
+
+    model = model_files.load(path)
 
     read = names_read(model.graph) | {o.name for o in model.graph.output}
     unread = [init for init in model.graph.initializer if init.name not in read]
     for init in unread:
         model.graph.initializer.remove(init)
     if unread:
-        onnx.save(model, str(path))
+        model_files.save(model, path)
     return [init.name for init in unread]
 
 
@@ -439,13 +458,12 @@ def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
 
     Returns the number of inputs rewired (the model at ``path`` is rewritten only when there are any).
     """
-    import onnx
-
+    from edgedeploy.precision import model_files
     from edgedeploy.precision.float_subset import reapplied_activation
 
-    model = onnx.load(str(path))
+    model = model_files.load(path)
     graph = model.graph
-    original = onnx.load(str(float_model), load_external_data=False)
+    original = model_files.read_only(float_model)
     float_producers = {o: n for n in original.graph.node for o in n.output}
     float_inits = {i.name: i for i in original.graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
@@ -480,7 +498,7 @@ def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:
         keep = [n for n in new_nodes if n.op_type != "DequantizeLinear" or n.output[0] in used]
         del graph.node[:]
         graph.node.extend(keep)
-        onnx.save(model, str(path))
+        model_files.save(model, path)
     return rewired
 
 

@@ -145,3 +145,31 @@ def test_a_helper_edited_in_the_same_second_is_read_from_its_source(
         assert not (root / "__pycache__").exists()  # a build writes nothing into the project
     finally:
         forget()
+
+
+def test_a_package_submodule_edited_in_the_same_second_is_read_from_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submodules of the project's own packages get the source-only loader too (those of other packages are
+    left to the regular finders without a second search)."""
+    import os
+    import sys
+
+    from edgedeploy.modelio.usercode import forget, load_module
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    root = tmp_path / "proj"
+    (root / "helpers").mkdir(parents=True)
+    (root / "helpers" / "__init__.py").write_text("")
+    helper = root / "helpers" / "scale.py"
+    helper.write_text("SCALE = 1.0\n")
+    (root / "pkgsource.py").write_text("import json.decoder\nfrom helpers.scale import SCALE\n\nVALUE = SCALE\n")
+    try:
+        assert load_module("pkgsource", [root]).module.VALUE == 1.0
+        before = helper.stat()
+        helper.write_text("SCALE = 0.5\n")
+        os.utime(helper, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert load_module("pkgsource", [root]).module.VALUE == 0.5
+        assert not (root / "helpers" / "__pycache__").exists()
+    finally:
+        forget()

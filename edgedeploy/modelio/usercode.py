@@ -104,8 +104,19 @@ class _ProjectSourceFinder(importlib.abc.MetaPathFinder):
 
     def __init__(self, roots: list[Path]) -> None:
         self.roots = [r.resolve() for r in roots]
+        self._in_project: dict[str, bool] = {}  # package folder -> whether it lies under a root
+
+    def _project_folder(self, folder: str) -> bool:
+        if folder not in self._in_project:
+            real = Path(folder).resolve()
+            self._in_project[folder] = any(real.is_relative_to(r) or r.is_relative_to(real) for r in self.roots)
+        return self._in_project[folder]
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if path is not None and not any(self._project_folder(str(folder)) for folder in path):
+            # a submodule of a package outside the project (transformers imports thousands): the regular
+            # finders' alone, not searched twice
+            return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.origin is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
             return None

@@ -7,7 +7,10 @@ bounded before torch loads). Calls and seconds per step; a step's time includes 
 fallback tries' wall time (from the end of the all-INT8 try's judgement to the end of the last try's) is split
 from the rest of the build.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/time_split.py [--fp32] [--json bench/time_split.json]
+    PYTHONPATH=$PWD .venv/bin/python bench/time_split.py [--fp32] [--target jetson-orin] [--json bench/time_split.json]
+
+``--target`` builds for another target (default ``cpu``): for a TensorRT target the host stages only, with the
+INT8 search judged on the Q/DQ graph as written.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ STEPS = (
     ("edgedeploy.precision.quantize", "Quantizer.quantize", "each try's model (includes the two below)"),
     ("edgedeploy.precision.quantize", "Quantizer.calibrate", "calibration (histograms; once, then reused)"),
     ("edgedeploy.precision.bias_correction", "output_mean_shifts", "bias correction's mean shifts"),
+    ("edgedeploy.precision.fallback", "layer_sensitivity", "the node ranking: one model per quantized node"),
     ("edgedeploy.precision.speed_probe", "interleaved_p50", "the speed probe's and the bisection rule's timing"),
     ("edgedeploy.precision.goldens_veto", "goldens_veto", "the goldens veto"),
     ("edgedeploy.precision.search_progress", "SearchProgress.__call__", "each try's latency line"),
@@ -69,6 +73,7 @@ def main() -> int:
     waits = bounded_thread_waits()  # before anything below imports torch, as a build's process does
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp32", action="store_true", help="the FP32 build instead of INT8")
+    ap.add_argument("--target", default="cpu", help="the build target (default cpu)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from build_times import compile_bytecode, side_by_side_projects
@@ -93,7 +98,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = side_by_side_projects(Path(tmp))["efficientnet_lite0"]["config"]
         os.environ["EDGEDEPLOY_CACHE_DIR"] = str(Path(tmp) / "cache")
-        argv = ["build", "--config", str(cfg), "--out", str(Path(tmp) / "out")]
+        argv = ["build", "--config", str(cfg), "--out", str(Path(tmp) / "out"), "--target", args.target]
         if not args.fp32:
             argv += ["--precision", "int8", "--calib", str(cfg.parent / "photos")]
         load = round(os.getloadavg()[0], 1)
@@ -108,6 +113,7 @@ def main() -> int:
     doc = {
         "command": "PYTHONPATH=$PWD python bench/time_split.py " + " ".join(sys.argv[1:]),
         "build": "fp32" if args.fp32 else "int8",
+        "target": args.target,
         "exit_code": rc,
         "wall_s": round(wall, 2),
         "load_avg_1min": [load, round(os.getloadavg()[0], 1)],

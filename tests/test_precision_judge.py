@@ -451,3 +451,57 @@ def test_a_top1_minimum_with_no_top1_row_to_apply_to_fails_the_gate_not_passes_i
     rows[0]["top1_agreement"] = 1.0  # a classifier output, judged per golden, with no pooled top-1 minimum set
     failed = evaluate(report, GatePolicy(min_top1_agreement={"int8": 0.99}))
     assert any("set tolerance.int8.min_topk_agreement and rebuild" in c.message for c in failed.failures)
+
+
+def test_the_least_standard_error_is_never_above_the_one_any_other_groups_give() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        groups = int(rng.integers(2, 20))
+        judged = rng.uniform(0.6, 1.0, int(rng.integers(0, groups + 1))).tolist()
+        least = analysis.least_standard_error(judged, groups)
+        rest = rng.uniform(0.0, 1.0, groups - len(judged))
+        full = np.r_[judged, rest]
+        assert least <= np.std(full, ddof=1) / np.sqrt(groups) + 1e-12
+        if len(judged) >= 2:  # the others at the judged ones' mean: that standard error exactly
+            same = np.r_[judged, np.full(groups - len(judged), np.mean(judged))]
+            assert np.isclose(least, np.std(same, ddof=1) / np.sqrt(groups))
+
+
+def _identity_model(path: Path) -> Path:
+    """A model whose logits are its input: its outputs are exactly the arrays fed to it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["logits"])],
+        "identity",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_near_miss_that_only_the_standard_error_fails_stops_early(tmp_path: Path) -> None:
+    """Top-1 counted on 95.3 % of the views, above the 0.95 target, but six of the 16 sources move every lead
+    a long way (expected agreement 0.86 there, 1.0 elsewhere): the standard error over the sources fails it.
+    Once the judged sources alone fix that much spread the rest cannot lift it, and the judging stops."""
+    model = _identity_model(tmp_path / "identity.onnx")
+    ref = np.tile(np.array([[1.0, 0.0]], np.float32), (128, 1))  # every view leads by 1.0
+    cand = ref.copy()
+    for g in range(6):  # the first six sources: seven leads shrunk to 0.1, one flipped
+        cand[g * 8 : g * 8 + 7, 0] = 0.1
+        cand[g * 8 + 7, 0] = -0.1
+    views = [{"x": cand[i : i + 1]} for i in range(128)]
+    reference = [{"logits": ref[i : i + 1]} for i in range(128)]
+    groups = [8] * 16
+    full = analysis.accuracy(reference, [{"logits": v["x"]} for v in views], ["logits"], groups)
+    row = full["outputs"]["logits"]
+    assert row["observed"] > 0.95 > full["score"]  # failed by the standard error alone
+    score, judged = analysis.accuracy_until_decided(model, views, reference, ["logits"], groups, 0.95)
+    assert judged < len(views)  # the counted agreement alone never rules it out (it stays above 0.95)
+    assert score["score"] < 0.95
+    # the same views with every lead kept: it passes, judged on every view
+    same = [{"x": ref[i : i + 1]} for i in range(128)]
+    score, judged = analysis.accuracy_until_decided(model, same, reference, ["logits"], groups, 0.95)
+    assert judged == len(views) and score["score"] >= 0.95

@@ -350,8 +350,10 @@ def accuracy_until_decided(
     The batches are judged a few independent groups at a time; the judging stops early only when the target
     can no longer be met, whatever the rest would show: a classifier output's top-1 disagreements so far already
     keep its agreement over *all* the batches below ``target`` (the score is never above the observed agreement),
-    or an output is not finite. The accuracy is then that of the groups judged. A model that can still meet the
-    target is judged on every batch, so a passing verdict is always the whole judge's. ``outputs``, when given,
+    or do once the least standard error the groups judged leave is taken off (:func:`least_standard_error`: the
+    score is the agreement less the groups' standard error, and each group's expected agreement is final once
+    judged), or an output is not finite. The accuracy is then that of the groups judged. A model that can still
+    meet the target is judged on every batch, so a passing verdict is always the whole judge's. ``outputs``, when given,
     receives the model's outputs on the batches judged (in order), for checks of the same model on the same
     inputs (:func:`shared_inputs`). ``qdq_as_written``: as in :func:`run_model`.
 
@@ -369,6 +371,9 @@ def accuracy_until_decided(
     total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes}
     disagree = dict.fromkeys(classes, 0)
     ends = [int(e) for e in np.cumsum(groups)]
+    # each group's expected agreement, final once judged: what the standard error taken off the score is made of
+    # (top-1 scores of float outputs whose groups all stay groups; integer ones are not lowered by it)
+    spread: dict[str, list[float]] = {n: [] for n in classes if _groups_kept(reference, n, groups)}
     out: list[dict[str, np.ndarray]] = []
     done = 0
     while done < len(groups):
@@ -376,6 +381,7 @@ def accuracy_until_decided(
         first, last = (ends[done - 1] if done else 0), ends[step - 1]
         part = run(batches[first:last])
         out.extend(part)
+        judged_groups = list(groups[done:step])
         done = step
         missed = False
         for name in classes:
@@ -389,12 +395,56 @@ def accuracy_until_decided(
             # top-1 by argmax, the rule of compare_output's top1_agreement (the verdict below)
             flat = ref.shape[-1]
             disagree[name] += int((ref.reshape(-1, flat).argmax(-1) != got.reshape(-1, flat).argmax(-1)).sum())
-            missed |= (total[name] - disagree[name]) / max(total[name], 1) < target
+            best = (total[name] - disagree[name]) / max(total[name], 1)  # every row left agreeing
+            if name in spread:
+                spread[name] += _groups_expected(reference[first:last], part, name, judged_groups)
+                best -= least_standard_error(spread[name], len(groups))
+            missed |= best < target
         if missed:
             break
     judged = ends[done - 1]
     sink.extend(out)
     return accuracy(reference[:judged], out, classifier_outputs, list(groups[:done])), judged
+
+
+def least_standard_error(judged: Sequence[float], groups: int) -> float:
+    """The least standard error over ``groups`` groups' expected agreements (``ddof`` 1, as the score's) that the
+    ``judged`` ones already fix, whatever the others turn out to be: the others all at the judged ones' mean,
+    which adds nothing to the spread about the mean (any other values, or mean, add to it)."""
+    if len(judged) < 2 or groups < 2:
+        return 0.0
+    values = np.asarray(judged, np.float64)
+    spread = float(((values - values.mean()) ** 2).sum())
+    return float(np.sqrt(spread / (groups - 1)) / np.sqrt(groups))
+
+
+def _groups_kept(reference: Sequence[dict[str, np.ndarray]], name: str, groups: Sequence[int]) -> bool:
+    """Whether :func:`_group_standard_error` keeps every group of ``groups`` as it is (each holds at least
+    ``MIN_GROUP_SAMPLES`` samples, so none is merged) and the output ``name`` is a float top-1 score it lowers."""
+    if len(groups) < 2 or reference[0][name].dtype.kind != "f":
+        return False
+    sizes = [len(r[name]) for r in reference]
+    ends = np.cumsum(groups)
+    return all(sum(sizes[end - n : end]) >= MIN_GROUP_SAMPLES for end, n in zip(ends, groups))
+
+
+def _groups_expected(
+    reference: Sequence[dict[str, np.ndarray]],
+    candidate: Sequence[dict[str, np.ndarray]],
+    name: str,
+    groups: Sequence[int],
+) -> list[float]:
+    """Each group's expected top-1 agreement (as :func:`_group_standard_error` takes it) for batches that hold
+    exactly ``groups`` (batches per group, in order)."""
+    from edgedeploy.precision.heldout import expected_top1_agreement
+
+    values, start = [], 0
+    for n in groups:
+        ref = np.concatenate([r[name] for r in reference[start : start + n]])
+        got = np.concatenate([c[name] for c in candidate[start : start + n]])
+        values.append(expected_top1_agreement(ref.reshape(-1, ref.shape[-1]), got.reshape(-1, got.shape[-1])))
+        start += n
+    return values
 
 
 def shared_inputs(first: Sequence[dict[str, np.ndarray]], second: Sequence[dict[str, np.ndarray]]) -> dict[int, int]:

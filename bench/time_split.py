@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 STEPS = (
     ("edgedeploy.precision.analysis", "accuracy_until_decided", "the held-out judge, per try"),
-    ("edgedeploy.precision.analysis", "run_model", "float reference runs (ONNX Runtime)"),
+    ("edgedeploy.precision.analysis", "run_model", "other ONNX Runtime runs: the float reference, ranked models"),
     ("edgedeploy.precision.quantize", "Quantizer.quantize", "each try's model (includes the two below)"),
     ("edgedeploy.precision.quantize", "Quantizer.calibrate", "calibration (histograms; once, then reused)"),
     ("edgedeploy.precision.bias_correction", "output_mean_shifts", "bias correction's mean shifts"),

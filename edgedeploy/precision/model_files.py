@@ -6,9 +6,8 @@ its own. Run one after another on one file, each parsed and wrote the whole mode
 jetson-orin INT8 search (74 quantized models) that was 9 s of parsing and writing. Inside :func:`held` the
 rewrites share one in-memory model: :func:`load` hands out that model, :func:`save` marks it changed, and the
 file is written once, when the block ends (or at :meth:`Held.flush`); a measurement that builds its own graph
-on the model takes :func:`copy_of` it.
-The float model the rewrites only read is parsed once per block, or once per quantizer when it hands each block
-the same cache (:func:`read_only`).
+on the model works on a copy (:func:`copy_of`). The float model the rewrites only read is parsed once per block,
+or once per quantizer when it hands each block the same cache (:func:`read_only`).
 
 Outside a block :func:`load` and :func:`save` are ``onnx.load`` and ``onnx.save``. A rewrite that changes the
 model it loaded must save it (each one here changes a model only when it saves it), so the held model is

@@ -279,7 +279,11 @@ class Quantizer:
         reduce_range: bool,
         extra: dict[str, Any],
     ) -> None:
-        """:meth:`quantize`'s model and its rewrites, inside its :func:`model_files.held` block."""
+        """:meth:`quantize`'s model and its rewrites, inside its :func:`model_files.held` block.
+
+        Raises:
+            StageError: onnxruntime.quantization fails (message names the cause).
+        """
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
         if not self._derive(base, out, exclude, only):
@@ -435,7 +439,6 @@ def drop_unread_initializers(path: Path) -> list[str]:
     from edgedeploy.precision.float_subset import names_read
 
     model = model_files.load(path)
-
     read = names_read(model.graph) | {o.name for o in model.graph.output}
     unread = [init for init in model.graph.initializer if init.name not in read]
     for init in unread:

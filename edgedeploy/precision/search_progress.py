@@ -1,8 +1,9 @@
 """How the INT8 float-fallback search reports itself while it runs: try k of N, best so far, why it goes on.
 
 :class:`SearchProgress` is the ``on_try`` hook of :func:`edgedeploy.precision.fallback.quantize_with_fallback`.
-Per try it times the try's model in ONNX Runtime (a few runs: the speed axis of report.html's search plot;
-``p50_ms`` in the try's row, kept out of precision.json like every timing) and sends one status line, e.g.::
+Per try it times the try's model in ONNX Runtime when given feeds to time it on (the stage gives them where the
+artifact runs on this host's kernels; a few runs: the speed axis of report.html's search plot; ``p50_ms`` in the
+try's row, kept out of precision.json like every timing) and sends one status line, e.g.::
 
     INT8 search: try 3 of at most 12, 4 float nodes (sensitivity): top-1 0.9412, 0.81 ms;
     best so far 0.9412 with 4 float; still searching: below the target 0.95, more layers to float

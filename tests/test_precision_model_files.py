@@ -4,6 +4,7 @@ model they write is the one they wrote file by file, to the byte."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -141,8 +142,6 @@ def test_a_shared_read_cache_parses_a_changed_file_again(tiny: Path) -> None:
     with model_files.held(tiny.with_name("out.onnx"), cache):
         assert float(numpy_helper.to_array(model_files.read_only(tiny).graph.initializer[0])[0]) == 1.0
     _scaled(tiny, 4.0)  # outside any block: written now, a new size or modification time
-    import os
-
     stat = os.stat(tiny)
     os.utime(tiny, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     with model_files.held(tiny.with_name("out.onnx"), cache):

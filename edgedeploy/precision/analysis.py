@@ -506,7 +506,7 @@ def _group_standard_error(
         return 0.0
     r, c = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
     per_group = [expected_top1_agreement(r[a:b], c[a:b]) for a, b in bounds]
-    return float(np.std(per_group, ddof=1) / np.sqrt(len(per_group)))
+    return least_standard_error(per_group, len(per_group))  # every group judged: the standard error itself
 
 
 def measure_latency(

@@ -5,7 +5,7 @@ bias corrections, the integer clip bounds, the unread initializers) is a functio
 its own. Run one after another on one file, each parsed and wrote the whole model again: on EfficientNet-Lite0's
 jetson-orin INT8 search (74 quantized models) that was 9 s of parsing and writing. Inside :func:`held` the
 rewrites share one in-memory model: :func:`load` hands out that model, :func:`save` marks it changed, and the
-file is written once, when the block ends (or at :meth:`Held.flush`); a measurement that builds its own graph
+file is written once, when the block ends; a measurement that builds its own graph
 on the model works on a copy (:func:`copy_of`). The float model the rewrites only read is parsed once per block,
 or once per quantizer when it hands each block the same cache (:func:`read_only`).
 
@@ -34,10 +34,10 @@ class Held:
     path: str
     model: Any = None
     changed: bool = False
-    read_only: dict[tuple[str, int, int, bool], Any] = field(default_factory=dict)
+    read_only: dict[tuple[str, int, int], Any] = field(default_factory=dict)
 
     def flush(self) -> None:
-        """Write the held model to its file now when it changed (something is about to read the file)."""
+        """Write the held model to its file when it changed (the block's end)."""
         if self.changed and self.model is not None:
             import onnx
 
@@ -103,16 +103,16 @@ def copy_of(path: str | Path) -> Any:
     return copy
 
 
-def read_only(path: str | Path, *, load_external_data: bool = True) -> Any:
+def read_only(path: str | Path) -> Any:
     """The model at ``path`` for reading only (never changed, never saved): inside a :func:`held` block parsed
     once per file version (size and modification time), else parsed now."""
     import onnx
 
     block = _HELD.get()
     if block is None:
-        return onnx.load(str(path), load_external_data=load_external_data)
+        return onnx.load(str(path))
     stat = os.stat(path)
-    key = (_key(path), stat.st_size, stat.st_mtime_ns, load_external_data)
+    key = (_key(path), stat.st_size, stat.st_mtime_ns)
     if key not in block.read_only:
-        block.read_only[key] = onnx.load(str(path), load_external_data=load_external_data)
+        block.read_only[key] = onnx.load(str(path))
     return block.read_only[key]

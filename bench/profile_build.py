@@ -41,9 +41,10 @@ def top_functions(profile: cProfile.Profile, top: int) -> list[dict]:
 
 
 def main() -> int:
-    from edgedeploy.pipeline.threads import bounded_thread_waits
+    from edgedeploy.pipeline.threads import bounded_blas_waits, bounded_thread_waits
 
     policy = bounded_thread_waits()  # before anything below imports torch, as a build's process does
+    blas = bounded_blas_waits()  # and numpy, as the deploy command does
     from build_times import _toml, side_by_side_projects, zoo
 
     ap = argparse.ArgumentParser()
@@ -55,6 +56,7 @@ def main() -> int:
         "command": "PYTHONPATH=$PWD python bench/profile_build.py " + " ".join(sys.argv[1:]),
         "cores": os.cpu_count(),
         "omp_wait_policy": policy,
+        "blas_waits": blas,
         "rows": [],
     }
     with tempfile.TemporaryDirectory() as tmp:

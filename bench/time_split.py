@@ -68,9 +68,10 @@ def wrap(module: str, attr: str, seconds: dict[str, float], calls: collections.C
 
 
 def main() -> int:
-    from edgedeploy.pipeline.threads import bounded_thread_waits
+    from edgedeploy.pipeline.threads import bounded_blas_waits, bounded_thread_waits
 
     waits = bounded_thread_waits()  # before anything below imports torch, as a build's process does
+    blas = bounded_blas_waits()  # and numpy, as the deploy command does
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp32", action="store_true", help="the FP32 build instead of INT8")
     ap.add_argument("--target", default="cpu", help="the build target (default cpu)")
@@ -118,6 +119,7 @@ def main() -> int:
         "wall_s": round(wall, 2),
         "load_avg_1min": [load, round(os.getloadavg()[0], 1)],
         "thread_waits": waits,
+        "blas_waits": blas,
         "steps": rows,
     }
     if len(ends) > 1:  # the wall time of the fallback tries, and of everything else the build did

@@ -104,6 +104,9 @@ def add_output_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``deploy`` and ``python -m edgedeploy``; returns the exit code."""
+    from edgedeploy.pipeline.threads import bounded_blas_waits
+
+    bounded_blas_waits()  # before any command imports numpy: OpenBLAS reads it once, when it loads
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:

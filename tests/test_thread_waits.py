@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from edgedeploy.pipeline.threads import torch_uses_gnu_openmp
 
 PROBE = """
@@ -66,3 +68,63 @@ def test_a_users_wait_policy_or_spin_count_is_kept() -> None:
 def test_nothing_is_set_once_torch_is_loaded() -> None:
     # the OpenMP runtime has read its settings: setting a variable now would only mislead whoever reads it
     assert _probe(before="import torch") == {"said": "unchanged: torch already loaded", "policy": None, "spin": None}
+
+
+BLAS_PROBE = """
+import json, os, sys, time
+{before}
+import numpy as np
+a = np.random.default_rng(0).random((512, 512))
+spun = []
+for _ in range(3):
+    a @ a  # a threaded BLAS call wakes OpenBLAS's workers
+    t0 = time.process_time()
+    time.sleep(0.3)  # this thread sleeps: what the process burns now is the workers' spinning
+    spun.append(time.process_time() - t0)
+print(json.dumps({{"spun_s": min(spun), "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}}))
+"""
+CLI_FIRST = """
+from edgedeploy.cli import main
+try:
+    main(["--version"])
+except SystemExit:
+    pass
+"""
+
+
+def _blas_probe(before: str = "") -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    proc = subprocess.run(
+        [sys.executable, "-c", BLAS_PROBE.format(before=before)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_deploy_command_keeps_numpys_blas_threads_from_spinning_after_a_call() -> None:
+    # a spinning OpenBLAS worker holds one of 2 cores for about 0.1 s after each call: ONNX Runtime timed then
+    # (each INT8 try's latency) ran up to 3x slower than the model does
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: OpenBLAS starts no worker thread")
+    plain = _blas_probe()
+    if plain["spun_s"] < 0.03:
+        pytest.skip(f"this numpy's BLAS does not spin after a call ({plain['spun_s']:.3f} s)")
+    bounded = _blas_probe(before=CLI_FIRST)
+    assert bounded["timeout"] == "4"
+    assert bounded["spun_s"] < 0.02, (plain, bounded)
+
+
+def test_blas_waits_are_set_only_before_numpy_loads_and_a_users_choice_is_kept() -> None:
+    probe = "from edgedeploy.pipeline.threads import bounded_blas_waits; import os; print(bounded_blas_waits())"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+
+    def said(code: str, **chosen: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**env, **chosen}, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert said(probe) == "short spin: OPENBLAS_THREAD_TIMEOUT=4"
+    assert said(probe, OPENBLAS_THREAD_TIMEOUT="20") == "user: OPENBLAS_THREAD_TIMEOUT=20"
+    assert said("import numpy; " + probe) == "unchanged: numpy already loaded"

@@ -1,4 +1,5 @@
-"""How PyTorch's OpenMP threads wait in a build's process: a short spin, then asleep.
+"""How the worker threads of PyTorch's OpenMP and numpy's OpenBLAS wait in a build's process: a short spin,
+then asleep.
 
 PyTorch's CPU kernels run on an OpenMP pool whose threads, by default, spin at the end of every parallel
 region waiting for the others. A model of many small layers (EfficientNet's depthwise blocks: ~450 ops per
@@ -21,6 +22,14 @@ passive                   45 ms (51)        193 ms (221)
 
 The OpenMP runtime reads these variables once, when it is loaded (with torch), so they are set before the
 build imports torch, and only when the user has chosen neither.
+
+numpy's OpenBLAS (the scipy-openblas the numpy wheels ship) keeps each worker thread spinning for 2**28 cycles
+(about 0.1 s) after every threaded BLAS call. A build times ONNX Runtime between such calls (each INT8 try's
+latency, the speed probe): on 2 cores the spinning worker holds one of ONNX Runtime's two, and an
+EfficientNet-Lite0 INT8 try that runs in 2.3 ms was timed at 6.3-7.7 ms (p50 of 5 runs), slower than the FP32
+model. ``OPENBLAS_THREAD_TIMEOUT=4`` (2**4 cycles, the least OpenBLAS takes) lets the worker sleep at once; the
+matrix products themselves stay threaded. OpenBLAS reads it when numpy loads, so :func:`bounded_blas_waits`
+runs before the command imports numpy.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from pathlib import Path
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 SPIN_COUNT_ENV = "GOMP_SPINCOUNT"
 SPIN_COUNT = "10000"  # spins before a GNU OpenMP thread sleeps: microseconds, not the default 300000
+BLAS_TIMEOUT_ENV = "OPENBLAS_THREAD_TIMEOUT"
+BLAS_TIMEOUT = "4"  # an OpenBLAS worker spins 2**4 cycles after a call, not the default 2**28 (about 0.1 s)
 
 
 def bounded_thread_waits() -> str:
@@ -52,6 +63,21 @@ def bounded_thread_waits() -> str:
         return f"short spin: {SPIN_COUNT_ENV}={SPIN_COUNT}"
     os.environ[WAIT_POLICY_ENV] = "PASSIVE"
     return "passive"
+
+
+def bounded_blas_waits() -> str:
+    """Set how long numpy's OpenBLAS worker threads spin after a call, when nothing has chosen it yet; say what
+    applies.
+
+    Returns one of ``"short spin: OPENBLAS_THREAD_TIMEOUT=4"`` (set now), ``"user: OPENBLAS_THREAD_TIMEOUT=<value>"``
+    (kept) or ``"unchanged: numpy already loaded"`` (too late: OpenBLAS has read its settings).
+    """
+    if BLAS_TIMEOUT_ENV in os.environ:
+        return f"user: {BLAS_TIMEOUT_ENV}={os.environ[BLAS_TIMEOUT_ENV]}"
+    if "numpy" in sys.modules:
+        return "unchanged: numpy already loaded"
+    os.environ[BLAS_TIMEOUT_ENV] = BLAS_TIMEOUT
+    return f"short spin: {BLAS_TIMEOUT_ENV}={BLAS_TIMEOUT}"
 
 
 def torch_uses_gnu_openmp() -> bool:

@@ -220,3 +220,105 @@ def test_the_hook_never_fails_an_open_in_another_thread(tmp_path: Path) -> None:
         stop.set()
         thread.join()
     assert errors == []
+
+
+NATIVE_READS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    def build():
+        import torchvision.io  # imported as the factory runs: its reader is watched from its import on
+
+        net = nn.Linear(8, 4)
+        net.load_state_dict(torch.jit.load("weights.ts").state_dict())  # TorchScript's C++ reader
+        net.bias.data += torchvision.io.read_image("bias.png")[0, 0, :4].float()  # torchvision's C++ reader
+        return net
+    """
+)
+
+
+def _write_native_inputs(folder: Path, seed: int) -> None:
+    import torch
+    from PIL import Image
+
+    torch.manual_seed(seed)
+    torch.jit.script(torch.nn.Linear(8, 4)).save(str(folder / "weights.ts"))
+    pixels = np.full((2, 4, 3), seed, dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / "bias.png")
+
+
+def test_files_read_by_native_readers_key_the_cache(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"nnet_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(NATIVE_READS)
+    monkeypatch.chdir(tmp_path)
+    _write_native_inputs(tmp_path, 0)
+    out = tmp_path / "out"
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0 and main(argv) == 0 and main(argv) == 0
+    assert _stages(out)["export"] == "cached"
+    read = {
+        Path(r["path"]).name for r in json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]["reads"]
+    }
+    assert {"weights.ts", "bias.png"} <= read
+    bias = _exported_bias(out)
+    (tmp_path / "bias.png").unlink()
+    _write_native_inputs(tmp_path, 3)  # new weights and a bias image 3 higher
+    assert main(argv) == 0 and _stages(out)["export"] == "ran"
+    assert not np.allclose(_exported_bias(out), bias)
+    assert main(argv) == 0 and _stages(out)["export"] == "cached"
+
+
+def _exported_bias(out: Path) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    arrays = [numpy_helper.to_array(t) for t in onnx.load(str(out / "model.onnx")).graph.initializer]
+    return next(a for a in arrays if a.shape == (4,))
+
+
+NATIVE_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    from edgedeploy.modelio import reads
+
+    image, weights = sys.argv[1], sys.argv[2]
+    log = reads.ReadLog()
+    with reads.building(log):
+        with reads.recording("calib_code", runs=True):
+            import cv2  # not loaded before: wrapped once it has run
+            import torch
+
+            assert cv2.imread(image) is not None
+            torch.jit.load(weights)
+        outside = cv2.imread(image)  # after the recording: read as before, recorded nowhere
+    print(json.dumps({"read": [str(p) for p in log.of("calib_code")], "outside_ok": outside is not None,
+                      "cv2_before": "cv2" in sys.modules}))
+    """
+)
+
+
+def test_a_native_reader_imported_while_user_code_runs_is_recorded_and_stays_transparent(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import torch
+    from PIL import Image
+
+    Image.fromarray(np.zeros((2, 2, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    torch.jit.script(torch.nn.Linear(2, 2)).save(str(tmp_path / "w.ts"))
+    proc = subprocess.run(
+        [sys.executable, "-c", NATIVE_PROBE, str(tmp_path / "a.png"), str(tmp_path / "w.ts")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["read"] == [str(tmp_path / "a.png"), str(tmp_path / "w.ts")]
+    assert got["outside_ok"]
+    assert reads.NativeReader("cv2", "imread") in reads.NATIVE_READERS

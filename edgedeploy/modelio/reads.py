@@ -12,7 +12,9 @@ paths it opens for reading (``open``, ``io.open``, ``os.open``: so ``torch.load`
 including ones that do not exist (an optional file's absence is what the code saw). Files of the Python
 environment (the interpreter, installed packages: keyed by :mod:`edgedeploy.fileio.environment`) and of the
 kernel (``/proc``, ``/sys``, ``/dev``) are not recorded. Files read by native code (a Rust or C++ reader that
-opens files itself) raise no audit event and are not seen.
+opens files itself) raise no audit event: the common readers of that kind (:data:`NATIVE_READERS`:
+safetensors, torchvision's image reader, TorchScript, OpenCV, soundfile, h5py) are wrapped to record their
+path argument as an ``open`` would; other native readers are not seen.
 
 Only the paths are recorded, never run or trusted: each is hashed (:func:`path_state`) when the cache key is
 computed.
@@ -21,12 +23,16 @@ computed.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextlib import suppress as _suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -158,44 +164,145 @@ def recording(group: str, *, runs: bool = False) -> Iterator[None]:
 
     ``runs``: the block runs the code itself (the factory, the calibration callable), not only imports its module:
     what it read is then all the code reads, and replaces what was remembered of it
-    (:attr:`ReadLog.ran`). A safetensors file opened through ``safetensors.torch.load_file`` (read by native code,
-    which raises no audit event) is recorded too.
+    (:attr:`ReadLog.ran`). A file opened by one of the :data:`NATIVE_READERS` (native code, which raises no audit
+    event) is recorded too, whether its module was loaded before the block or is imported inside it.
     """
     _recording.append(group)
     if runs and _current is not None:
         _current.ran.add(group)
-    patched = _watch_safetensors() if len(_recording) == 1 else None
+    outermost = len(_recording) == 1
+    if outermost:
+        _watch_native_readers(sys.modules)
+        sys.meta_path.insert(0, _WATCH_ON_IMPORT)
     try:
         yield
     finally:
-        if patched is not None:
-            patched()
+        if outermost:
+            with _suppress(ValueError):
+                sys.meta_path.remove(_WATCH_ON_IMPORT)
         _recording.pop()
 
 
-def _watch_safetensors() -> Any:
-    """While user code runs, ``safetensors.torch.load_file`` (``safe_open``, read in Rust) records its path as an
-    ``open`` would; returns what undoes it, or None where safetensors is not imported."""
-    module = sys.modules.get("safetensors.torch")
-    original = getattr(module, "safe_open", None)
-    if original is None:
-        return None
+@dataclass(frozen=True)
+class NativeReader:
+    """A function (or a class's ``__init__``) that opens a file in native code, and where its path argument is."""
 
-    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+    module: str
+    attribute: str  # "safe_open", or "File.__init__"
+    path_at: int = 0  # the path's position among the positional arguments (``self`` counts)
+    mode_at: int | None = None  # the open mode's position, where the reader can also write
+    mode_key: str = "mode"
+
+
+# readers whose files reach the model or its calibration samples without a Python open(); each is wrapped once,
+# for the rest of the process, and records only while user code is being recorded (transparent otherwise)
+NATIVE_READERS: tuple[NativeReader, ...] = (
+    NativeReader("safetensors.torch", "safe_open"),  # safetensors.torch.load_file (Rust)
+    NativeReader("safetensors", "safe_open"),
+    NativeReader("torchvision.io", "read_file"),  # torchvision's C++ file reader
+    NativeReader("torchvision.io.image", "read_file"),  # read_image, decode_image(path)
+    NativeReader("torch.jit", "load"),  # TorchScript (C++)
+    NativeReader("torch", "from_file"),
+    NativeReader("cv2", "imread"),  # OpenCV (C++)
+    NativeReader("cv2", "imreadmulti"),
+    NativeReader("soundfile", "SoundFile.__init__", path_at=1, mode_at=2),  # libsndfile: soundfile.read too
+    NativeReader("h5py", "File.__init__", path_at=1, mode_at=2),  # HDF5
+)
+_WRAPPED = "__edgedeploy_records_reads__"
+
+
+def _watch_native_readers(modules: dict[str, Any], only: str | None = None) -> None:
+    """Wrap each :data:`NATIVE_READERS` entry whose module is loaded (``only``: that module's entries)."""
+    for reader in NATIVE_READERS:
+        if only is not None and reader.module != only:
+            continue
+        module = modules.get(reader.module)
+        if module is None:
+            continue
+        *owner_path, name = reader.attribute.split(".")
+        owner: Any = module
+        for part in owner_path:
+            owner = getattr(owner, part, None)
+        original = getattr(owner, name, None) if owner is not None else None
+        if original is None or getattr(original, _WRAPPED, False):
+            continue
+        try:
+            setattr(owner, name, _recording_reader(original, reader))
+        except (AttributeError, TypeError):  # a read-only attribute (an extension type's): left as it is
+            continue
+
+
+def _recording_reader(original: Any, reader: NativeReader) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def reads(*args: Any, **kwargs: Any) -> Any:
         log = _current
         if log is not None and _recording:
-            try:
-                _note(log, _recording[-1], "open", (filename, "r", 0), asked=True)
-            except Exception:  # recording never fails the load
-                pass
-        return original(filename, *args, **kwargs)
+            with _suppress(Exception):  # recording never fails the read
+                path, mode = _argument(args, kwargs, reader), _mode(args, kwargs, reader)
+                _note(log, _recording[-1], "open", (path, mode, 0), asked=True)
+        return original(*args, **kwargs)
 
-    module.safe_open = safe_open  # type: ignore[union-attr]
+    setattr(reads, _WRAPPED, True)
+    return reads
 
-    def undo() -> None:
-        module.safe_open = original  # type: ignore[union-attr]
 
-    return undo
+def _argument(args: Sequence[Any], kwargs: dict[str, Any], reader: NativeReader) -> Any:
+    if len(args) > reader.path_at:
+        return args[reader.path_at]
+    # the path passed by keyword: the first keyword that is a path (filename, file, name, f, path)
+    return next((v for k, v in kwargs.items() if k in ("filename", "file", "name", "f", "path")), None)
+
+
+def _mode(args: Sequence[Any], kwargs: dict[str, Any], reader: NativeReader) -> str:
+    if reader.mode_at is None:
+        return "r"
+    mode = args[reader.mode_at] if len(args) > reader.mode_at else kwargs.get(reader.mode_key)
+    return mode if isinstance(mode, str) else "r"  # h5py's and soundfile's default mode reads
+
+
+class _WatchOnImport(importlib.abc.MetaPathFinder):
+    """While user code is recorded, a module of :data:`NATIVE_READERS` imported then (a reader imported inside the
+    calibration function) has its readers wrapped as soon as it has run."""
+
+    modules = frozenset(r.module for r in NATIVE_READERS)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is None:
+                continue
+            loader = spec.loader
+            run = getattr(loader, "exec_module", None)
+            if run is not None:
+                spec.loader = _WatchingLoader(loader, fullname)
+            return spec
+        return None
+
+
+class _WatchingLoader(importlib.abc.Loader):
+    """Runs the module with its own loader, then wraps its readers."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _watch_native_readers({self.name: module}, only=self.name)
+
+    def __getattr__(self, name: str) -> Any:  # get_data, is_package, ...: the module's own loader answers
+        return getattr(self.loader, name)
+
+
+_WATCH_ON_IMPORT = _WatchOnImport()
 
 
 def path_state(path: Path) -> str:

@@ -412,3 +412,54 @@ def test_a_constant_model_fails_its_build_with_the_reason(tmp_path: Path) -> Non
     with pytest.raises(ParityError) as caught:
         run_build(cfg, log=quiet)
     assert "vacuous: every compared output is constant, in PyTorch and here, whatever the input" in str(caught.value)
+
+
+FIXED_TABLE_MODEL = """
+import torch
+from torch import nn
+
+
+class TableAndLogits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 3)
+        self.table = nn.Parameter(torch.arange(12.0).reshape(4, 3))  # 4 rows whatever the batch
+
+    def forward(self, x):
+        return self.head(x), self.table + x.mean()
+
+
+def build():
+    torch.manual_seed(0)
+    return TableAndLogits()
+"""
+
+
+def test_an_output_whose_length_only_equals_the_batch_is_not_judged_row_by_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_cache: Path
+) -> None:
+    import json
+    import uuid
+
+    from edgedeploy.cli import main
+
+    name = f"table_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(FIXED_TABLE_MODEL)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--output", "table", "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0  # the table's 4 rows differ, and are no sample's
+    cands = {c["name"]: c for c in json.loads((out / "report.json").read_text())["parity"]["candidates"]}
+    for backend in ("torchscript", "onnxruntime-fp32"):
+        (batch,) = [c for c in cands[backend]["checks"] if c["check"] == "batch_consistency"]
+        assert batch["output"] == "y" and batch["passed"] and batch["rows"] == 4
+
+
+def test_batch_consistency_skips_outputs_not_seen_to_follow_the_batch() -> None:
+    rows = np.tile(np.arange(3, dtype=np.float32), (4, 1))
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = batch_consistency({"y": rows, "table": table}, 4, atol=1e-6, rtol=0.0, batch_major={"y"})
+    assert [(r["output"], r["passed"], "skipped" in r) for r in got] == [("y", True, False), ("table", True, True)]
+    (judged,) = [r for r in batch_consistency({"table": table}, 4, atol=1e-6, rtol=0.0) if "skipped" not in r]
+    assert judged["passed"] is False  # without the knowledge, the table's rows are compared

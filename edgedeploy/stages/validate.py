@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,8 +55,11 @@ if TYPE_CHECKING:
 REFERENCE = "pytorch-eager"
 
 
-def repeated_row_batch(cfg: DeployConfig, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int] | None:
-    """A batch at the largest size of the leading dynamic dim, every row a copy of row 0 of ``feeds``.
+def repeated_row_batch(
+    cfg: DeployConfig, feeds: dict[str, np.ndarray], rows: int | None = None
+) -> tuple[dict[str, np.ndarray], int] | None:
+    """A batch of ``rows`` (default: the largest size of the leading dynamic dim), every row a copy of row 0 of
+    ``feeds``.
 
     None when the first input has no named leading (batch) dim or its max size is 1.
     """
@@ -64,7 +67,7 @@ def repeated_row_batch(cfg: DeployConfig, feeds: dict[str, np.ndarray]) -> tuple
     lead = first.shape[0] if first.shape and isinstance(first.shape[0], str) else None
     if lead is None or cfg.dims[lead].max < 2:
         return None
-    n = cfg.dims[lead].max
+    n = rows or cfg.dims[lead].max
     batch = {}
     for spec in cfg.inputs:
         arr = feeds[spec.name]
@@ -72,6 +75,28 @@ def repeated_row_batch(cfg: DeployConfig, feeds: dict[str, np.ndarray]) -> tuple
             arr = np.repeat(arr[:1], n, axis=0)
         batch[spec.name] = np.ascontiguousarray(arr)
     return batch, n
+
+
+def batch_major_outputs(
+    infer: Callable[[dict[str, np.ndarray]], dict[str, Any]],
+    cfg: DeployConfig,
+    feeds: dict[str, np.ndarray],
+    outputs: dict[str, np.ndarray],
+    rows: int,
+) -> set[str] | None:
+    """The outputs whose leading axis follows the batch: ``rows`` long in ``outputs`` (a batch of ``rows``) and
+    as long as the batch in a run at another batch size. An output whose leading axis only happens to equal
+    ``rows`` (4 detections, a fixed 4 x k table) is not the batch's, and its rows are not one sample's. None
+    where the dims allow no smaller batch to compare with."""
+    first = cfg.inputs[0].shape[0]
+    if not isinstance(first, str) or rows - 1 < cfg.dims[first].min:
+        return None  # no other batch size to run: every output as long as the batch counts as the batch's
+    other = repeated_row_batch(cfg, feeds, rows - 1)
+    if other is None:
+        return None
+    smaller, m = other
+    lead = {name: np.shape(arr)[:1] for name, arr in infer(smaller).items()}
+    return {name for name, arr in outputs.items() if arr.shape[:1] == (rows,) and lead.get(name) == (m,)}
 
 
 def _worst_failure(checks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,8 +113,9 @@ def _reference(ctx: BuildContext) -> str:
 class ParityFromGoldens(Stage):
     name = names.VALIDATE
     # 3: integer outputs judged by exact agreement (a verdict a cached entry must not replay); 4: TorchScript runs
-    # on input copies (a model writing its input in place)
-    version = "4"
+    # on input copies (a model writing its input in place); 5: batch consistency only on outputs whose leading
+    # axis follows the batch size
+    version = "5"
     consumes = (GOLDENS,)
     # every artifact of the build is validated when present (capture and precision may not run)
     optional = (TORCHSCRIPT, *dict.fromkeys(ONNX_MODELS.values()), ONNX_DATA, *ENGINE_FILES)
@@ -212,7 +238,10 @@ class ParityFromGoldens(Stage):
             else:
                 feeds, n = repeated
                 got = {k: np.asarray(v) for k, v in runner.infer(feeds).items()}
-                for row in batch_consistency(got, n, atol=tol.atol, rtol=tol.rtol, min_cosine=tol.min_cosine):
+                batched = batch_major_outputs(runner.infer, cfg, opt_feeds, got, n)
+                for row in batch_consistency(
+                    got, n, atol=tol.atol, rtol=tol.rtol, min_cosine=tol.min_cosine, batch_major=batched
+                ):
                     if "skipped" not in row:
                         row.update(check="batch_consistency", shape=f"x{n}", sample=0)
                         cand["checks"].append(row)

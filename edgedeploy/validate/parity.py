@@ -38,7 +38,7 @@ it however close its values sit to the reference's.
 """
 
 # ruff: noqa: UP006, UP035, UP045, UP032  (Python 3.6 syntax on purpose: copied into device bundles)
-from typing import Any, Dict, List, Optional
+from typing import Any, Collection, Dict, List, Optional
 
 import numpy as np
 
@@ -554,17 +554,23 @@ def batch_consistency(
     atol: Optional[float] = None,
     rtol: Optional[float] = None,
     min_cosine: Optional[float] = None,
+    batch_major: Optional[Collection[str]] = None,
 ) -> List[Dict[str, Any]]:
     """Check that a batch made of one row repeated gave the same output in every row.
 
     ``outputs`` are the candidate's outputs for that batch; every output whose leading axis is
     ``batch`` is checked (row 0 is the reference for the others) with the candidate's own tolerance.
-    Outputs without that leading axis are reported as skipped.
+    Outputs without that leading axis are reported as skipped, and so are those not in ``batch_major``
+    (when given: the outputs whose leading axis was seen to follow the batch size).
     """
     rows = []
     for name, arr in outputs.items():
         if arr.ndim == 0 or arr.shape[0] != batch:
             rows.append({"output": name, "passed": True, "skipped": "leading axis is not the batch axis"})
+            continue
+        if batch_major is not None and name not in batch_major:
+            why = "leading axis does not follow the batch size (its length is the batch's only here)"
+            rows.append({"output": name, "passed": True, "skipped": why})
             continue
         first = np.broadcast_to(arr[:1], arr.shape)
         row = compare_output(first, arr, atol=atol, rtol=rtol, min_cosine=min_cosine)

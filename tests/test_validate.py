@@ -287,7 +287,8 @@ def test_each_onnx_backend_loads_one_session_and_runs_each_input_once(
     tiny_build: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sessions are real ONNX Runtime ones, counted as they are made and run: one per ONNX model, and each golden
-    input, the repeated-row batch and the latency runs once each."""
+    input, the repeated-row batches (N rows, and N - 1 to tell which outputs follow the batch) and the latency runs
+    once each."""
     import onnxruntime
 
     from edgedeploy.modelio.goldens import load_goldens
@@ -320,7 +321,8 @@ def test_each_onnx_backend_loads_one_session_and_runs_each_input_once(
     v = cfg.validate
     opt = (cfg.dims["batch"].opt, 3, 16, 16)
     for name in ("model.onnx", "model.fp16.onnx"):
-        want = [*goldens, (cfg.dims["batch"].max, 3, 16, 16), *[opt] * (v.latency_warmup + v.latency_iters)]
+        repeated = [(cfg.dims["batch"].max, 3, 16, 16), (cfg.dims["batch"].max - 1, 3, 16, 16)]  # N, then N - 1 rows
+        want = [*goldens, *repeated, *[opt] * (v.latency_warmup + v.latency_iters)]
         assert runs[name] == want, name
     assert {"onnxruntime-fp32", "onnxruntime-fp16"} <= set(metrics["latency"]["backends"])
 

@@ -88,11 +88,20 @@ def joined_run(
 
 
 def _batchable(sess: Any, batches: Sequence[dict[str, np.ndarray]]) -> bool:
-    """Every input and output of ``sess`` has a symbolic leading dim, and there is more than one batch."""
+    """Every input of ``sess`` has a symbolic leading dim, every output's leading dim is one of those symbols, and
+    there is more than one batch.
+
+    An output whose leading dim is another symbol (a count of detections, ``NonZero``'s) or unknown may not follow
+    the batch: joined, its rows could add up to the batch rows by chance and be split among batches they are not
+    from.
+    """
     if len(batches) < 2:
         return False
-    args = [*sess.get_inputs(), *sess.get_outputs()]
-    return all(a.shape and not isinstance(a.shape[0], int) for a in args)
+    inputs = sess.get_inputs()
+    if not all(a.shape and not isinstance(a.shape[0], int) for a in inputs):
+        return False
+    leads = {a.shape[0] for a in inputs if isinstance(a.shape[0], str)}
+    return all(o.shape and isinstance(o.shape[0], str) and o.shape[0] in leads for o in sess.get_outputs())
 
 
 def batch_groups(batches: Sequence[dict[str, np.ndarray]], rows: int) -> list[list[dict[str, np.ndarray]]]:

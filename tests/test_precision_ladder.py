@@ -143,7 +143,8 @@ def test_layer_errors_rank_the_outlier_consumer_first_in_one_pass(tmp_path: Path
 
 
 def test_held_out_goldens_come_from_batched_reference_calls_equal_to_one_call_each() -> None:
-    from edgedeploy.precision.golden_feeds import _grouped_reference, batch_groups
+    from edgedeploy.precision.analysis import JoinedCalls
+    from edgedeploy.precision.golden_feeds import batch_groups
 
     rng = np.random.default_rng(0)
     views = [{"image": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)} for _ in range(10)]
@@ -157,8 +158,9 @@ def test_held_out_goldens_come_from_batched_reference_calls_equal_to_one_call_ea
 
     groups = batch_groups(views, 4)
     assert [len(g) for g in groups] == [4, 4, 2, 1]  # at most the declared max batch a call
-    got = [out for g in groups for out in _grouped_reference(g, reference, "calib-heldout")]
-    assert calls == [4, 4, 2, 1]
+    joined = JoinedCalls(lambda feeds: reference(feeds, "calib-heldout"))
+    got = [out for g in groups for out in joined(g)]
+    assert calls == [4, 1, 4, 2, 1]  # the first group's last view alone once: joining changes nothing here
     for feeds, out in zip(views, got):
         one = reference(feeds, "calib-heldout")
         assert out.keys() == one.keys() and all(np.array_equal(out[k], one[k]) for k in one)

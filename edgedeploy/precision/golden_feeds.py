@@ -19,7 +19,7 @@ from edgedeploy.config import DeployConfig
 from edgedeploy.errors import StageError
 from edgedeploy.modelio.goldens import store_goldens
 from edgedeploy.modelio.inputs import SHAPE_POINTS, check_feeds, feeds_at
-from edgedeploy.precision.analysis import batch_groups, joined_run
+from edgedeploy.precision.analysis import JoinedCalls, batch_groups
 from edgedeploy.precision.data import HELDOUT_POINT
 
 Feeds = dict[str, np.ndarray]
@@ -55,12 +55,16 @@ def golden_arrays(
     # or nothing held out) a calibration batch.
     user = user_batches(cfg) if cfg.validate.data or not held else []
     held_groups = batch_groups(held, max_batch_rows(cfg))
+    # the calls to make: one per spec sample and user batch, one per held-out group, and one batch alone to check
+    # that joining changes nothing (more where it does: every held-out batch alone then)
     total = len(SHAPE_POINTS) * cfg.validate.samples + len(user) + len(held_groups)
+    total += any(len(group) > 1 for group in held_groups)
     done = 0
 
     def reference(feeds: Feeds, point: str) -> Feeds:
-        nonlocal done
+        nonlocal done, total
         done += 1
+        total = max(total, done)
         return outputs(feeds, done, total, point)
 
     seeded = 0
@@ -72,7 +76,8 @@ def golden_arrays(
             seeded += len(gens)
     for s, feeds in enumerate(user):
         store_goldens(arrays, "data", s, feeds, reference(feeds, "data"))
-    held_outputs = [out for group in held_groups for out in _grouped_reference(group, reference, HELDOUT_POINT)]
+    joined = JoinedCalls(lambda feeds: reference(feeds, HELDOUT_POINT))
+    held_outputs = [out for group in held_groups for out in joined(group)]
     for s, (feeds, outs) in enumerate(zip(held, held_outputs)):
         store_goldens(arrays, HELDOUT_POINT, s, feeds, outs)
     fitted = fit_budget(arrays, budget, protect=["data", HELDOUT_POINT])
@@ -114,7 +119,9 @@ def reference_calls(cfg: DeployConfig, points: Sequence[str], feeds: Sequence[Fe
     """Indices into ``feeds`` (the goldens' inputs, at ``points``, in goldens order) grouped into the calls the
     reference made: consecutive held-out calibration batches joined as :func:`golden_arrays` joined them (up to
     :func:`max_batch_rows` samples a call), every other input alone. A candidate run on the same calls sees
-    exactly the reference's inputs, however the model treats the rows of a batch."""
+    exactly the reference's inputs; where joining changes an output (rows that see each other), both the reference
+    and the candidate run each batch alone instead
+    (:class:`edgedeploy.precision.analysis.JoinedCalls`)."""
     calls: list[list[int]] = []
     held = [i for i, point in enumerate(points) if point == HELDOUT_POINT]
     position = 0
@@ -123,12 +130,6 @@ def reference_calls(cfg: DeployConfig, points: Sequence[str], feeds: Sequence[Fe
         position += len(group)
     calls += [[i] for i, point in enumerate(points) if point != HELDOUT_POINT]
     return sorted(calls)
-
-
-def _grouped_reference(group: list[Feeds], reference: Callable[[Feeds, str], Feeds], point: str) -> list[Feeds]:
-    """The reference outputs of each batch in ``group``, from one call on their concatenation (split back by
-    rows); one call per batch where an output lacks the batch axis."""
-    return joined_run(group, lambda feeds: reference(feeds, point))
 
 
 def budget_bytes(cfg: DeployConfig, model_bytes: int) -> int:

@@ -217,16 +217,17 @@ def infer_calls(
 ) -> list[dict[str, np.ndarray]]:
     """Each of ``feeds``' outputs from the active polygraphy ``runner``, one call per group of ``calls`` (indices
     into ``feeds``): a group's feeds joined along the batch axis and the outputs split back by rows
-    (:func:`edgedeploy.precision.analysis.joined_run`)."""
-    from edgedeploy.precision.analysis import joined_run
+    (:class:`edgedeploy.precision.analysis.JoinedCalls`: every batch alone where joining would change an output)."""
+    from edgedeploy.precision.analysis import JoinedCalls
 
     def one(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # copies: a runner may reuse its output buffers between calls (polygraphy's TrtRunner)
         return {k: np.array(v) for k, v in runner.infer(batch).items()}
 
     out: list[dict[str, np.ndarray]] = [{} for _ in feeds]
+    joined = JoinedCalls(one)
     for call in calls:
-        for i, got in zip(call, joined_run([feeds[i] for i in call], one)):
+        for i, got in zip(call, joined([feeds[i] for i in call])):
             out[i] = got
     return out
 

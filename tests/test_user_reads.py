@@ -168,25 +168,31 @@ THREADED_AND_SAFETENSORS = textwrap.dedent(
 )
 
 
+def _built_three_times(folder: Path, source: str) -> tuple[list[str], Path, set[str]]:
+    """Build the factory in ``source`` (written to ``folder``, the cwd) three times: the first records what its code
+    read, the second stores the entry, the third is cached. Returns the argv, the output folder and the names of the
+    files the code read (manifest.json)."""
+    name = f"rnet_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(source)
+    out = folder / "out"
+    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
+            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0 and main(argv) == 0 and main(argv) == 0
+    assert _stages(out)["export"] == "cached"
+    reads_ = json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]["reads"]
+    return argv, out, {Path(r["path"]).name for r in reads_}
+
+
 def test_reads_by_a_loader_thread_and_by_safetensors_key_the_cache(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import torch
     from safetensors.torch import save_file
 
-    name = f"tnet_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(THREADED_AND_SAFETENSORS)
     monkeypatch.chdir(tmp_path)
     _save_weights(tmp_path, 0)
     save_file({"bias": torch.zeros(4)}, str(tmp_path / "extra.safetensors"))
-    out = tmp_path / "out"
-    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
-            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0 and main(argv) == 0 and main(argv) == 0
-    assert _stages(out)["export"] == "cached"
-    read = {
-        Path(r["path"]).name for r in json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]["reads"]
-    }
+    argv, out, read = _built_three_times(tmp_path, THREADED_AND_SAFETENSORS)
     assert {"weights.pt", "extra.safetensors"} <= read
     _save_weights(tmp_path, 1)
     assert main(argv) == 0 and _stages(out)["export"] == "ran"
@@ -252,18 +258,9 @@ def _write_native_inputs(folder: Path, seed: int) -> None:
 def test_files_read_by_native_readers_key_the_cache(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    name = f"nnet_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(NATIVE_READS)
     monkeypatch.chdir(tmp_path)
     _write_native_inputs(tmp_path, 0)
-    out = tmp_path / "out"
-    argv = ["build", "--factory", f"{name}:build", "--input", "x:batchx8", "--dim", "batch=1:2:4", "--output", "y",
-            "--samples", "1", "--latency-iters", "1", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0 and main(argv) == 0 and main(argv) == 0
-    assert _stages(out)["export"] == "cached"
-    read = {
-        Path(r["path"]).name for r in json.loads((out / "manifest.json").read_text())["inputs"]["model_code"]["reads"]
-    }
+    argv, out, read = _built_three_times(tmp_path, NATIVE_READS)
     assert {"weights.ts", "bias.png"} <= read
     bias = _exported_bias(out)
     (tmp_path / "bias.png").unlink()

@@ -22,6 +22,7 @@ computed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -190,8 +191,7 @@ class NativeReader:
     module: str
     attribute: str  # "safe_open", or "File.__init__"
     path_at: int = 0  # the path's position among the positional arguments (``self`` counts)
-    mode_at: int | None = None  # the open mode's position, where the reader can also write
-    mode_key: str = "mode"
+    mode_at: int | None = None  # the open mode's position (or its ``mode`` keyword), where the reader can also write
 
 
 # readers whose files reach the model or its calibration samples without a Python open(); each is wrapped once,
@@ -233,8 +233,6 @@ def _watch_native_readers(modules: dict[str, Any], only: str | None = None) -> N
 
 
 def _recording_reader(original: Any, reader: NativeReader) -> Any:
-    import functools
-
     @functools.wraps(original)
     def reads(*args: Any, **kwargs: Any) -> Any:
         log = _current
@@ -258,7 +256,7 @@ def _argument(args: Sequence[Any], kwargs: dict[str, Any], reader: NativeReader)
 def _mode(args: Sequence[Any], kwargs: dict[str, Any], reader: NativeReader) -> str:
     if reader.mode_at is None:
         return "r"
-    mode = args[reader.mode_at] if len(args) > reader.mode_at else kwargs.get(reader.mode_key)
+    mode = args[reader.mode_at] if len(args) > reader.mode_at else kwargs.get("mode")
     return mode if isinstance(mode, str) else "r"  # h5py's and soundfile's default mode reads
 
 
@@ -277,10 +275,8 @@ class _WatchOnImport(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is None:
                 continue
-            loader = spec.loader
-            run = getattr(loader, "exec_module", None)
-            if run is not None:
-                spec.loader = _WatchingLoader(loader, fullname)
+            if getattr(spec.loader, "exec_module", None) is not None:
+                spec.loader = _WatchingLoader(spec.loader, fullname)
             return spec
         return None
 

@@ -60,6 +60,7 @@ def main() -> int:
             }
             info = json.loads((work / "out" / "precision.json").read_text())
             row["qdq_placement"] = info.get("qdq_placement")
+            row["fallback_start"] = info.get("fallback_start")
             row["fallback_stop"] = info.get("fallback_stop")
             row["calib_cache_written"] = (work / "out" / "calib.cache").exists()
             row["plan_strategy"] = json.loads((work / "out" / "bundle" / "plan.json").read_text())["strategy"]

@@ -190,7 +190,7 @@ def test_build_meets_accuracy_target_by_fallback_and_names_layers(tmp_path: Path
     assert result.ok
     prec = result.report["metrics"]["precision"]
     tries = prec["fallback_tries"]
-    assert tries[0]["score"] < 0.99 <= tries[-1]["score"]
+    assert tries[0]["score"] < 0.99 <= prec["accuracy"]["score"] and prec["accuracy"]["met"]
     # progress: one status per try, "try k of N", the best so far and why the search goes on; a closing summary
     search = [line for line in lines if "INT8 search: try" in line]
     assert len(search) == len(tries) and "try 0 (everything INT8), 0 float nodes" in search[0]

@@ -52,11 +52,9 @@ def test_sensitivity_passing_first_searches_the_prefix_on_and_ships_the_faster(
             passed[t["family"]] = min(t["float_nodes"], passed.get(t["family"], t["float_nodes"]))
     # the 2 outlier nodes pass first; the prefix family goes on past the size where the search used to stop
     assert passed == {"sensitivity": 2, "prefix": 3}
-    assert [(t.get("family"), t["float_nodes"]) for t in result.tries[1:4]] == [
-        ("sensitivity", 1),
-        ("prefix", 1),
-        ("sensitivity", 2),
-    ]
+    # the ranking puts the whole error on the 2 outliers: the search starts there, then bisects down to 1
+    assert result.start["predicted"] == 2 and result.start["size"] == 2
+    assert [(t.get("family"), t["float_nodes"]) for t in result.tries[1:3]] == [("sensitivity", 2), ("sensitivity", 1)]
     assert not any(t["met"] for t in result.tries if t.get("family") == "prefix" and t["float_nodes"] < 3)
     assert len(timed) == 1 and len(timed[0]) == 2  # both passing sets timed side by side, once
     assert result.met and result.final["family"] == ships and result.choice["family"] == ships
@@ -77,7 +75,12 @@ def test_sensitivity_passing_first_searches_the_prefix_on_and_ships_the_faster(
 def test_without_a_timer_the_first_family_to_pass_ships_untimed(tmp_path: Path) -> None:
     result, _, _ = _search(tmp_path, None)
     assert result.final["family"] == "sensitivity" and result.choice["rule"] == "first family to pass"
-    assert [t.get("family") for t in result.tries] == [None, "sensitivity", "prefix", "sensitivity"]
+    # started at the ranking's 2, which passed; the bisection's 1 failed; the prefix family never tried
+    assert [(t.get("family"), t["float_nodes"]) for t in result.tries] == [
+        (None, 0),
+        ("sensitivity", 2),
+        ("sensitivity", 1),
+    ]
 
 
 def test_the_search_says_why_it_stopped(tmp_path: Path) -> None:
@@ -149,6 +152,47 @@ def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new
     family, k, note = search.choose("sensitivity", lambda models: [5.0, 1.0])
     assert (family, k) == ("prefix", 3) and note["measured"][1]["p50_ms"] == 1.0
     assert set(search.float_set(family, k)) == {"A", "C", "B"}
+
+
+def test_the_ranked_search_starts_where_the_ranking_says_the_miss_is_removed() -> None:
+    from edgedeploy.precision.fallback import predicted_first_size
+
+    def ranked(*errors: float) -> list[dict[str, object]]:
+        return [{"node": f"n{i}", "op": "Conv", "output_error": e} for i, e in enumerate(errors)]
+
+    spread = ranked(*([0.1] * 40))  # 40 nodes alike: each holds 1/40 of the squared error
+    # top-1 0.80 against 0.95: the error must shrink to 1/4, so 1 - 1/16 of it go: 38 nodes, started at 32
+    row = {"metric": "top1_agreement", "score": 0.80}
+    start = predicted_first_size(spread, row, 0.95)
+    assert (start["predicted"], start["size"]) == (38, 32) and "sizes start at 32" in start["why"]
+    # a cosine miss shrinks with the error's square: 1 - 1/4 of it go, 30 nodes, started at 16
+    cos = predicted_first_size(spread, {"metric": "cosine", "score": 0.80}, 0.95)
+    assert (cos["predicted"], cos["size"]) == (30, 16)
+    # one outlier holding nearly all of it: start at 1, as the doubling ladder always did
+    assert predicted_first_size(ranked(1.0, 0.01, 0.01), row, 0.95)["size"] == 1
+    # no prediction from a one-pass ranking (each node's own error), a broken ranking, or a met target
+    own = [{**r, "sqnr_db": 20.0} for r in spread]
+    assert predicted_first_size(own, row, 0.95)["predicted"] is None
+    assert predicted_first_size(ranked(0.1, float("inf")), row, 0.95)["size"] == 1
+    assert predicted_first_size(spread, {"metric": "cosine", "score": 0.99}, 0.95)["predicted"] is None
+
+
+def test_a_passing_first_size_is_bisected_down_to_the_smallest_passing_set() -> None:
+    from edgedeploy.precision.fallback import _FamilySearch
+
+    made: list[tuple[str, int]] = []
+
+    def attempt(k: int, excl: dict[str, str], family: str = "") -> tuple[bool, Path]:
+        made.append((family, k))
+        return {"A", "B", "C"} <= set(excl), Path(f"{family}{k}.onnx")
+
+    rows = [{"node": n, "op": "Conv", "output_error": 0.1} for n in "ABCDEFGH"]
+    search = _FamilySearch(attempt, {}, rows, list("HGFEDCBA"), lambda: len(made) < 12)
+    assert search.grow_both(first=4) == "sensitivity"
+    search.bisect("sensitivity")
+    # sizes 1 and 2 were never tried before 4 passed; bisection from 0 finds 3, as growing from 1 would have
+    assert made == [("sensitivity", 4), ("sensitivity", 2), ("sensitivity", 3)]
+    assert search.passed["sensitivity"] == 3 and search.failed["sensitivity"] == 2
 
 
 def test_run_model_batches_single_feeds_into_one_call_with_the_same_outputs(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ Domain layer: imports the precision package's quantizer and analysis only.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,8 @@ class FallbackResult:
     stop: str = ""  # why the search stopped where it did
     # the speed probe asked of the model the search would ship (``speed_probe``); None when it was not asked
     probe: SpeedProbe | None = None
+    # where the ranked search started (:func:`predicted_first_size`); empty when it did not rank
+    start: dict[str, Any] = field(default_factory=dict)
 
 
 def layer_sensitivity(
@@ -119,9 +122,11 @@ def quantize_with_fallback(
     the FP32 ONNX model. ``extra_check(model, outputs)`` may veto a candidate that meets the score (returns
     why); ``outputs`` are the model's on ``eval_batches``, as judged.
     Sensitivity (:func:`layer_sensitivity`: one node quantized at a time, not greedily) ranks the nodes the
-    naive model quantized. Then, at ``k`` = 1, 2, 4, ..., the ``k`` most sensitive nodes and the first ``k``
+    naive model quantized. Then, at ``k`` doubling from where the ranking says the miss is removed
+    (:func:`predicted_first_size`; 1 where it says nothing), the ``k`` most sensitive nodes and the first ``k``
     quantized nodes (graph order) are tried float, in that order, until one passes; bisection between the last
-    failing and the first passing ``k`` finds that family's smallest set, within ``max_tries`` quantizations.
+    failing (or zero) and the first passing ``k`` finds that family's smallest set, within ``max_tries``
+    quantizations.
 
     ``timer`` (given where the artifact runs on this host's kernels): when the sensitivity family passed
     first, the prefix family is searched on to its own smallest passing set, both are timed side by side, and
@@ -215,6 +220,7 @@ def quantize_with_fallback(
     candidates: list[str] = []
     choice: dict[str, Any] = {}
     stop = "the all-INT8 candidate met the target: nothing to search" if met else ""
+    start: dict[str, Any] = {}
 
     order: list[str] = []
 
@@ -263,7 +269,10 @@ def quantize_with_fallback(
                 calib_ref = analysis.run_model(q.float_model, batches[:4])
                 sensitivity = layer_sensitivity(q, batches[:4], calib_ref, candidates)
             search.sensitivity = sensitivity
-            won = search.grow_both()
+            start.update(predicted_first_size(sensitivity, tries[0], accuracy_target))
+            if start["size"] > 1:
+                say(f"INT8 fallback: {start['why']}")
+            won = search.grow_both(first=start["size"])
         if won is not None:
             search.bisect(won)
             if won == "sensitivity" and timer is not None and "prefix" in families and not prefix_first:
@@ -340,6 +349,7 @@ def quantize_with_fallback(
         choice=choice,
         stop=stop,
         probe=probe,
+        start=start,
     )
 
 
@@ -392,9 +402,11 @@ class _FamilySearch:
             self.failed[family] = max(k, self.failed[family])
         return ok
 
-    def grow_both(self) -> str | None:
-        """k = 1, 2, 4, ...: both families at each size (sensitivity first) until one passes; which did."""
-        k, last = 1, len(self.sensitivity)
+    def grow_both(self, first: int = 1) -> str | None:
+        """k = ``first``, doubled: both families at each size (sensitivity first) until one passes; which did.
+        A passing ``first`` is narrowed down by :meth:`bisect` from zero, as a passing 1 would be from zero."""
+        last = len(self.sensitivity)
+        k = max(1, min(first, last))
         while self.budget_left() and k <= last:
             for family in self.families:
                 if k <= self.failed[family]:  # a larger set of this family failed already (prefix first)
@@ -450,6 +462,42 @@ class _FamilySearch:
             "faster (measured side by side, one thread)"
         )
         return pick[0], pick[1], {"rule": why, "family": pick[0], "float_nodes": pick[1], "measured": rows}
+
+
+def predicted_first_size(ranked: Sequence[dict[str, Any]], all_int8: dict[str, Any], target: float) -> dict[str, Any]:
+    """The float-set size the ranked search starts at: the largest power of two at or under the size the ranking
+    predicts will pass (1 where it predicts nothing). Returns ``{"size", "predicted", "why"}``.
+
+    Each ranked row's ``output_error`` is the relative error at the model outputs with that node alone quantized
+    (:func:`layer_sensitivity`). Independent errors add in variance, so keeping the ``k`` worst float leaves the
+    share ``R_k`` of the summed squared errors; a top-1 disagreement grows in proportion to the output error (a
+    cosine's ``1 - cos`` with its square). The all-INT8 try's miss ``1 - score`` must shrink to ``1 - target``:
+    ``R_k <= ((1 - target) / (1 - score)) ** 2`` (top-1) or ``(1 - target) / (1 - score)`` (cosine). Starting
+    there, on the doubling ladder's sizes, skips only sizes the ranking says hold too little of the error; a
+    start that passes is bisected down as before, so a wrong prediction costs tries, never the smallest set.
+    A one-pass ranking (``sqnr_db``: each node's own output error, not the model's) predicts nothing.
+    """
+    none = {"size": 1, "predicted": None, "why": ""}
+    errors = [row.get("output_error") for row in ranked]
+    if not ranked or "sqnr_db" in ranked[0] or not all(isinstance(e, float) and math.isfinite(e) for e in errors):
+        return none
+    miss, allowed = 1.0 - float(all_int8["score"]), 1.0 - target
+    squares = np.square(np.asarray(errors, dtype=np.float64))
+    total = float(squares.sum())
+    if miss <= allowed or total <= 0.0 or allowed <= 0.0:
+        return none
+    ratio = allowed / miss
+    left = ratio**2 if all_int8.get("metric") == "top1_agreement" else ratio  # R_k allowed
+    share = np.cumsum(squares) / total
+    predicted = int(np.searchsorted(share, 1.0 - left - 1e-12)) + 1  # the fewest nodes holding 1 - left of it
+    predicted = min(predicted, len(ranked))
+    size = 1 << (predicted.bit_length() - 1)
+    why = (
+        f"the {predicted} most sensitive nodes hold {share[predicted - 1]:.0%} of the summed squared single-node "
+        f"output error, the share the all-INT8 miss ({all_int8['metric']} {all_int8['score']:.4f} against "
+        f"{target}) asks to remove: sizes start at {size}"
+    )
+    return {"size": size, "predicted": predicted, "why": why}
 
 
 def sensitive_why(row: dict[str, Any]) -> str:

@@ -533,6 +533,7 @@ def _int8(
         "fallback_choice": result.choice,
         "recurrent_int8": recurrent,
         "fallback_stop": result.stop,
+        **({"fallback_start": result.start} if result.start else {}),
         "search_ladder": ladder,
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": result.latency,

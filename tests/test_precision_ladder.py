@@ -114,7 +114,6 @@ def test_explicit_settings_still_run_what_they_ask(tmp_path: Path, expensive_cal
 def test_rung_c_runs_only_when_the_cheaper_rungs_miss_and_says_what_it_ran(
     tmp_path: Path, expensive_calls: dict[str, int]
 ) -> None:
-
     # a target only (nearly) all-float sets reach: rung b spends its one try on a short float prefix, rung c
     # learns AdaRound, ranks, and spends its one try where the ranking says the miss is removed
     plan = _plan(tmp_path, depthwise_net(), {"accuracy_target": 0.99999999, "max_fallback_tries": 1})

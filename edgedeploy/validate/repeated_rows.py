@@ -47,11 +47,10 @@ def batch_major_outputs(
     ``rows`` (4 detections, a fixed 4 x k table) is not the batch's, and its rows are not one sample's. None
     where the dims allow no smaller batch to compare with."""
     first = cfg.inputs[0].shape[0]
-    if not isinstance(first, str) or rows - 1 < cfg.dims[first].min:
-        return None  # no other batch size to run: every output as long as the batch counts as the batch's
-    other = repeated_row_batch(cfg, feeds, rows - 1)
+    fits = isinstance(first, str) and rows - 1 >= cfg.dims[first].min
+    other = repeated_row_batch(cfg, feeds, rows - 1) if fits else None
     if other is None:
-        return None
+        return None  # no other batch size to run: every output as long as the batch counts as the batch's
     smaller, m = other
     lead = {name: np.shape(arr)[:1] for name, arr in infer(smaller).items()}
     return {name for name, arr in outputs.items() if arr.shape[:1] == (rows,) and lead.get(name) == (m,)}

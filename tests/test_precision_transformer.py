@@ -256,6 +256,126 @@ def test_fallback_keeps_the_most_sensitive_matmuls_float(tiny_tf: Path, tmp_path
     assert result.tries[-1]["score"] > result.tries[0]["score"]
 
 
+def test_fallback_starts_where_the_ranking_predicts_and_bisects_to_the_smallest_passing_set(
+    tiny_tf: Path, tmp_path: Path
+) -> None:
+    batches = _batches(16, seed=7)
+    scheme = transformer.scheme_for("onnxruntime")
+    every, _, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "all.onnx", tmp_path, scheme=scheme, batches=batches, accuracy_target=1.0, max_tries=8
+    )
+    # an unreachable target predicts nothing: sizes double from 1 until every ranked MatMul is float
+    assert [t["float_matmuls"] for t in every.tries] == [0, 1, 2, 4, 5] and not every.met
+    assert every.start["predicted"] is None and "every ranked MatMul float (5)" in every.stop
+    target = next(t["score"] for t in every.tries if t["float_matmuls"] == 4)  # 4 float meets it, fewer do not
+    result, plan, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=scheme, batches=batches, accuracy_target=target
+    )
+    sizes = [t["float_matmuls"] for t in result.tries]
+    # the ranking's prediction skips the sizes it says hold too little of the error; a passing start is then
+    # bisected down from zero, and the smallest passing set ships, not the last try
+    assert result.start["size"] == sizes[1] == 4 and result.start["predicted"] >= 4
+    assert sizes == [0, 4, 2, 3] and [t["met"] for t in result.tries] == [False, True, False, False]
+    assert result.met and result.final is result.tries[1] and result.final["float_matmuls"] == 4
+    assert len(result.kept_float) == 4 and "smallest passing set found: 4 float, 3 failed" in result.stop
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "tensorrt"])
+def test_fallback_models_are_made_from_the_first_quantization_by_surgery(
+    tiny_tf: Path, tmp_path: Path, runtime: str
+) -> None:
+    import onnx
+
+    from edgedeploy.precision import matmul_switch
+    from edgedeploy.precision.analysis import batch_runner, output_error
+
+    scheme = transformer.scheme_for(runtime)
+    model = onnx.load(str(tiny_tf))
+    for i, n in enumerate(model.graph.node):
+        n.name = n.name or f"{n.op_type}_{i}"
+    if scheme.activations == "dynamic":
+        transformer.gemms_to_matmuls(model)
+    nodes = transformer.weight_matmuls(model)
+    if scheme.activations == "calibrated":
+        transformer.isolate_matmul_inputs(model, nodes)
+    base = tmp_path / "float.onnx"
+    onnx.save(model, str(base))
+    q = transformer.TransformerQuantizer(base, tmp_path, scheme, _batches(8, seed=11))
+    first = q.quantize(tmp_path / "all.onnx", nodes)
+    quantized, float_model = onnx.load(str(first)), onnx.load(str(base))
+    assert matmul_switch.derivable(quantized, float_model, nodes)
+    assert not matmul_switch.derivable(quantized, float_model, [*nodes, "no such node"])
+    feeds = _batches(4, seed=12)
+    as_written = scheme.qdq_as_written
+
+    # a fallback try: the quantizer's own model for that set, to the bit, with nothing of the float ones left
+    keep = [nodes[0], nodes[3]]
+    derived = onnx.ModelProto()
+    derived.CopyFrom(quantized)
+    assert matmul_switch.float_matmuls(derived, float_model, [n for n in nodes if n not in keep]) == 3
+    onnx.save(derived, str(tmp_path / "derived.onnx"))
+    again = onnx.load(str(q.quantize(tmp_path / "again.onnx", keep)))
+    got = run_model(tmp_path / "derived.onnx", feeds, qdq_as_written=as_written)
+    want = run_model(tmp_path / "again.onnx", feeds, qdq_as_written=as_written)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a["logits"], b["logits"])
+    assert sorted(n.op_type for n in derived.graph.node) == sorted(n.op_type for n in again.graph.node)
+    assert sorted(i.name for i in derived.graph.initializer) == sorted(i.name for i in again.graph.initializer)
+
+    # the ranking's one model: every gate off computes the float model, one gate on that MatMul alone in INT8
+    switched = onnx.ModelProto()
+    switched.CopyFrom(quantized)
+    gates = matmul_switch.switch_model(switched, float_model, nodes)
+    onnx.save(switched, str(tmp_path / "switch.onnx"))
+    run = batch_runner(tmp_path / "switch.onnx", qdq_as_written=as_written)
+    off = {gate: np.array(False) for gate in gates.values()}
+    reference = run_model(base, feeds)
+    assert output_error(reference, run([{**b, **off} for b in feeds])) < 1e-6
+    for node in (nodes[0], nodes[-1]):
+        alone = run_model(q.quantize(tmp_path / "alone.onnx", [node]), feeds, qdq_as_written=as_written)
+        on = run([{**b, **off, gates[node]: np.array(True)} for b in feeds])
+        assert output_error(alone, on) < 1e-5 < output_error(reference, on)
+
+
+def test_a_matmul_put_back_in_float_reads_float_where_another_int8_matmul_shares_its_input(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgedeploy.precision import matmul_switch
+
+    # x feeds two weight MatMuls (attention's query and key read one LayerNorm output), as isolated for TensorRT
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), f"w{i}") for i in (1, 2)]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["y1"], name="m1"),
+            helper.make_node("MatMul", ["x", "w2"], ["y2"], name="m2"),
+            helper.make_node("Add", ["y1", "y2"], ["y"], name="add"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
+        weights,
+    )
+    base = tmp_path / "shared.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(base))
+    calib = [{"x": rng.normal(size=(4, 8)).astype(np.float32)} for _ in range(4)]
+    q = transformer.TransformerQuantizer(base, tmp_path, transformer.scheme_for("tensorrt"), calib)
+    quantized, float_model = onnx.load(str(q.quantize(tmp_path / "all.onnx", ["m1", "m2"]))), onnx.load(str(base))
+    assert matmul_switch.float_matmuls(quantized, float_model, ["m2"]) == 1
+    nodes = {n.name: n for n in quantized.graph.node}
+    made_by = _ops_by_output(quantized)
+    # m1 stays INT8 (it reads the DequantizeLinear of x); m2 reads x itself, not the quantized copy m1 reads
+    assert made_by[nodes["m1"].input[0]].op_type == "DequantizeLinear" and nodes["m2"].input[0] == "x"
+    assert nodes["m2"].input[1] == "w2" and made_by[nodes["m1"].input[1]].op_type == "DequantizeLinear"
+    feeds = [{"x": rng.normal(size=(4, 8)).astype(np.float32)}]
+    onnx.save(quantized, str(tmp_path / "m2_float.onnx"))
+    got = run_model(tmp_path / "m2_float.onnx", feeds, qdq_as_written=True)[0]["y"]
+    x, w1, w2 = feeds[0]["x"], *(numpy_helper.to_array(w) for w in weights)
+    np.testing.assert_allclose(got - x @ w2, x @ w1, rtol=0.1, atol=0.1)  # m1 in INT8: near its float product
+    assert not np.allclose(got - x @ w2, x @ w1, rtol=1e-6, atol=1e-6)  # and not exactly it
+
+
 def test_nothing_left_to_quantize_is_an_error_not_a_float_artifact(tiny_tf: Path, tmp_path: Path) -> None:
     import onnx
 

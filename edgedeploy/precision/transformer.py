@@ -313,7 +313,12 @@ def host_has_int8_dot() -> bool | None:
 
 @dataclass
 class TransformerResult:
-    """What the transformer INT8 path decided (all plain data for precision.json)."""
+    """What the transformer INT8 path decided (all plain data for precision.json).
+
+    ``final``: the try shipped (the smallest passing float set found; the last try when none passed).
+    ``start``: where the fallback sizes started and why (:func:`edgedeploy.precision.fallback.predicted_first_size`;
+    empty when no fallback ran). ``stop``: why the search stopped. ``tries_spent``: it stopped because
+    ``max_tries`` ran out with sizes left to try."""
 
     model: Path
     quantized: list[str]
@@ -321,6 +326,10 @@ class TransformerResult:
     tries: list[dict[str, Any]]
     sensitivity: list[dict[str, Any]]
     met: bool
+    final: dict[str, Any] = field(default_factory=dict)
+    start: dict[str, Any] = field(default_factory=dict)
+    stop: str = ""
+    tries_spent: bool = False
 
 
 def quantize_with_fallback(
@@ -341,13 +350,19 @@ def quantize_with_fallback(
 ) -> TransformerResult:
     """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
     ``veto(model, held_out, outputs)`` gives a reason: the goldens check validation and the bundle's dry run run;
-    ``outputs`` are the model's on ``held_out``, as judged), keep the most sensitive MatMuls in float (try ``t``:
-    the top ``2**(t-1)``, at most ``max_tries`` tries).
+    ``outputs`` are the model's on ``held_out``, as judged), keep the ``k`` most sensitive MatMuls in float: ``k``
+    from the size the ranking predicts (:func:`edgedeploy.precision.fallback.predicted_first_size`), doubled
+    until a try passes, then bisected down to the smallest passing ``k`` (at most ``max_tries`` tries).
 
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
-    the outputs); scores are always on ``held_out``, against the float model ``reference``.
+    the outputs, all of them in one session: :func:`edgedeploy.precision.matmul_switch.switch_model`); scores
+    are always on ``held_out``, against the float model ``reference``. Every model after the first is made from
+    it by graph surgery (:mod:`edgedeploy.precision.matmul_switch`), not quantized again.
+
+    Raises:
+        StageError: ONNX Runtime cannot quantize or run a model.
     """
-    from edgedeploy.precision.analysis import output_error
+    from edgedeploy.precision.fallback import predicted_first_size
 
     say = log or (lambda _line: None)
     ref_held = run(reference, held_out)
@@ -362,24 +377,26 @@ def quantize_with_fallback(
         return row
 
     active = [n for n in candidates if n not in pinned]
-    model = q.quantize(q.workdir / "tf0.int8.onnx", active)
-    tries = [judged(0, model, len(candidates) - len(active))]
-    chosen, kept = model, dict(pinned)
+    first = q.quantize(q.workdir / "tf0.int8.onnx", active)
+    tries = [judged(0, first, len(candidates) - len(active))]
+    chosen, kept, final = first, dict(pinned), tries[0]
     sensitivity: list[dict[str, Any]] = []
+    start: dict[str, Any] = {}
+    stop, spent = "", False
     if not tries[0]["met"] and max_tries > 0 and active:
-        probe = list(calib[:4])
-        ref_probe = run(reference, probe)
+        derive = _Derived(q, first, active)
         say(
             f"INT8 held-out {tries[0]['metric']} {tries[0]['score']:.4f} < target {accuracy_target}: measuring the "
             f"sensitivity of {len(active)} MatMuls"
         )
-        for i, node in enumerate(active):
-            m = q.quantize(q.workdir / f"only{i}.int8.onnx", [node])
-            sensitivity.append({"node": node, "output_error": output_error(ref_probe, run(m, probe))})
-            m.unlink(missing_ok=True)
-        sensitivity.sort(key=lambda r: r["output_error"], reverse=True)
-        for t in range(1, max_tries + 1):
-            top = sensitivity[: 2 ** (t - 1)]
+        sensitivity = derive.sensitivity(list(calib[:4]), run(reference, list(calib[:4])))
+        start = predicted_first_size(sensitivity, tries[0], accuracy_target)
+        if start["predicted"] is not None:
+            say(f"INT8 fallback: {start['why']}")
+        models: dict[int, tuple[Path, dict[str, str], dict[str, Any]]] = {}
+
+        def attempt(k: int) -> bool:
+            top = sensitivity[:k]
             trial = {
                 **pinned,
                 **{
@@ -387,16 +404,48 @@ def quantize_with_fallback(
                     for r in top
                 },  # fmt: skip
             }
-            model = q.quantize(q.workdir / f"tf{t}.int8.onnx", [n for n in candidates if n not in trial])
-            tries.append(judged(t, model, len(trial)))
+            model = derive.model(q.workdir / f"tf{len(tries)}.int8.onnx", [n for n in candidates if n not in trial])
+            tries.append(judged(len(tries), model, len(trial)))
             vetoed = f" ({tries[-1]['vetoed']})" if "vetoed" in tries[-1] else ""
             say(
-                f"INT8 fallback try {t}: {len(trial)} MatMul(s) in float, "
+                f"INT8 fallback try {len(tries) - 1}: {len(trial)} MatMul(s) in float, "
                 f"held-out {tries[-1]['metric']} {tries[-1]['score']:.4f}{vetoed}"
             )
-            chosen, kept = model, trial
-            if tries[-1]["met"] or len(top) == len(sensitivity):
+            models[k] = (model, trial, tries[-1])
+            return bool(tries[-1]["met"])
+
+        def budget_left() -> bool:
+            return len(tries) - 1 < max_tries
+
+        last = len(sensitivity)
+        failed, passed = 0, None  # the largest k that failed, the smallest that passed
+        k = max(1, min(int(start["size"]), last))
+        while budget_left():
+            if attempt(k):
+                passed = k
                 break
+            failed = k
+            if k == last:
+                break
+            k = min(2 * k, last)
+        while passed is not None and passed - failed > 1 and budget_left():
+            mid = (failed + passed) // 2
+            if attempt(mid):
+                passed = mid
+            else:
+                failed = mid
+        shipped = passed if passed is not None else max(models, default=0)
+        if shipped in models:
+            chosen, kept, final = models[shipped]
+        if passed is not None and passed - failed <= 1:
+            stop = f"the smallest passing set found: {passed} float, {failed} failed"
+        elif passed is not None:
+            stop = f"precision.max_fallback_tries = {max_tries} spent: {passed} float passed, {failed} failed"
+        elif failed >= last:
+            stop = f"every ranked MatMul float ({last}) still missed the target"
+        else:
+            stop, spent = f"precision.max_fallback_tries = {max_tries} spent before any try passed", True
+        say(f"INT8 fallback search stopped: {stop}")
     shutil.copyfile(chosen, out)
     return TransformerResult(
         model=out,
@@ -404,8 +453,75 @@ def quantize_with_fallback(
         kept_float=kept,
         tries=tries,
         sensitivity=sensitivity[:20],
-        met=bool(tries[-1]["met"]),
+        met=bool(final["met"]),
+        final=final,
+        start=start,
+        stop=stop,
+        tries_spent=spent,
     )
+
+
+class _Derived:
+    """The models the fallback needs, made from ``first`` (``active`` quantized) by graph surgery where
+    :func:`edgedeploy.precision.matmul_switch.derivable` allows, else by quantizing again."""
+
+    def __init__(self, q: TransformerQuantizer, first: Path, active: Sequence[str]) -> None:
+        import onnx
+
+        from edgedeploy.precision import matmul_switch
+
+        self.q, self.active = q, list(active)
+        self.quantized = onnx.load(str(first))
+        self.float_model = onnx.load(str(q.float_model))
+        self.surgery = matmul_switch.derivable(self.quantized, self.float_model, self.active)
+
+    def model(self, out: Path, quantized: Sequence[str]) -> Path:
+        """The model with exactly ``quantized`` (a subset of the first model's) INT8, written to ``out``."""
+        if not self.surgery:
+            return self.q.quantize(out, quantized)
+        import onnx
+
+        from edgedeploy.precision import matmul_switch
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.quantized)
+        keep = set(quantized)
+        matmul_switch.float_matmuls(model, self.float_model, [n for n in self.active if n not in keep])
+        onnx.save(model, str(out))
+        return out
+
+    def sensitivity(
+        self, probe: list[dict[str, np.ndarray]], ref_probe: list[dict[str, np.ndarray]]
+    ) -> list[dict[str, Any]]:
+        """Each active MatMul quantized alone, ``{"node", "output_error"}`` on ``probe`` against ``ref_probe``,
+        most sensitive first."""
+        from edgedeploy.precision.analysis import batch_runner, output_error, run_model
+
+        rows: list[dict[str, Any]] = []
+        if not self.surgery:
+            for i, node in enumerate(self.active):
+                m = self.q.quantize(self.q.workdir / f"only{i}.int8.onnx", [node])
+                run = run_model(m, probe, qdq_as_written=self.q.scheme.qdq_as_written)
+                rows.append({"node": node, "output_error": output_error(ref_probe, run)})
+                m.unlink(missing_ok=True)
+        else:
+            import onnx
+
+            from edgedeploy.precision import matmul_switch
+
+            model = onnx.ModelProto()
+            model.CopyFrom(self.quantized)
+            gates = matmul_switch.switch_model(model, self.float_model, self.active)
+            path = self.q.workdir / "tf.switch.onnx"
+            onnx.save(model, str(path))
+            runner = batch_runner(path, qdq_as_written=self.q.scheme.qdq_as_written)
+            off = {gate: np.array(False) for gate in gates.values()}
+            for node in self.active:
+                feeds = [{**b, **off, gates[node]: np.array(True)} for b in probe]
+                rows.append({"node": node, "output_error": output_error(ref_probe, runner(feeds))})
+            path.unlink(missing_ok=True)
+        rows.sort(key=lambda r: r["output_error"], reverse=True)
+        return rows
 
 
 def _brief(score: dict[str, Any]) -> dict[str, Any]:

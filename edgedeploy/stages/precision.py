@@ -778,12 +778,11 @@ def _int8_transformer(
         smoothquant_alpha=p.smoothquant_alpha, per_channel=p.per_channel, reduce_range=reduce_range,
         log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None, veto=veto, real_data=real_data,
     )  # fmt: skip
-    last = result.tries[-1]
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           + (f" ({t['vetoed']})" if "vetoed" in t else "") for t in result.tries)  # fmt: skip
         fixes = ["list layers in precision.keep_fp32"]
-        if p.max_fallback_tries == 0 or len(result.sensitivity) > 2 ** (len(result.tries) - 2):
+        if p.max_fallback_tries == 0 or result.tries_spent:
             fixes.insert(0, "raise precision.max_fallback_tries")
         if p.smoothquant_alpha == 0:
             fixes.insert(0, "set precision.smoothquant_alpha = 0.5")
@@ -821,9 +820,11 @@ def _int8_transformer(
         **plan,
         "host_int8_dot_product": int8_dot,
         "accuracy_target": {"value": accuracy_target, "why": target_why},
-        "accuracy": last,
+        "accuracy": result.final,
         "kept_float": [{"node": n, "why": why} for n, why in result.kept_float.items()],
         "fallback_tries": result.tries,
+        **({"fallback_stop": result.stop} if result.stop else {}),
+        **({"fallback_start": result.start} if result.start else {}),
         "sensitivity": result.sensitivity,
         "latency_onnxruntime_cpu": lat,
     }

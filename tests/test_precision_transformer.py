@@ -280,6 +280,19 @@ def test_fallback_starts_where_the_ranking_predicts_and_bisects_to_the_smallest_
     assert len(result.kept_float) == 4 and "smallest passing set found: 4 float, 3 failed" in result.stop
 
 
+def test_a_spent_time_budget_stops_the_transformer_search_and_says_so(tiny_tf: Path, tmp_path: Path) -> None:
+    import time
+
+    result, _, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"),
+        batches=_batches(8, seed=7), accuracy_target=1.0, deadline=time.monotonic(),
+    )  # fmt: skip
+    # ranked, but no try starts once the deadline has passed; the stop names the setting, not the tries
+    assert [t["float_matmuls"] for t in result.tries] == [0] and len(result.sensitivity) == 5
+    assert result.stop == "precision.time_budget_s spent before any try passed" and result.tries_spent
+    assert not result.met and result.final is result.tries[0]
+
+
 @pytest.mark.parametrize("runtime", ["onnxruntime", "tensorrt"])
 def test_fallback_models_are_made_from_the_first_quantization_by_surgery(
     tiny_tf: Path, tmp_path: Path, runtime: str
@@ -514,6 +527,20 @@ def test_cpu_int8_build_of_a_transformer(tmp_path: Path, monkeypatch) -> None:  
     assert not [w for w in result.report["warnings"] if "INT8" in w or "calibration" in w]
     cand = {c["name"]: c for c in result.report["parity"]["candidates"]}["onnxruntime-int8"]
     assert cand["status"] == "passed"
+
+
+@pytest.mark.slow
+def test_a_transformer_build_out_of_time_fails_naming_the_time_budget(tmp_path: Path) -> None:
+    from edgedeploy.errors import StageError
+
+    cfg = _tiny_project(tmp_path, "cpu")
+    with pytest.raises(StageError) as err:
+        edgedeploy.build(cfg, log=lambda _: None, precision__accuracy_target=1.0, precision__time_budget_s=0.001)
+    line = err.value.one_line()
+    assert "after 0 fallback tries" in line and "stopped: precision.time_budget_s spent before any try" in line
+    assert "raise precision.time_budget_s (now 0.001)" in line and "max_fallback_tries" not in line
+    out = tmp_path / "proj" / "out"
+    assert [p.name for p in out.iterdir()] == [".last-failed"]  # no partial artifact; the failed run's files aside
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,12 +348,14 @@ def quantize_with_fallback(
     run: Callable[[Path, Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]],
     log: Callable[[str], None] | None = None,
     veto: Veto | None = None,
+    deadline: float | None = None,
 ) -> TransformerResult:
     """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
     ``veto(model, held_out, outputs)`` gives a reason: the goldens check validation and the bundle's dry run run;
     ``outputs`` are the model's on ``held_out``, as judged), keep the ``k`` most sensitive MatMuls in float: ``k``
     from the size the ranking predicts (:func:`edgedeploy.precision.fallback.predicted_first_size`), doubled
-    until a try passes, then bisected down to the smallest passing ``k`` (at most ``max_tries`` tries).
+    until a try passes, then bisected down to the smallest passing ``k`` (at most ``max_tries`` tries; none
+    starts after ``deadline``, a ``time.monotonic()`` second: ``precision.time_budget_s``).
 
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
     the outputs, all of them in one session: :func:`edgedeploy.precision.matmul_switch.switch_model`); scores
@@ -414,8 +417,11 @@ def quantize_with_fallback(
             models[k] = (model, trial, tries[-1])
             return bool(tries[-1]["met"])
 
+        def out_of_time() -> bool:
+            return deadline is not None and time.monotonic() >= deadline
+
         def budget_left() -> bool:
-            return len(tries) - 1 < max_tries
+            return len(tries) - 1 < max_tries and not out_of_time()
 
         last = len(sensitivity)
         failed, passed = 0, None  # the largest k that failed, the smallest that passed
@@ -437,14 +443,15 @@ def quantize_with_fallback(
         shipped = passed if passed is not None else max(models, default=0)
         if shipped in models:
             chosen, kept, final = models[shipped]
+        budget = "precision.time_budget_s" if out_of_time() else f"precision.max_fallback_tries = {max_tries}"
         if passed is not None and passed - failed <= 1:
             stop = f"the smallest passing set found: {passed} float, {failed} failed"
         elif passed is not None:
-            stop = f"precision.max_fallback_tries = {max_tries} spent: {passed} float passed, {failed} failed"
+            stop = f"{budget} spent: {passed} float passed, {failed} failed"
         elif failed >= last:
             stop = f"every ranked MatMul float ({last}) still missed the target"
         else:
-            stop, spent = f"precision.max_fallback_tries = {max_tries} spent before any try passed", True
+            stop, spent = f"{budget} spent before any try passed", True
         say(f"INT8 fallback search stopped: {stop}")
     shutil.copyfile(chosen, out)
     return TransformerResult(
@@ -560,6 +567,7 @@ def quantize_transformer(
     log: Callable[[str], None] | None = None,
     veto: Veto | None = None,
     real_data: Sequence[dict[str, np.ndarray]] = (),
+    deadline: float | None = None,
 ) -> tuple[TransformerResult, dict[str, Any], TransformerQuantizer]:
     """The transformer INT8 recipe on ``float_model``, written to ``out``.
 
@@ -567,7 +575,8 @@ def quantize_transformer(
     tensor on the calibration batches; absurd ranges (:func:`edgedeploy.precision.ranges.absurd_ranges`) and
     the weight MatMuls that touch them kept float; optional smoothing; quantize with fallback, judged on the held-out
     batches (and ``real_data``, validate.data's batches) against ``float_model``; ``veto(model, held_out, outputs)``
-    refuses a candidate that meets the score but fails the goldens check (a reason, or None).
+    refuses a candidate that meets the score but fails the goldens check (a reason, or None); no fallback try
+    starts after ``deadline`` (``time.monotonic()`` seconds).
 
     Returns:
         the result, the plan entries for precision.json, and the quantizer (for its static ranges).
@@ -634,6 +643,7 @@ def quantize_transformer(
         run=functools.partial(run_model, qdq_as_written=scheme.qdq_as_written),
         log=log,
         veto=veto,
+        deadline=deadline,
     )
     if result.met and not result.quantized:  # an "INT8" artifact with every MatMul float is FP32 by another name
         out.unlink(missing_ok=True)

@@ -772,24 +772,33 @@ def _int8_transformer(
         known = {c: outputs[e] for c, e in analysis.shared_inputs(golden_feeds, judged).items() if e < len(outputs)}
         return goldens_veto(cfg, model, goldens, known, qdq_as_written=scheme.qdq_as_written)
 
+    import time
+
+    budget = p.time_budget_s  # the transformer INT8 search, from here
     result, plan, q = quantize_transformer(
         float_model, out, tmp, scheme=scheme, batches=batches, classifier_outputs=cfg.validate.classifier_outputs,
         accuracy_target=accuracy_target, max_tries=p.max_fallback_tries, keep_fp32=p.keep_fp32,
         smoothquant_alpha=p.smoothquant_alpha, per_channel=p.per_channel, reduce_range=reduce_range,
         log=(lambda line: ctx.log(f"  {line}")) if ctx.log else None, veto=veto, real_data=real_data,
+        deadline=time.monotonic() + budget if budget is not None else None,
     )  # fmt: skip
     if not result.met:
         table = "; ".join(f"try {t['try']}: {t['float_matmuls']} float MatMuls, {t['metric']} {t['score']:.4f}"
                           + (f" ({t['vetoed']})" if "vetoed" in t else "") for t in result.tries)  # fmt: skip
         fixes = ["list layers in precision.keep_fp32"]
-        if p.max_fallback_tries == 0 or result.tries_spent:
+        on_time = "time_budget_s" in result.stop
+        if not on_time and (p.max_fallback_tries == 0 or result.tries_spent):
             fixes.insert(0, "raise precision.max_fallback_tries")
         if p.smoothquant_alpha == 0:
             fixes.insert(0, "set precision.smoothquant_alpha = 0.5")
+        if on_time:  # the search did not run out of ideas: it ran out of the time it was given
+            fixes.insert(0, f"raise precision.time_budget_s (now {budget}) or drop it: the search stopped on time")
         raise StageError(
             "precision",
             f"transformer INT8 misses {_target_text(ctx, accuracy_target)} on held-out "
-            f"data after {len(result.tries) - 1} fallback tries ({table})",
+            f"data after {len(result.tries) - 1} fallback tries ({table}"
+            + (f"; stopped: {result.stop}" if result.stop else "")
+            + ")",
             hint=", or ".join(fixes),
         )
     from edgedeploy.precision.analysis import int8_compute_left

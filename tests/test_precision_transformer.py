@@ -280,6 +280,39 @@ def test_fallback_starts_where_the_ranking_predicts_and_bisects_to_the_smallest_
     assert len(result.kept_float) == 4 and "smallest passing set found: 4 float, 3 failed" in result.stop
 
 
+def test_where_surgery_cannot_make_a_model_the_search_quantizes_it_again_to_the_same_verdicts(
+    tiny_tf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgedeploy.precision import matmul_switch
+
+    batches = _batches(16, seed=7)
+    scheme = transformer.scheme_for("onnxruntime")
+    made: list[str] = []
+    real = transformer.TransformerQuantizer.quantize
+
+    def counted(q: transformer.TransformerQuantizer, out: Path, nodes: list[str]) -> Path:
+        made.append(out.name)
+        return real(q, out, nodes)
+
+    monkeypatch.setattr(transformer.TransformerQuantizer, "quantize", counted)
+    cut, _, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "cut.onnx", tmp_path, scheme=scheme, batches=batches, accuracy_target=0.999993
+    )
+    assert made == ["tf0.int8.onnx"] and len(cut.tries) > 2  # one quantization; every other model by surgery
+    made.clear()
+    monkeypatch.setattr(matmul_switch, "derivable", lambda *_args: False)
+    again, _, _ = transformer.quantize_transformer(
+        tiny_tf, tmp_path / "again.onnx", tmp_path, scheme=scheme, batches=batches, accuracy_target=0.999993
+    )
+    assert len(made) == 1 + 5 + len(again.tries) - 1  # the first, one per ranked MatMul, one per try
+    assert [(t["float_matmuls"], t["score"]) for t in cut.tries] == [
+        (t["float_matmuls"], t["score"]) for t in again.tries
+    ]
+    assert [r["node"] for r in cut.sensitivity] == [r["node"] for r in again.sensitivity]
+    for a, b in zip(cut.sensitivity, again.sensitivity):
+        assert a["output_error"] == pytest.approx(b["output_error"], rel=1e-4)
+
+
 def test_a_spent_time_budget_stops_the_transformer_search_and_says_so(tiny_tf: Path, tmp_path: Path) -> None:
     import time
 

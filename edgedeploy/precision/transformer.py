@@ -483,7 +483,11 @@ class _Derived:
         self.surgery = matmul_switch.derivable(self.quantized, self.float_model, self.active)
 
     def model(self, out: Path, quantized: Sequence[str]) -> Path:
-        """The model with exactly ``quantized`` (a subset of the first model's) INT8, written to ``out``."""
+        """The model with exactly ``quantized`` (a subset of the first model's) INT8, written to ``out``.
+
+        Raises:
+            StageError: quantizing again (no surgery) fails.
+        """
         if not self.surgery:
             return self.q.quantize(out, quantized)
         import onnx
@@ -501,15 +505,23 @@ class _Derived:
         self, probe: list[dict[str, np.ndarray]], ref_probe: list[dict[str, np.ndarray]]
     ) -> list[dict[str, Any]]:
         """Each active MatMul quantized alone, ``{"node", "output_error"}`` on ``probe`` against ``ref_probe``,
-        most sensitive first."""
-        from edgedeploy.precision.analysis import batch_runner, output_error, run_model
+        most sensitive first.
+
+        Raises:
+            StageError: a model cannot be quantized, loaded or run.
+        """
+        from edgedeploy.precision.analysis import batch_runner, output_error
 
         rows: list[dict[str, Any]] = []
+        as_written = self.q.scheme.qdq_as_written
         if not self.surgery:
             for i, node in enumerate(self.active):
                 m = self.q.quantize(self.q.workdir / f"only{i}.int8.onnx", [node])
-                run = run_model(m, probe, qdq_as_written=self.q.scheme.qdq_as_written)
-                rows.append({"node": node, "output_error": output_error(ref_probe, run)})
+                # each probe batch in its own call, as the switching model runs them: dynamic INT8 quantizes
+                # over the whole call, so joined batches would see each other's ranges
+                runner = batch_runner(m, qdq_as_written=as_written)
+                outputs = [runner([b])[0] for b in probe]
+                rows.append({"node": node, "output_error": output_error(ref_probe, outputs)})
                 m.unlink(missing_ok=True)
         else:
             import onnx
@@ -521,9 +533,9 @@ class _Derived:
             gates = matmul_switch.switch_model(model, self.float_model, self.active)
             path = self.q.workdir / "tf.switch.onnx"
             onnx.save(model, str(path))
-            runner = batch_runner(path, qdq_as_written=self.q.scheme.qdq_as_written)
+            runner = batch_runner(path, qdq_as_written=as_written)
             off = {gate: np.array(False) for gate in gates.values()}
-            for node in self.active:
+            for node in self.active:  # the scalar gates keep each probe batch in its own call
                 feeds = [{**b, **off, gates[node]: np.array(True)} for b in probe]
                 rows.append({"node": node, "output_error": output_error(ref_probe, runner(feeds))})
             path.unlink(missing_ok=True)

@@ -91,20 +91,29 @@ def one_build(name: str, cfg: Path, work: Path, start: str, turn: int) -> dict[s
     if proc.returncode != 0 or not plan_file.is_file():
         row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return row
-    plan = json.loads(plan_file.read_text())
-    row["fallback_start"] = plan.get("fallback_start")
-    row["tries"] = [
-        {"family": t.get("family"), "float_nodes": t["float_nodes"], "score": round(t["score"], 5), "met": t["met"]}
-        for t in plan["fallback_tries"]
-    ]
-    row["fallback_tries"] = len(plan["fallback_tries"]) - 1
-    row["shipped"] = {
-        "float_nodes": sorted(k["node"] for k in plan["kept_float"]),
-        "metric": plan["accuracy"]["metric"],
-        "score": round(plan["accuracy"]["score"], 5),
-    }
-    row["fallback_stop"] = plan.get("fallback_stop")
+    row.update(search_summary(json.loads(plan_file.read_text()), ("family", "float_nodes")))
     return row
+
+
+def search_summary(plan: dict[str, Any], try_keys: tuple[str, ...]) -> dict[str, Any]:
+    """A build's INT8 search from its ``precision.json``: the predicted start, each try's ``try_keys`` (the last
+    one: the float set's size), score and verdict, the float set shipped (under that last key) and its score,
+    and why the search stopped."""
+    size = try_keys[-1]
+    return {
+        "fallback_start": plan.get("fallback_start"),
+        "tries": [
+            {**{k: t.get(k) for k in try_keys}, "score": round(t["score"], 5), "met": t["met"]}
+            for t in plan["fallback_tries"]
+        ],
+        "fallback_tries": len(plan["fallback_tries"]) - 1,
+        "shipped": {
+            size: sorted(k["node"] for k in plan["kept_float"]),
+            "metric": plan["accuracy"]["metric"],
+            "score": round(plan["accuracy"]["score"], 5),
+        },
+        "fallback_stop": plan.get("fallback_stop"),
+    }
 
 
 def main() -> int:
@@ -136,11 +145,16 @@ def main() -> int:
         "models": rows,
         "command": "PYTHONPATH=$PWD python bench/int8_search_start.py --json bench/int8_search_start.json",
     }
+    return finish(result, args.json, rows)
+
+
+def finish(result: dict[str, Any], path: Path | None, groups: dict[str, Any]) -> int:
+    """Print ``result`` and write it to ``path`` when given; 0 when every build in ``groups`` exited 0."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    ok = all(b.get("exit_code") == 0 for r in rows.values() for b in r["builds"])
+    if path:
+        path.write_text(text + "\n")
+    ok = all(b.get("exit_code") == 0 for r in groups.values() for b in r["builds"])
     return 0 if ok else 1
 
 

@@ -83,6 +83,8 @@ def child(work: Path, out: Path, target: str, mode: str, samples: int) -> int:
 
 
 def one_build(work: Path, target: str, mode: str, samples: int) -> dict[str, Any]:
+    from int8_search_start import search_summary
+
     out = work / f"out-{target}-{mode}"
     env = {**os.environ, "EDGEDEPLOY_CACHE_DIR": str(work / f"cache-{target}-{mode}")}
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,19 +100,7 @@ def one_build(work: Path, target: str, mode: str, samples: int) -> dict[str, Any
         row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return row
     row["precision_stage_s"] = json.loads((work / f"{out.name}.stages.json").read_text()).get("precision")
-    plan = json.loads(plan_file.read_text())
-    row["fallback_start"] = plan.get("fallback_start")
-    row["tries"] = [
-        {"float_matmuls": t["float_matmuls"], "score": round(t["score"], 5), "met": t["met"]}
-        for t in plan["fallback_tries"]
-    ]
-    row["fallback_tries"] = len(plan["fallback_tries"]) - 1
-    row["shipped"] = {
-        "float_matmuls": sorted(k["node"] for k in plan["kept_float"]),
-        "metric": plan["accuracy"]["metric"],
-        "score": round(plan["accuracy"]["score"], 5),
-    }
-    row["fallback_stop"] = plan.get("fallback_stop")
+    row.update(search_summary(json.loads(plan_file.read_text()), ("float_matmuls",)))
     return row
 
 
@@ -145,12 +135,9 @@ def main() -> int:
         "targets": rows,
         "command": "PYTHONPATH=$PWD python bench/int8_transformer_search.py --json bench/int8_transformer_search.json",
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    ok = all(b.get("exit_code") == 0 for r in rows.values() for b in r["builds"])
-    return 0 if ok else 1
+    from int8_search_start import finish
+
+    return finish(result, args.json, rows)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,15 @@ def drop_unread_qdq(graph: Any) -> None:
             graph.node.remove(n)
 
 
+def drop_unread_initializers_of(graph: Any) -> list[str]:
+    """Remove the initializers of ``graph`` that no node reads and no graph output names; returns their names."""
+    read = names_read(graph) | {o.name for o in graph.output}
+    unread = [init for init in graph.initializer if init.name not in read]
+    for init in unread:
+        graph.initializer.remove(init)
+    return [init.name for init in unread]
+
+
 def names_read(graph: Any) -> set[str]:
     """Every tensor name a node of ``graph`` or of a subgraph in it reads (subgraphs read outer names too)."""
     import onnx

@@ -116,7 +116,7 @@ def _producer(graph: Any, tensor: str) -> tuple[int, Any]:
 def _drop_unread(model: Any) -> None:
     """Remove the nodes none of whose outputs is read (by a node or as a graph output), repeatedly, then the
     initializers nothing reads."""
-    from edgedeploy.precision.float_subset import names_read
+    from edgedeploy.precision.float_subset import drop_unread_initializers_of, names_read
 
     graph = model.graph
     outputs = {o.name for o in graph.output}
@@ -127,8 +127,4 @@ def _drop_unread(model: Any) -> None:
             break
         for n in dead:
             graph.node.remove(n)
-    read = names_read(graph) | outputs
-    kept = [i for i in graph.initializer if i.name in read]
-    if len(kept) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+    drop_unread_initializers_of(graph)

@@ -436,16 +436,13 @@ def drop_unread_initializers(path: Path) -> list[str]:
     Q/DQ pairs the placement, the float outputs and the float fallback took out): ONNX Runtime warns about
     each on every load. Returns their names (the file is rewritten only when there are any)."""
     from edgedeploy.precision import model_files
-    from edgedeploy.precision.float_subset import names_read
+    from edgedeploy.precision.float_subset import drop_unread_initializers_of
 
     model = model_files.load(path)
-    read = names_read(model.graph) | {o.name for o in model.graph.output}
-    unread = [init for init in model.graph.initializer if init.name not in read]
-    for init in unread:
-        model.graph.initializer.remove(init)
+    unread = drop_unread_initializers_of(model.graph)
     if unread:
         model_files.save(model, path)
-    return [init.name for init in unread]
+    return unread
 
 
 def bypass_qdq_into_float_nodes(path: Path, float_model: Path) -> int:

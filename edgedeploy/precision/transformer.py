@@ -349,13 +349,15 @@ def quantize_with_fallback(
     log: Callable[[str], None] | None = None,
     veto: Veto | None = None,
     deadline: float | None = None,
+    float_proto: ModelProto | None = None,
 ) -> TransformerResult:
     """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
     ``veto(model, held_out, outputs)`` gives a reason: the goldens check validation and the bundle's dry run run;
     ``outputs`` are the model's on ``held_out``, as judged), keep the ``k`` most sensitive MatMuls in float: ``k``
     from the size the ranking predicts (:func:`edgedeploy.precision.fallback.predicted_first_size`), doubled
     until a try passes, then bisected down to the smallest passing ``k`` (at most ``max_tries`` tries; none
-    starts after ``deadline``, a ``time.monotonic()`` second: ``precision.time_budget_s``).
+    starts after ``deadline``, a ``time.monotonic()`` second: ``precision.time_budget_s``). ``float_proto``: the
+    model ``q`` quantizes, when the caller holds it parsed already.
 
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
     the outputs, all of them in one session: :func:`edgedeploy.precision.matmul_switch.switch_model`); scores
@@ -387,7 +389,7 @@ def quantize_with_fallback(
     start: dict[str, Any] = {}
     stop, spent = "", False
     if not tries[0]["met"] and max_tries > 0 and active:
-        derive = _Derived(q, first, active)
+        derive = _Derived(q, first, active, float_proto)
         say(
             f"INT8 held-out {tries[0]['metric']} {tries[0]['score']:.4f} < target {accuracy_target}: measuring the "
             f"sensitivity of {len(active)} MatMuls"
@@ -472,14 +474,16 @@ class _Derived:
     """The models the fallback needs, made from ``first`` (``active`` quantized) by graph surgery where
     :func:`edgedeploy.precision.matmul_switch.derivable` allows, else by quantizing again."""
 
-    def __init__(self, q: TransformerQuantizer, first: Path, active: Sequence[str]) -> None:
+    def __init__(
+        self, q: TransformerQuantizer, first: Path, active: Sequence[str], float_proto: ModelProto | None = None
+    ) -> None:
         import onnx
 
         from edgedeploy.precision import matmul_switch
 
         self.q, self.active = q, list(active)
         self.quantized = onnx.load(str(first))
-        self.float_model = onnx.load(str(q.float_model))
+        self.float_model = float_proto if float_proto is not None else onnx.load(str(q.float_model))
         self.surgery = matmul_switch.derivable(self.quantized, self.float_model, self.active)
 
     def model(self, out: Path, quantized: Sequence[str]) -> Path:
@@ -656,6 +660,7 @@ def quantize_transformer(
         log=log,
         veto=veto,
         deadline=deadline,
+        float_proto=model,  # what quant_input holds: smoothed and isolated above where asked
     )
     if result.met and not result.quantized:  # an "INT8" artifact with every MatMul float is FP32 by another name
         out.unlink(missing_ok=True)

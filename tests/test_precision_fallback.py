@@ -133,7 +133,7 @@ def test_top1_upper_bound_narrows_with_samples_and_stays_open_at_full_agreement(
 
 
 def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new_try() -> None:
-    from edgedeploy.precision.fallback import _FamilySearch
+    from edgedeploy.precision.fallback import FamilySearch
 
     made: list[tuple[str, int]] = []
 
@@ -142,7 +142,7 @@ def test_a_prefix_equal_to_a_tried_sensitive_set_reuses_its_result_without_a_new
         return {"A", "B"} <= set(excl), Path(f"{family}{k}.onnx")  # passes once A and B are both float
 
     sensitivity = [{"node": n, "op": "Conv", "output_error": e} for n, e in zip("ABCD", (0.4, 0.3, 0.2, 0.1))]
-    search = _FamilySearch(attempt, {}, sensitivity, ["A", "C", "B", "D"], lambda: len(made) < 10)
+    search = FamilySearch(attempt, {}, sensitivity, ["A", "C", "B", "D"], lambda: len(made) < 10)
     assert search.grow_both() == "sensitivity" and search.passed == {"sensitivity": 2}
     search.grow("prefix")
     search.bisect("prefix")
@@ -178,7 +178,7 @@ def test_the_ranked_search_starts_where_the_ranking_says_the_miss_is_removed() -
 
 
 def test_a_passing_first_size_is_bisected_down_to_the_smallest_passing_set() -> None:
-    from edgedeploy.precision.fallback import _FamilySearch
+    from edgedeploy.precision.fallback import FamilySearch
 
     made: list[tuple[str, int]] = []
 
@@ -187,7 +187,7 @@ def test_a_passing_first_size_is_bisected_down_to_the_smallest_passing_set() -> 
         return {"A", "B", "C"} <= set(excl), Path(f"{family}{k}.onnx")
 
     rows = [{"node": n, "op": "Conv", "output_error": 0.1} for n in "ABCDEFGH"]
-    search = _FamilySearch(attempt, {}, rows, list("HGFEDCBA"), lambda: len(made) < 12)
+    search = FamilySearch(attempt, {}, rows, list("HGFEDCBA"), lambda: len(made) < 12)
     assert search.grow_both(first=4) == "sensitivity"
     search.bisect("sensitivity")
     # sizes 1 and 2 were never tried before 4 passed; bisection from 0 finds 3, as growing from 1 would have

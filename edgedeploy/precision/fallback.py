@@ -244,7 +244,7 @@ def quantize_with_fallback(
         stop = f"{budget_name} spent before the fallback search (the first candidate misses the target)"
     if not met and max_tries > 0 and not out_of_time():
         candidates = [n for n in naive_order() if n not in pinned]
-        search = _FamilySearch(attempt, pinned, [], candidates, budget_left, tuple(families))
+        search = FamilySearch(attempt, pinned, [], candidates, budget_left, tuple(families))
         if settled is not None:
             search.settled = lambda undecided: settled(undecided, naive)
         won = None
@@ -353,7 +353,7 @@ def quantize_with_fallback(
     )
 
 
-class _FamilySearch:
+class FamilySearch:
     """Both families' tries, shared budget: which sizes failed, which passed, and the models made."""
 
     def __init__(

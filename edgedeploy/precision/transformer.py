@@ -367,7 +367,7 @@ def quantize_with_fallback(
     Raises:
         StageError: ONNX Runtime cannot quantize or run a model.
     """
-    from edgedeploy.precision.fallback import predicted_first_size
+    from edgedeploy.precision.fallback import FamilySearch, predicted_first_size
 
     say = log or (lambda _line: None)
     ref_held = run(reference, held_out)
@@ -400,15 +400,8 @@ def quantize_with_fallback(
             say(f"INT8 fallback: {start['why']}")
         models: dict[int, tuple[Path, dict[str, str], dict[str, Any]]] = {}
 
-        def attempt(k: int) -> bool:
-            top = sensitivity[:k]
-            trial = {
-                **pinned,
-                **{
-                    r["node"]: f"INT8 sensitive: quantized alone it gives {r['output_error']:.3g} relative output error"
-                    for r in top
-                },  # fmt: skip
-            }
+        def attempt(k: int, trial: dict[str, str], _family: str) -> tuple[bool, Path]:
+            """The ``k`` most sensitive MatMuls float (``trial``: node -> why, the pinned ones included)."""
             model = derive.model(q.workdir / f"tf{len(tries)}.int8.onnx", [n for n in candidates if n not in trial])
             tries.append(judged(len(tries), model, len(trial)))
             vetoed = f" ({tries[-1]['vetoed']})" if "vetoed" in tries[-1] else ""
@@ -417,7 +410,7 @@ def quantize_with_fallback(
                 f"held-out {tries[-1]['metric']} {tries[-1]['score']:.4f}{vetoed}"
             )
             models[k] = (model, trial, tries[-1])
-            return bool(tries[-1]["met"])
+            return bool(tries[-1]["met"]), model
 
         def out_of_time() -> bool:
             return deadline is not None and time.monotonic() >= deadline
@@ -425,23 +418,12 @@ def quantize_with_fallback(
         def budget_left() -> bool:
             return len(tries) - 1 < max_tries and not out_of_time()
 
+        # the CNN recipe's search over one family: doubled from the predicted size, then bisected
+        search = FamilySearch(attempt, pinned, sensitivity, active, budget_left, families=("sensitivity",))
+        search.grow_both(first=int(start["size"]))
+        search.bisect("sensitivity")
         last = len(sensitivity)
-        failed, passed = 0, None  # the largest k that failed, the smallest that passed
-        k = max(1, min(int(start["size"]), last))
-        while budget_left():
-            if attempt(k):
-                passed = k
-                break
-            failed = k
-            if k == last:
-                break
-            k = min(2 * k, last)
-        while passed is not None and passed - failed > 1 and budget_left():
-            mid = (failed + passed) // 2
-            if attempt(mid):
-                passed = mid
-            else:
-                failed = mid
+        failed, passed = search.failed["sensitivity"], search.passed.get("sensitivity")
         shipped = passed if passed is not None else max(models, default=0)
         if shipped in models:
             chosen, kept, final = models[shipped]
@@ -508,8 +490,8 @@ class _Derived:
     def sensitivity(
         self, probe: list[dict[str, np.ndarray]], ref_probe: list[dict[str, np.ndarray]]
     ) -> list[dict[str, Any]]:
-        """Each active MatMul quantized alone, ``{"node", "output_error"}`` on ``probe`` against ``ref_probe``,
-        most sensitive first.
+        """Each active MatMul quantized alone, ``{"node", "op", "output_error"}`` on ``probe`` against
+        ``ref_probe``, most sensitive first.
 
         Raises:
             StageError: a model cannot be quantized, loaded or run.
@@ -518,6 +500,7 @@ class _Derived:
 
         rows: list[dict[str, Any]] = []
         as_written = self.q.scheme.qdq_as_written
+        ops = {n.name: n.op_type for n in self.float_model.graph.node}
         if not self.surgery:
             for i, node in enumerate(self.active):
                 m = self.q.quantize(self.q.workdir / f"only{i}.int8.onnx", [node])
@@ -525,7 +508,7 @@ class _Derived:
                 # over the whole call, so joined batches would see each other's ranges
                 runner = batch_runner(m, qdq_as_written=as_written)
                 outputs = [runner([b])[0] for b in probe]
-                rows.append({"node": node, "output_error": output_error(ref_probe, outputs)})
+                rows.append({"node": node, "op": ops[node], "output_error": output_error(ref_probe, outputs)})
                 m.unlink(missing_ok=True)
         else:
             import onnx
@@ -541,7 +524,7 @@ class _Derived:
             off = {gate: np.array(False) for gate in gates.values()}
             for node in self.active:  # the scalar gates keep each probe batch in its own call
                 feeds = [{**b, **off, gates[node]: np.array(True)} for b in probe]
-                rows.append({"node": node, "output_error": output_error(ref_probe, runner(feeds))})
+                rows.append({"node": node, "op": ops[node], "output_error": output_error(ref_probe, runner(feeds))})
             path.unlink(missing_ok=True)
         rows.sort(key=lambda r: r["output_error"], reverse=True)
         return rows

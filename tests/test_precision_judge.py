@@ -258,9 +258,11 @@ def test_a_judge_stops_only_when_the_target_is_out_of_reach(tmp_path: Path) -> N
     score, judged = analysis.accuracy_until_decided(float_model, views, reference, ["logits"], groups, 0.95)
     assert judged == len(views)
     assert score == analysis.accuracy(reference, analysis.run_model(float_model, views), ["logits"], groups)
-    # no classifier output (cosine): nothing bounds the score, so every view is judged
-    _, judged = analysis.accuracy_until_decided(other, views, reference, [], groups, 0.95)
-    assert judged == len(views)
+    # judged by cosine instead (no classifier output): far off too, stopped as early, failed by the whole judge
+    score, judged = analysis.accuracy_until_decided(other, views, reference, [], groups, 0.95)
+    full = analysis.accuracy(reference, analysis.run_model(other, views), [], groups)
+    assert judged == 4 * analysis.JUDGED_GROUPS_PER_STEP and score["metric"] == full["metric"] == "cosine"
+    assert score["score"] < 0.95 and full["score"] < 0.95
 
 
 def test_a_try_stopped_early_says_on_how_many_samples() -> None:
@@ -505,3 +507,153 @@ def test_a_near_miss_that_only_the_standard_error_fails_stops_early(tmp_path: Pa
     same = [{"x": ref[i : i + 1]} for i in range(128)]
     score, judged = analysis.accuracy_until_decided(model, same, reference, ["logits"], groups, 0.95)
     assert judged == len(views) and score["score"] >= 0.95
+
+
+def test_the_cosine_bound_is_the_best_any_rest_of_the_batches_can_give() -> None:
+    """After some batches, no values for the others give a cosine (compare_output's: one over every value)
+    above the bound, and the rest lined up with the reference, scaled right, gives exactly it."""
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        ref = rng.standard_normal((6, 10))
+        seen = int(rng.integers(1, 6))
+        judged = ref[:seen] + rng.normal(0.0, [0.05, 1.0, 3.0][trial % 3], (seen, 10))
+        if trial % 5 == 0:
+            judged = -judged  # a judged part pointing away from the reference
+        bound = analysis.CosineBound([{"y": r[None]} for r in ref], "y")
+        assert bound.bounds
+        best = bound.add([{"y": r[None]} for r in ref[:seen]], [j[None] for j in judged])
+
+        def cosine(rest: np.ndarray) -> float:
+            return float(compare_output(ref, np.r_[judged, rest])["cosine"])
+
+        for _ in range(50):  # any rest: never above the bound
+            assert cosine(rng.standard_normal((6 - seen, 10)) * rng.uniform(0.01, 10.0)) <= best + 1e-12
+        # the rest along the reference, scaled by |judged| / a (a: their dot product over |judged|): the bound
+        # itself; where a <= 0 the bound is the limit of ever larger scales
+        a = float((ref[:seen] * judged).sum()) / float(np.linalg.norm(judged))
+        scale = float(np.linalg.norm(judged)) / a if a > 0 else 1e9
+        assert cosine(scale * ref[seen:]) == pytest.approx(best, abs=1e-9 if a > 0 else 1e-6)
+        if a > 0:  # a maximum: either side of that scale gives less
+            assert max(cosine(scale * ref[seen:] * 1.1), cosine(scale * ref[seen:] / 1.1)) < best
+
+
+def test_a_cosine_judge_stops_only_where_the_rest_cannot_lift_it(tmp_path: Path) -> None:
+    """Ungrouped batches are judged in JUDGED_STEPS steps. A candidate off in its first batches stops early and the
+    whole judge fails it too; one off only in the last step's batches, or a passing one, is judged on every batch."""
+    model = _identity_model(tmp_path / "identity.onnx")
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((64, 2)).astype(np.float32) + np.float32(3.0)
+    bad = ref.copy()
+    bad[:16] = -bad[:16]  # the first quarter points the other way
+    reference = [{"logits": ref[i : i + 1]} for i in range(64)]
+
+    def judge(cand: np.ndarray, target: float) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        views = [{"x": cand[i : i + 1]} for i in range(64)]
+        score, judged = analysis.accuracy_until_decided(model, views, reference, [], None, target)
+        return score, judged, analysis.accuracy(reference, [{"logits": v["x"]} for v in views], [])
+
+    score, judged, full = judge(bad, 0.9)
+    assert full["score"] < 0.9 and score["score"] < 0.9 and score["metric"] == "cosine"
+    assert judged < 64 and judged % (64 // analysis.JUDGED_STEPS) == 0
+    late = np.r_[ref[:56], bad[:8]]  # a miss in the last step's batches alone: seen only at the end
+    score, judged, full = judge(late, 0.9)
+    assert judged == 64 and score == full and full["score"] < 0.9
+    close = _noisy(ref, 0.05)
+    score, judged, full = judge(close, 0.99)
+    assert judged == 64 and score == full and full["score"] >= 0.99
+
+
+def test_a_non_finite_output_stops_the_judge_at_once(tmp_path: Path) -> None:
+    model = _identity_model(tmp_path / "identity.onnx")
+    ref = np.ones((64, 2), np.float32)
+    cand = ref.copy()
+    cand[3, 1] = np.nan
+    reference = [{"logits": ref[i : i + 1]} for i in range(64)]
+    views = [{"x": cand[i : i + 1]} for i in range(64)]
+    score, judged = analysis.accuracy_until_decided(model, views, reference, [], None, 0.9)
+    assert judged == 64 // analysis.JUDGED_STEPS and score["score"] == 0.0
+
+
+def test_a_stop_never_reports_a_score_the_judged_batches_alone_would_pass(tmp_path: Path) -> None:
+    """Two values a batch: after the first batch the bound rules the target out, but one batch's two values are
+    too few for a cosine (scored 1.0, as compare_output scores it). Judging goes on rather than report a passing
+    score for a stopped try; the verdict is the whole judge's."""
+    model = _identity_model(tmp_path / "identity.onnx")
+    ref = np.tile(np.array([[1.0, 2.0]], np.float32), (8, 1))
+    cand = ref.copy()
+    cand[0] = -cand[0]
+    reference = [{"logits": ref[i : i + 1]} for i in range(8)]
+    views = [{"x": cand[i : i + 1]} for i in range(8)]
+    assert analysis.accuracy(reference[:1], [{"logits": cand[:1]}], [])["score"] == 1.0  # one batch: no cosine
+    score, judged = analysis.accuracy_until_decided(model, views, reference, [], None, 0.95)
+    full = analysis.accuracy(reference, [{"logits": v["x"]} for v in views], [])
+    assert score["score"] < 0.95 and full["score"] < 0.95 and judged > 1
+
+
+def _identity_run(batches: Any) -> list[dict[str, np.ndarray]]:
+    """A candidate whose output is its input, as a held-out runner over a list of batches."""
+    return [{"y": b["x"]} for b in batches]
+
+
+@pytest.mark.parametrize("kind", ["cosine", "top1", "equal"])
+def test_the_reachable_held_out_score_is_every_sample_left_agreeing(kind: str) -> None:
+    """After any number of batches, the bound is the score of the rest agreeing exactly (top-1: the observed
+    share, which the score never exceeds), and no rest scores above it."""
+    from edgedeploy.precision.heldout import ReachableScore, held_out_score
+
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal((16, 4, 6)).astype(np.float32)
+    if kind == "equal":
+        ref = rng.integers(0, 5, (16, 4, 6)).astype(np.int64)
+    cand = ref + rng.normal(0.0, 0.8, ref.shape) if kind != "equal" else np.where(rng.random(ref.shape) < 0.3, 9, ref)
+    classes = ["y"] if kind == "top1" else []
+
+    def batched(values: np.ndarray) -> list[dict[str, np.ndarray]]:  # two samples a batch
+        return [{"y": values[i : i + 2].astype(ref.dtype)} for i in range(0, 16, 2)]
+
+    reference = batched(ref)
+    for seen in range(1, 8):
+        bound = ReachableScore(reference, "y", classes)
+        best = bound.add(reference[:seen], batched(cand)[:seen])
+        exact_rest = batched(np.r_[cand[: 2 * seen], ref[2 * seen :]])
+        row = held_out_score(reference, exact_rest, classes)["outputs"]["y"]
+        assert best == pytest.approx(row.get("observed", row["value"]), abs=1e-12)
+        for _ in range(5):
+            shape = ref[2 * seen :].shape
+            rest = rng.standard_normal(shape) if kind != "equal" else rng.integers(0, 5, shape)
+            other = batched(np.r_[cand[: 2 * seen], rest])
+            assert held_out_score(reference, other, classes)["score"] <= best + 1e-12
+
+
+def test_a_held_out_judge_stops_only_where_the_rest_cannot_lift_it() -> None:
+    from edgedeploy.precision.heldout import JUDGED_STEPS, held_out_score, held_out_until_decided
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((64, 8)).astype(np.float32)
+    reference = [{"y": r[None]} for r in ref]
+
+    def judge(cand: np.ndarray, target: float) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        views = [{"x": c[None]} for c in cand]
+        score, judged, outputs = held_out_until_decided(_identity_run, reference, views, [], target)
+        assert len(outputs) == judged
+        return score, judged, held_out_score(reference, _identity_run(views))
+
+    far = np.r_[-ref[:16], ref[16:]]  # the first quarter points the other way: cosine 0.5 over all
+    score, judged, full = judge(far, 0.9)
+    assert judged == 64 // JUDGED_STEPS and score["score"] < 0.9 and full["score"] < 0.9
+    late = np.r_[ref[:56], -ref[56:]]  # the miss in the last step's batches alone
+    score, judged, full = judge(late, 0.9)
+    assert judged == 64 and score == full and full["score"] < 0.9
+    close = _noisy(ref, 0.01)
+    score, judged, full = judge(close, 0.99)
+    assert judged == 64 and score == full and full["score"] >= 0.99
+    # a non-finite value scores 0 whatever the rest shows: stopped at the first step
+    broken = close.copy()
+    broken[2, 3] = np.inf
+    score, judged, _ = judge(broken, 0.99)
+    assert judged == 64 // JUDGED_STEPS and score["score"] == 0.0
+    # one value a sample: one pooled cosine, not bounded, judged whole
+    pooled = [{"y": r[None, :1]} for r in ref]
+    cand = [{"x": -r[None, :1]} for r in ref]
+    score, judged, _ = held_out_until_decided(_identity_run, pooled, cand, [], 0.9)
+    assert judged == 64 and score["score"] < 0.9

@@ -267,6 +267,8 @@ def test_fallback_starts_where_the_ranking_predicts_and_bisects_to_the_smallest_
     # an unreachable target predicts nothing: sizes double from 1 until every ranked MatMul is float
     assert [t["float_matmuls"] for t in every.tries] == [0, 1, 2, 4, 5] and not every.met
     assert every.start["predicted"] is None and "every ranked MatMul float (5)" in every.stop
+    # the all-INT8 try cannot reach 1.0 after its first held-out batch: judged no further
+    assert every.tries[0]["judged_samples"] < every.tries[0]["samples"]
     target = next(t["score"] for t in every.tries if t["float_matmuls"] == 4)  # 4 float meets it, fewer do not
     result, plan, _ = transformer.quantize_transformer(
         tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=scheme, batches=batches, accuracy_target=target
@@ -458,21 +460,31 @@ def test_transformer_judges_the_held_out_batches_the_goldens_carry(
 
     batches = _batches(16, seed=3)
     calls: list[tuple[str, list[int]]] = []
-    real = analysis.run_model
+    real, real_runner = analysis.run_model, analysis.batch_runner
     monkeypatch.setattr(
         analysis,
         "run_model",
         lambda path, b, **kw: calls.append((str(path), [id(x) for x in b])) or real(path, b, **kw),
     )
+
+    def spied_runner(path, **kw):  # type: ignore[no-untyped-def]
+        run = real_runner(path, **kw)
+        return lambda b: calls.append(("judged " + str(path), [id(x) for x in b])) or run(b)
+
+    monkeypatch.setattr(analysis, "batch_runner", spied_runner)
     _, plan, _ = transformer.quantize_transformer(
         tiny_tf, tmp_path / "q.onnx", tmp_path, scheme=transformer.scheme_for("onnxruntime"), batches=batches
     )
     _, held = split_heldout(batches)  # what the reference stage puts into the goldens: the last quarter
     assert [id(b) for b in held] == [id(b) for b in batches[-4:]] and plan["held_out"]["batches"] == 4
     held_ids = [id(b) for b in held]
-    judged = [ids for _, ids in calls if set(ids) & set(held_ids)]
-    # the float reference and the candidate ran on exactly those batches; nothing mixed them with calibration
-    assert len(judged) >= 2 and all(ids == held_ids for ids in judged)
+    judged = [(what, ids) for what, ids in calls if set(ids) & set(held_ids)]
+    # the float reference ran on exactly those batches, each candidate on them in order, a step at a time (it stops
+    # once the target is out of reach); nothing mixed them with calibration batches
+    assert [ids for what, ids in judged if not what.startswith("judged")] == [held_ids]
+    steps = [ids for what, ids in judged if what.startswith("judged")]
+    assert steps and all(ids == held_ids[held_ids.index(ids[0]) :][: len(ids)] for ids in steps)
+    assert {i for ids in steps for i in ids} == set(held_ids)
 
 
 def test_smoothquant_alpha_is_validated(tiny_project: Path) -> None:

@@ -387,6 +387,8 @@ def accuracy(
 
 
 JUDGED_GROUPS_PER_STEP = 2  # independent groups judged between two checks of whether the target is still reachable
+# without independent groups, the batches are judged in this many steps, the same check after each
+JUDGED_STEPS = 8
 
 
 def accuracy_until_decided(
@@ -402,64 +404,131 @@ def accuracy_until_decided(
 ) -> tuple[dict[str, Any], int]:
     """(:func:`accuracy` of the model at ``model`` on ``batches``, how many batches it was judged on).
 
-    The batches are judged a few independent groups at a time; the judging stops early only when the target
-    can no longer be met, whatever the rest would show: a classifier output's top-1 disagreements so far already
-    keep its agreement over *all* the batches below ``target`` (the score is never above the observed agreement),
-    or do once the least standard error the groups judged leave is taken off (:func:`least_standard_error`: the
-    score is the agreement less the groups' standard error, and each group's expected agreement is final once
-    judged), or an output is not finite. The accuracy is then that of the groups judged. A model that can still
-    meet the target is judged on every batch, so a passing verdict is always the whole judge's. ``outputs``, when given,
-    receives the model's outputs on the batches judged (in order), for checks of the same model on the same
-    inputs (:func:`shared_inputs`). ``qdq_as_written``: as in :func:`run_model`.
+    The batches are judged a few independent groups at a time (``groups``; else in :data:`JUDGED_STEPS` steps),
+    and the judging stops early only when the target can no longer be met, whatever the rest would show:
+
+    - a classifier output's top-1 disagreements so far already keep its agreement over *all* the batches below
+      ``target`` (the score is never above the observed agreement), or do once the least standard error the
+      groups judged leave is taken off (:func:`least_standard_error`: the score is the agreement less the groups'
+      standard error, and each group's expected agreement is final once judged);
+    - a cosine output's agreement so far already keeps its cosine over all the batches below ``target``
+      (:class:`CosineBound`: the rest at best lines up exactly with the reference);
+    - an output is not finite.
+
+    The accuracy is then that of the batches judged (it never meets the target: judging goes on where it would).
+    A model that can still meet the target is judged on every batch, so a passing verdict is always the whole
+    judge's. ``outputs``, when given, receives the model's outputs on the batches judged (in order), for checks
+    of the same model on the same inputs (:func:`shared_inputs`). ``qdq_as_written``: as in :func:`run_model`.
 
     Raises:
         StageError: ONNX Runtime cannot load or run the model.
     """
     run = batch_runner(model, qdq_as_written=qdq_as_written)
-    classes = [n for n in reference[0] if n in classifier_outputs] if reference else []
+    sink = outputs if outputs is not None else []
+    grouped = groups is not None and len(groups) >= 2 and sum(groups) == len(batches)
+    if grouped:
+        assert groups is not None
+        ends = [int(e) for e in np.cumsum(groups)]
+        per_step = JUDGED_GROUPS_PER_STEP
+    else:
+        size = max(1, -(-len(batches) // JUDGED_STEPS))
+        ends = list(range(size, len(batches), size)) + [len(batches)] if batches else []
+        per_step = 1
+    names = list(reference[0]) if reference else []
+    classes = [n for n in names if n in classifier_outputs]
     # rows are counted per batch: only outputs with a batch axis and a class axis add up across batches
     rowwise = all(r[n].ndim >= 2 for r in reference for n in classes)
-    sink = outputs if outputs is not None else []
-    if not classes or not rowwise or groups is None or len(groups) < 2 or sum(groups) != len(batches):
-        sink.extend(run(batches))
-        return accuracy(reference, sink[-len(batches) :], classifier_outputs, groups), len(batches)
-    total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes}
-    disagree = dict.fromkeys(classes, 0)
-    ends = [int(e) for e in np.cumsum(groups)]
+    total = {n: sum(r[n].size // max(r[n].shape[-1], 1) for r in reference) for n in classes} if rowwise else {}
+    disagree = dict.fromkeys(total, 0)
     # each group's expected agreement, final once judged: what the standard error taken off the score is made of
     # (top-1 scores of float outputs whose groups all stay groups; integer ones are not lowered by it)
-    spread: dict[str, list[float]] = {n: [] for n in classes if _groups_kept(reference, n, groups)}
+    spread: dict[str, list[float]] = (
+        {n: [] for n in total if _groups_kept(reference, n, groups)} if grouped and groups is not None else {}
+    )
+    cosines = {n: CosineBound(reference, n) for n in names if n not in classifier_outputs}
+    cosines = {n: b for n, b in cosines.items() if b.bounds}
     out: list[dict[str, np.ndarray]] = []
     done = 0
-    while done < len(groups):
-        step = min(done + JUDGED_GROUPS_PER_STEP, len(groups))
+    while done < len(ends):
+        step = min(done + per_step, len(ends))
         first, last = (ends[done - 1] if done else 0), ends[step - 1]
         part = run(batches[first:last])
         out.extend(part)
-        judged_groups = list(groups[done:step])
+        judged_groups = list(groups[done:step]) if grouped and groups is not None else []
         done = step
         missed = False
-        for name in classes:
-            ref = np.concatenate([r[name] for r in reference[first:last]])
-            got = np.concatenate([c[name] for c in part])
-            if got.shape != ref.shape:
-                continue  # judged whole: the verdict below names the mismatch
-            if not np.isfinite(got).all():
+        for name in names:
+            got_parts = [c[name] for c in part]
+            if any(not np.isfinite(g).all() for g in got_parts if g.dtype.kind == "f"):
                 missed = True  # a non-finite output fails whatever the rest shows
                 continue
+            if name in cosines:
+                # a hair under: the bound and the verdict sum the same values in another order
+                missed |= cosines[name].add(reference[first:last], got_parts) < target - 1e-9
+            if name not in total:
+                continue
+            ref = np.concatenate([r[name] for r in reference[first:last]])
+            got = np.concatenate(got_parts)
+            if got.shape != ref.shape:
+                continue  # judged whole: the verdict below names the mismatch
             # top-1 by argmax, the rule of compare_output's top1_agreement (the verdict below)
             flat = ref.shape[-1]
             disagree[name] += int((ref.reshape(-1, flat).argmax(-1) != got.reshape(-1, flat).argmax(-1)).sum())
             best = (total[name] - disagree[name]) / max(total[name], 1)  # every row left agreeing
-            if name in spread:
+            if name in spread and groups is not None:
                 spread[name] += _groups_expected(reference[first:last], part, name, judged_groups)
                 best -= least_standard_error(spread[name], len(groups))
             missed |= best < target
-        if missed:
-            break
-    judged = ends[done - 1]
+        if missed and done < len(ends):
+            judged = ends[done - 1]
+            partial = accuracy(reference[:judged], out, classifier_outputs, _judged_groups(groups, done, grouped))
+            if partial["score"] < target:  # else (a subset's quirk) the rest is judged as well
+                sink.extend(out)
+                return partial, judged
     sink.extend(out)
-    return accuracy(reference[:judged], out, classifier_outputs, list(groups[:done])), judged
+    return accuracy(reference, out, classifier_outputs, groups), len(batches)
+
+
+def _judged_groups(groups: Sequence[int] | None, done: int, grouped: bool) -> list[int] | None:
+    """The groups of the first ``done`` steps' batches, as :func:`accuracy` takes them (None without groups)."""
+    return list(groups[:done]) if grouped and groups is not None else None
+
+
+class CosineBound:
+    """The highest cosine (:func:`edgedeploy.validate.parity.compare_output`'s: one over every value of every
+    batch) an output can still reach once some batches are judged, the rest unseen.
+
+    With ``a`` = the judged values' dot product over the candidate's norm there (their cosine times the
+    reference's norm there) and ``b`` = the reference's norm over the batches not judged, the best any candidate
+    values for the rest can give is ``sqrt(max(a, 0)^2 + b^2) / |reference|`` (Cauchy-Schwarz: the rest scaled
+    along the reference): exact, never an estimate. ``bounds`` is False where the whole reference's cosine is
+    undefined (too few values, (near) zero: scored 1.0) or holds non-finite values, and nothing is bounded."""
+
+    def __init__(self, reference: Sequence[dict[str, np.ndarray]], name: str) -> None:
+        from edgedeploy.validate.parity import cosine_undefined_why
+
+        flat = [np.asarray(r[name]).ravel() for r in reference]
+        values = np.concatenate(flat) if flat else np.zeros(0)
+        self.bounds = (
+            values.dtype.kind == "f" and bool(np.isfinite(values).all()) and cosine_undefined_why(values) is None
+        )
+        self.total = float(np.square(values.astype(np.float64)).sum()) if self.bounds else 0.0
+        self.seen = self.dot = self.cand = 0.0
+        self.name = name
+
+    def add(self, reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[np.ndarray]) -> float:
+        """Take in the next judged batches (``reference``'s and the candidate's values of this output, finite);
+        return the highest cosine still reachable."""
+        for r, c in zip(reference, candidate):
+            rf, cf = np.asarray(r[self.name], np.float64).ravel(), np.asarray(c, np.float64).ravel()
+            if rf.shape != cf.shape:
+                return 1.0  # judged whole: the verdict names the mismatch
+            self.seen += float(rf @ rf)
+            self.dot += float(rf @ cf)
+            self.cand += float(cf @ cf)
+        a = self.dot / math.sqrt(self.cand) if self.cand > 0 else 0.0
+        rest = max(self.total - self.seen, 0.0)
+        return math.sqrt(max(a, 0.0) ** 2 + rest) / math.sqrt(self.total)
 
 
 def least_standard_error(judged: Sequence[float], groups: int) -> float:

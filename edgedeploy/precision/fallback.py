@@ -176,6 +176,7 @@ def quantize_with_fallback(
         dict(keep_fp32) if isinstance(keep_fp32, Mapping) else {n: "listed in precision.keep_fp32" for n in keep_fp32}
     )
     tries: list[dict[str, Any]] = []
+    judged_models: list[Path] = []  # each try's model, by try
 
     def attempt(k: int, excl: dict[str, str], family: str = "", done: Path | None = None) -> tuple[bool, Path]:
         model = done or q.quantize(q.workdir / f"try{len(tries)}.int8.onnx", batches, exclude=list(excl))
@@ -209,6 +210,7 @@ def quantize_with_fallback(
         if veto:
             row["vetoed"] = veto
         tries.append(row)
+        judged_models.append(model)
         if on_try is not None:
             on_try(row, model)
         else:
@@ -319,6 +321,11 @@ def quantize_with_fallback(
                     f"the {len(probe.kept)} node(s) measured faster in float missed the accuracy target with the "
                     "search's float nodes (a float node can move the rounding downstream): kept INT8"
                 )
+    if not final["met"] or not analysis.int8_compute_left(chosen):
+        # refused: the refusal names the best score a lower target would ship, a whole judge's figure
+        _judge_best_in_full(
+            tries, judged_models, evals, reference, classifier_outputs, groups, q.flavour.qdq_as_written
+        )
     shutil.copyfile(chosen, out)
     lat: dict[str, Any] = {"status": "skipped", "reason": "no latency feeds"}
     if latency_feeds is not None:
@@ -498,6 +505,34 @@ def predicted_first_size(ranked: Sequence[dict[str, Any]], all_int8: dict[str, A
         f"{target}) asks to remove: sizes start at {size}"
     )
     return {"size": size, "predicted": predicted, "why": why}
+
+
+def _judge_best_in_full(
+    tries: list[dict[str, Any]],
+    models: Sequence[Path],
+    evals: Sequence[dict[str, np.ndarray]],
+    reference: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+    groups: Sequence[int] | None,
+    qdq_as_written: bool,
+) -> None:
+    """For a search whose model is refused (no try met the target, or the one that did kept no INT8 compute):
+    where every try that missed the target with INT8 compute left (and no veto) was stopped early, judge the best
+    of them on every sample, in place. A score from part of the samples is no target a rebuild could meet, and
+    the refusal offers a lower target only from a whole judge's score.
+
+    Raises:
+        StageError: ONNX Runtime cannot run the model.
+    """
+    int8 = [i for i, t in enumerate(tries) if not t["met"] and t.get("int8_compute") and "vetoed" not in t]
+    if not int8 or any("judged_samples" not in tries[i] for i in int8):
+        return
+    best = max(int8, key=lambda i: tries[i]["score"])
+    outputs = analysis.run_model(models[best], evals, qdq_as_written=qdq_as_written)
+    score = analysis.accuracy(reference, outputs, classifier_outputs, groups)
+    row = tries[best]
+    row.pop("judged_samples")
+    row.update(score=score["score"], judged_in_full="after the search: the best try stopped early, for the refusal")
 
 
 def sensitive_why(row: dict[str, Any]) -> str:

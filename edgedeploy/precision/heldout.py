@@ -7,7 +7,7 @@ model on those (cosine similarity of each sample's output, or top-1 agreement fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,103 @@ def held_out_score(
         per_output[name] = cosine_score(ref, cand)
     worst = min(per_output.values(), key=lambda r: r["value"])
     return {"score": worst["value"], "metric": worst["metric"], "samples": int(len(ref)), "outputs": per_output}
+
+
+# the held-out batches are judged in this many steps; after each, whether the target is still reachable
+JUDGED_STEPS = 8
+
+
+def held_out_until_decided(
+    run: Callable[[Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]],
+    reference: Sequence[dict[str, np.ndarray]],
+    batches: Sequence[dict[str, np.ndarray]],
+    classifier_outputs: Sequence[str],
+    target: float,
+) -> tuple[dict[str, Any], int, list[dict[str, np.ndarray]]]:
+    """(:func:`held_out_score` of the candidate on the batches judged, how many batches were judged, its outputs on
+    them), ``run`` giving the candidate's outputs for a list of batches (``reference``: the float model's on
+    ``batches``).
+
+    The batches are judged in :data:`JUDGED_STEPS` steps, and the judging stops early only when some output can no
+    longer meet ``target`` whatever the rest would show (:class:`ReachableScore`: every sample left agreeing
+    exactly); its score is then that of the batches judged. A candidate that can still meet the target is judged
+    on every batch, so a passing verdict is always the whole judge's.
+
+    Raises:
+        StageError: ONNX Runtime cannot run the model (from ``run``).
+    """
+    names = list(reference[0]) if reference else []
+    reachable = [ReachableScore(reference, name, classifier_outputs) for name in names]
+    size = max(1, -(-len(batches) // JUDGED_STEPS))
+    outputs: list[dict[str, np.ndarray]] = []
+    for first in range(0, len(batches), size):
+        last = min(first + size, len(batches))
+        part = run(batches[first:last])
+        outputs.extend(part)
+        if last == len(batches):
+            break
+        best = [r.add(reference[first:last], part) for r in reachable]  # every output takes in this step
+        # a hair under: the verdict sums in another order. Each output's score on the batches judged is at most
+        # its bound (what is lost counts against fewer samples), so the partial score misses the target too
+        if min(best, default=1.0) < target - 1e-9:
+            return held_out_score(reference[:last], outputs, classifier_outputs), last, outputs
+    return held_out_score(reference, outputs, classifier_outputs), len(batches), outputs
+
+
+class ReachableScore:
+    """The highest :func:`held_out_score` one output can still reach once some batches are judged, the rest unseen:
+    every value, row or sample left agreeing exactly. Exact, never an estimate: an integer output's share of equal
+    values, a classifier's top-1 agreement (its score is never above the observed share) and the mean of each
+    sample's cosine each count what is lost so far against all there are. A non-finite value scores 0. An output
+    too short for a cosine per sample (one pooled cosine) or whose reference is (near) zero everywhere is not
+    bounded."""
+
+    def __init__(self, reference: Sequence[dict[str, np.ndarray]], name: str, classifier_outputs: Sequence[str]):
+        from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS
+
+        self.name = name
+        first = np.asarray(reference[0][name]) if reference else np.zeros(0)
+        if first.dtype.kind in "biu":
+            self.kind = "equal"
+            self.total = sum(int(np.asarray(r[name]).size) for r in reference)
+        elif name in classifier_outputs:
+            self.kind = "top1"
+            self.total = sum(int(np.asarray(r[name]).size) // max(first.shape[-1], 1) for r in reference)
+        elif first.ndim >= 1 and first[:1].size >= MIN_COSINE_ELEMENTS:
+            self.kind = "cosine"
+            self.total = sum(int(self._defined(np.asarray(r[name])).sum()) for r in reference)
+        else:
+            self.kind, self.total = "pooled", 0
+        self.lost = 0.0
+
+    @staticmethod
+    def _defined(ref: np.ndarray) -> np.ndarray:
+        from edgedeploy.validate.parity import NEAR_ZERO_RMS
+
+        rows = ref.reshape(ref.shape[0], -1).astype(np.float64)
+        return np.sqrt((rows**2).mean(axis=1)) >= NEAR_ZERO_RMS
+
+    def add(self, reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict[str, np.ndarray]]) -> float:
+        """Take in the next judged batches; return the highest score still reachable (1.0 where not bounded)."""
+        for r, c in zip(reference, candidate):
+            ref, cand = np.asarray(r[self.name]), np.asarray(c[self.name], np.float64)
+            if not np.isfinite(cand).all():
+                return 0.0  # scored 0 whatever the rest shows
+            if self.kind == "pooled" or self.total == 0 or ref.shape != cand.shape:
+                return 1.0  # not bounded (a shape mismatch: the verdict names it)
+            ref64 = ref.astype(np.float64)
+            if self.kind == "equal":
+                self.lost += float((ref64 != cand).sum())
+            elif self.kind == "top1":
+                flat = ref.shape[-1]
+                self.lost += float((ref64.reshape(-1, flat).argmax(-1) != cand.reshape(-1, flat).argmax(-1)).sum())
+            else:
+                defined = self._defined(ref)
+                rows, got = ref64.reshape(ref.shape[0], -1)[defined], cand.reshape(ref.shape[0], -1)[defined]
+                denom = np.linalg.norm(rows, axis=1) * np.linalg.norm(got, axis=1)
+                cos = np.where(denom > 0, (rows * got).sum(axis=1) / np.maximum(denom, 1e-30), 0.0)
+                self.lost += float((1.0 - cos).sum())
+        return 1.0 - self.lost / self.total if self.total else 1.0
 
 
 def cosine_score(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from edgedeploy.errors import StageError
 from edgedeploy.precision import ranges as rng
-from edgedeploy.precision.heldout import held_out_score
+from edgedeploy.precision.heldout import held_out_until_decided
 from edgedeploy.precision.quantize import ort_quantization
 
 # (candidate model, the held-out batches it was judged on, its outputs on them) -> why it fails the goldens, or None
@@ -350,6 +350,7 @@ def quantize_with_fallback(
     veto: Veto | None = None,
     deadline: float | None = None,
     float_proto: ModelProto | None = None,
+    runner: Callable[[Path], Callable[[Sequence[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]] | None = None,
 ) -> TransformerResult:
     """Quantize every candidate not in ``pinned``; while the held-out score misses ``accuracy_target`` (or
     ``veto(model, held_out, outputs)`` gives a reason: the goldens check validation and the bundle's dry run run;
@@ -362,21 +363,32 @@ def quantize_with_fallback(
     Sensitivity is measured on calibration batches only (each MatMul quantized alone, relative L2 error at
     the outputs, all of them in one session: :func:`edgedeploy.precision.matmul_switch.switch_model`); scores
     are always on ``held_out``, against the float model ``reference``. Every model after the first is made from
-    it by graph surgery (:mod:`edgedeploy.precision.matmul_switch`), not quantized again.
+    it by graph surgery (:mod:`edgedeploy.precision.matmul_switch`), not quantized again. A try is judged until
+    its verdict is certain (:func:`edgedeploy.precision.heldout.held_out_until_decided`): one that can no longer
+    meet the target stops early. ``runner(model)``: ``run`` on that model with its session opened once (default:
+    ``run`` itself).
 
     Raises:
         StageError: ONNX Runtime cannot quantize or run a model.
     """
+    from edgedeploy.precision.analysis import stopped_early
     from edgedeploy.precision.fallback import FamilySearch, predicted_first_size
 
     say = log or (lambda _line: None)
     ref_held = run(reference, held_out)
 
+    last_output = list(ref_held[0])[-1] if ref_held else ""
+    samples = sum(len(r[last_output]) for r in ref_held)  # as held_out_score counts them
+    open_runner = runner or (lambda model: functools.partial(run, model))
+
     def judged(t: int, model: Path, floats: int) -> dict[str, Any]:
-        outputs = run(model, held_out)
-        score = held_out_score(ref_held, outputs, classifier_outputs)
+        score, judged_batches, outputs = held_out_until_decided(
+            open_runner(model), ref_held, held_out, classifier_outputs, accuracy_target
+        )
         why = veto(model, held_out, outputs) if veto is not None and score["score"] >= accuracy_target else None
         row = {"try": t, "float_matmuls": floats, **_brief(score), "met": score["score"] >= accuracy_target}
+        if judged_batches < len(held_out):  # stopped early: the target out of reach (analysis.stopped_early)
+            row.update(judged_samples=row["samples"], samples=samples)
         if why:
             row.update(met=False, vetoed=why)
         return row
@@ -407,7 +419,7 @@ def quantize_with_fallback(
             vetoed = f" ({tries[-1]['vetoed']})" if "vetoed" in tries[-1] else ""
             say(
                 f"INT8 fallback try {len(tries) - 1}: {len(trial)} MatMul(s) in float, "
-                f"held-out {tries[-1]['metric']} {tries[-1]['score']:.4f}{vetoed}"
+                f"held-out {tries[-1]['metric']} {tries[-1]['score']:.4f}{stopped_early(tries[-1])}{vetoed}"
             )
             models[k] = (model, trial, tries[-1])
             return bool(tries[-1]["met"]), model
@@ -585,7 +597,7 @@ def quantize_transformer(
     """
     import onnx
 
-    from edgedeploy.precision.analysis import run_model
+    from edgedeploy.precision.analysis import batch_runner, run_model
     from edgedeploy.precision.smoothquant import smooth
 
     model = onnx.load(str(float_model))
@@ -640,6 +652,7 @@ def quantize_transformer(
         accuracy_target=accuracy_target,
         max_tries=max_tries,
         run=functools.partial(run_model, qdq_as_written=scheme.qdq_as_written),
+        runner=functools.partial(batch_runner, qdq_as_written=scheme.qdq_as_written),
         log=log,
         veto=veto,
         deadline=deadline,

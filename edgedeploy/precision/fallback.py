@@ -532,6 +532,7 @@ def _judge_best_in_full(
     score = analysis.accuracy(reference, outputs, classifier_outputs, groups)
     row = tries[best]
     row.pop("judged_samples")
+    row.pop("samples", None)  # as a row judged whole the first time
     row.update(score=score["score"], judged_in_full="after the search: the best try stopped early, for the refusal")
 
 

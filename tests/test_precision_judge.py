@@ -657,3 +657,19 @@ def test_a_held_out_judge_stops_only_where_the_rest_cannot_lift_it() -> None:
     cand = [{"x": -r[None, :1]} for r in ref]
     score, judged, _ = held_out_until_decided(_identity_run, pooled, cand, [], 0.9)
     assert judged == 64 and score["score"] < 0.9
+
+
+def test_a_top1_judge_without_groups_stops_where_the_disagreements_rule_the_target_out(tmp_path: Path) -> None:
+    """No independent groups (validate.data, not photos): judged in JUDGED_STEPS steps, stopped once the top-1
+    disagreements so far keep the agreement over every batch below the target; a passing one judged on all."""
+    model = _identity_model(tmp_path / "identity.onnx")
+    ref = np.tile(np.array([[1.0, 0.0]], np.float32), (64, 1))
+    flipped = ref.copy()
+    flipped[:8] = ref[:8, ::-1]  # the first step's 8 rows disagree: at most 56 of 64 agree, under 0.95
+    reference = [{"logits": ref[i : i + 1]} for i in range(64)]
+    views = [{"x": flipped[i : i + 1]} for i in range(64)]
+    score, judged = analysis.accuracy_until_decided(model, views, reference, ["logits"], None, 0.95)
+    assert judged == 64 // analysis.JUDGED_STEPS and score["score"] == 0.0
+    same = [{"x": ref[i : i + 1]} for i in range(64)]
+    score, judged = analysis.accuracy_until_decided(model, same, reference, ["logits"], None, 0.95)
+    assert judged == 64 and score["score"] == 1.0

@@ -523,7 +523,7 @@ def test_the_cosine_bound_is_the_best_any_rest_of_the_batches_can_give() -> None
         assert bound.bounds
         best = bound.add([{"y": r[None]} for r in ref[:seen]], [j[None] for j in judged])
 
-        def cosine(rest: np.ndarray) -> float:
+        def cosine(rest: np.ndarray, ref: np.ndarray = ref, judged: np.ndarray = judged) -> float:
             return float(compare_output(ref, np.r_[judged, rest])["cosine"])
 
         for _ in range(50):  # any rest: never above the bound

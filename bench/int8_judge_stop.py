@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -102,23 +100,16 @@ def write_projects(work: Path) -> None:
 
 
 def one_build(work: Path, model: str, target: str, mode: str) -> dict[str, Any]:
-    from int8_search_start import search_summary
+    from int8_search_start import run_child, search_summary
 
     out = work / f"out-{model}-{target}-{mode}"
     env = {**os.environ, "EDGEDEPLOY_CACHE_DIR": str(work / f"cache-{model}-{target}-{mode}")}
     env.setdefault("HF_HUB_OFFLINE", "1")
     argv = [sys.executable, __file__, "--child", model, str(work), str(out), target, mode]
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    row: dict[str, Any] = {"mode": mode, "exit_code": proc.returncode, "seconds": round(seconds, 1)}
-    row["load_avg_1min"] = [round(load, 1), round(os.getloadavg()[0], 1)]
-    plan_file = out / "precision.json"
-    if proc.returncode != 0 or not plan_file.is_file():
-        row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    row: dict[str, Any] = {"mode": mode}
+    plan = run_child(argv, env, out, row)
+    if plan is None:
         return row
-    plan = json.loads(plan_file.read_text())
     size = "float_nodes" if model != "minilm" else "float_matmuls"
     summary = search_summary(plan, (size,))
     for row_try, plan_try in zip(summary["tries"], plan["fallback_tries"]):
@@ -136,7 +127,7 @@ def main() -> int:
     if args.child:
         model, work, out, target, mode = args.child
         return child(model, Path(work), Path(out), target, mode)
-    from int8_search_start import finish
+    from int8_search_start import finish, print_case
 
     work = Path(tempfile.mkdtemp(prefix="int8-judge-stop-"))
     write_projects(work)
@@ -151,14 +142,10 @@ def main() -> int:
             and [t["met"] for t in new["tries"]] == [t["met"] for t in old["tries"]],
             "seconds_ratio_shipped_over_judged_whole": round(new["seconds"] / old["seconds"], 2),
         }
-        print(label, json.dumps({k: v for k, v in rows[label].items() if k != "builds"}), flush=True)
-    result = {
-        "accuracy_target": ACCURACY_TARGET,
-        "cores": os.cpu_count(),
-        "cases": rows,
-        "command": "PYTHONPATH=$PWD python bench/int8_judge_stop.py --json bench/int8_judge_stop.json",
-    }
-    return finish(result, args.json, rows)
+        print_case(label, rows[label])
+    command = "PYTHONPATH=$PWD python bench/int8_judge_stop.py --json bench/int8_judge_stop.json"
+    return finish({"accuracy_target": ACCURACY_TARGET, "cores": os.cpu_count(), "cases": rows, "command": command},
+                  args.json, rows)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -81,18 +81,32 @@ def one_build(name: str, cfg: Path, work: Path, start: str, turn: int) -> dict[s
     out = work / f"out-{name}-{start}-{turn}"
     env = {**os.environ, "EDGEDEPLOY_CACHE_DIR": str(work / f"cache-{name}-{start}-{turn}")}
     argv = [sys.executable, __file__, "--child", str(cfg), str(out), start, json.dumps(SETTINGS[name])]
+    row: dict[str, Any] = {"start": "predicted" if start == "predicted" else "from 1"}
+    plan = run_child(argv, env, out, row)
+    if plan is not None:
+        row.update(search_summary(plan, ("family", "float_nodes")))
+    return row
+
+
+def run_child(argv: list[str], env: dict[str, str], out: Path, row: dict[str, Any]) -> dict[str, Any] | None:
+    """Run one build's child process, adding its exit code, wall seconds and the load average before and after
+    to ``row``; the build's ``precision.json`` under ``out``, or None (``row["error"]``: its last stderr line)."""
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    row: dict[str, Any] = {"start": "predicted" if start == "predicted" else "from 1", "exit_code": proc.returncode}
-    row.update(seconds=round(seconds, 1), load_avg_1min=[round(load, 1), round(os.getloadavg()[0], 1)])
+    row.update(exit_code=proc.returncode, seconds=round(seconds, 1))
+    row["load_avg_1min"] = [round(load, 1), round(os.getloadavg()[0], 1)]
     plan_file = out / "precision.json"
     if proc.returncode != 0 or not plan_file.is_file():
         row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return row
-    row.update(search_summary(json.loads(plan_file.read_text()), ("family", "float_nodes")))
-    return row
+        return None
+    return json.loads(plan_file.read_text())
+
+
+def print_case(label: str, case: dict[str, Any]) -> None:
+    """One progress line per compared case: its figures but the builds."""
+    print(label, json.dumps({k: v for k, v in case.items() if k != "builds"}), flush=True)
 
 
 def search_summary(plan: dict[str, Any], try_keys: tuple[str, ...]) -> dict[str, Any]:
@@ -138,7 +152,7 @@ def main() -> int:
             "same_float_set_and_score": same,
             "seconds_ratio_predicted_over_from_1": round(new["seconds"] / old["seconds"], 2),
         }
-        print(name, json.dumps({k: v for k, v in rows[name].items() if k != "builds"}), flush=True)
+        print_case(name, rows[name])
     result = {
         "target": TARGET,
         "cores": os.cpu_count(),

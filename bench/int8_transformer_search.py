@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,24 +81,17 @@ def child(work: Path, out: Path, target: str, mode: str, samples: int) -> int:
 
 
 def one_build(work: Path, target: str, mode: str, samples: int) -> dict[str, Any]:
-    from int8_search_start import search_summary
+    from int8_search_start import run_child, search_summary
 
     out = work / f"out-{target}-{mode}"
     env = {**os.environ, "EDGEDEPLOY_CACHE_DIR": str(work / f"cache-{target}-{mode}")}
     env.setdefault("HF_HUB_OFFLINE", "1")
     argv = [sys.executable, __file__, "--child", str(work), str(out), target, mode, str(samples)]
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    row: dict[str, Any] = {"mode": mode, "exit_code": proc.returncode, "seconds": round(seconds, 1)}
-    row["load_avg_1min"] = [round(load, 1), round(os.getloadavg()[0], 1)]
-    plan_file = out / "precision.json"
-    if proc.returncode != 0 or not plan_file.is_file():
-        row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return row
-    row["precision_stage_s"] = json.loads((work / f"{out.name}.stages.json").read_text()).get("precision")
-    row.update(search_summary(json.loads(plan_file.read_text()), ("float_matmuls",)))
+    row: dict[str, Any] = {"mode": mode}
+    plan = run_child(argv, env, out, row)
+    if plan is not None:
+        row["precision_stage_s"] = json.loads((work / f"{out.name}.stages.json").read_text()).get("precision")
+        row.update(search_summary(plan, ("float_matmuls",)))
     return row
 
 

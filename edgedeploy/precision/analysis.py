@@ -425,10 +425,10 @@ def accuracy_until_decided(
     """
     run = batch_runner(model, qdq_as_written=qdq_as_written)
     sink = outputs if outputs is not None else []
-    grouped = groups is not None and len(groups) >= 2 and sum(groups) == len(batches)
-    if grouped:
-        assert groups is not None
-        ends = [int(e) for e in np.cumsum(groups)]
+    # independent groups (two or more, covering the batches), else none
+    sizes = list(groups) if groups is not None and len(groups) >= 2 and sum(groups) == len(batches) else []
+    if sizes:
+        ends = [int(e) for e in np.cumsum(sizes)]
         per_step = JUDGED_GROUPS_PER_STEP
     else:
         size = max(1, -(-len(batches) // JUDGED_STEPS))
@@ -442,9 +442,7 @@ def accuracy_until_decided(
     disagree = dict.fromkeys(total, 0)
     # each group's expected agreement, final once judged: what the standard error taken off the score is made of
     # (top-1 scores of float outputs whose groups all stay groups; integer ones are not lowered by it)
-    spread: dict[str, list[float]] = (
-        {n: [] for n in total if _groups_kept(reference, n, groups)} if grouped and groups is not None else {}
-    )
+    spread: dict[str, list[float]] = {n: [] for n in total if sizes and _groups_kept(reference, n, sizes)}
     cosines = {n: CosineBound(reference, n) for n in names if n not in classifier_outputs}
     cosines = {n: b for n, b in cosines.items() if b.bounds}
     out: list[dict[str, np.ndarray]] = []
@@ -454,7 +452,7 @@ def accuracy_until_decided(
         first, last = (ends[done - 1] if done else 0), ends[step - 1]
         part = run(batches[first:last])
         out.extend(part)
-        judged_groups = list(groups[done:step]) if grouped and groups is not None else []
+        judged_groups = sizes[done:step]
         done = step
         missed = False
         for name in names:
@@ -475,23 +473,18 @@ def accuracy_until_decided(
             flat = ref.shape[-1]
             disagree[name] += int((ref.reshape(-1, flat).argmax(-1) != got.reshape(-1, flat).argmax(-1)).sum())
             best = (total[name] - disagree[name]) / max(total[name], 1)  # every row left agreeing
-            if name in spread and groups is not None:
+            if name in spread:
                 spread[name] += _groups_expected(reference[first:last], part, name, judged_groups)
-                best -= least_standard_error(spread[name], len(groups))
+                best -= least_standard_error(spread[name], len(sizes))
             missed |= best < target
         if missed and done < len(ends):
             judged = ends[done - 1]
-            partial = accuracy(reference[:judged], out, classifier_outputs, _judged_groups(groups, done, grouped))
+            partial = accuracy(reference[:judged], out, classifier_outputs, sizes[:done] or None)
             if partial["score"] < target:  # else (a subset's quirk) the rest is judged as well
                 sink.extend(out)
                 return partial, judged
     sink.extend(out)
     return accuracy(reference, out, classifier_outputs, groups), len(batches)
-
-
-def _judged_groups(groups: Sequence[int] | None, done: int, grouped: bool) -> list[int] | None:
-    """The groups of the first ``done`` steps' batches, as :func:`accuracy` takes them (None without groups)."""
-    return list(groups[:done]) if grouped and groups is not None else None
 
 
 class CosineBound:

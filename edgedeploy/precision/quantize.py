@@ -199,6 +199,9 @@ class Quantizer:
     # the very arrays float_conv_means were taken on (held, so no other array can pass for them)
     _conv_means_on: tuple[np.ndarray, ...] = field(default=(), init=False)
     _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
+    # per folder: the float model's weights written once, referenced by the one-node models saved there
+    _shared_weights: dict[Path, Any] = field(default_factory=dict, init=False, repr=False)
+    share_float_weights: bool = True  # one-node models (``only``) reference them (precision/shared_weights.py)
 
     def __post_init__(self) -> None:
         self._ranges_json = self.workdir / RANGES
@@ -345,6 +348,21 @@ class Quantizer:
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
         drop_unread_initializers(out)
+        if only is not None and self.share_float_weights:
+            self._reference_float_weights(out)
+
+    def _reference_float_weights(self, out: Path) -> None:
+        """The model at ``out`` (held) with its float weights referenced in the float model's weights file beside it,
+        not copied (:mod:`edgedeploy.precision.shared_weights`): a one-node model of the ranking, run once."""
+        from edgedeploy.precision import model_files
+        from edgedeploy.precision.shared_weights import SharedWeights
+
+        folder = out.parent.resolve()
+        if folder not in self._shared_weights:
+            self._shared_weights[folder] = SharedWeights(model_files.read_only(self.float_model), folder)
+        model = model_files.load(out)
+        if self._shared_weights[folder].externalize(model):
+            model_files.save(model, out)
 
     def _base_model(self, reduce_range: bool) -> tuple[Path, Path]:
         """Where the first quantizer output of these settings (float model, ranges, weight width, per-channel,

@@ -15,20 +15,23 @@ from edgedeploy.precision import analysis
 from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
 
-def residual_net():  # type: ignore[no-untyped-def]
-    """stem conv -> ReLU6 -> [1x1 expand -> ReLU6 -> depthwise -> ReLU6 -> 1x1 project] + skip -> pool -> linear."""
+def residual_net(width: int = 8):  # type: ignore[no-untyped-def]
+    """stem conv -> ReLU6 -> [1x1 expand -> ReLU6 -> depthwise -> ReLU6 -> 1x1 project] + skip -> pool -> linear
+    (``width`` channels, twice that inside the block)."""
     import torch
     from torch import nn
+
+    wide = 2 * width
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU6())
+            self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU6())
             self.block = nn.Sequential(
-                nn.Conv2d(8, 16, 1), nn.ReLU6(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU6(),
-                nn.Conv2d(16, 8, 1),
+                nn.Conv2d(width, wide, 1), nn.ReLU6(), nn.Conv2d(wide, wide, 3, padding=1, groups=wide), nn.ReLU6(),
+                nn.Conv2d(wide, width, 1),
             )  # fmt: skip
-            self.head = nn.Linear(8, 5)
+            self.head = nn.Linear(width, 5)
 
         def forward(self, x):  # type: ignore[no-untyped-def]
             y = self.stem(x)

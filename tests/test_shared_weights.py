@@ -9,39 +9,19 @@ import onnx
 import pytest
 from test_calib_cache import export_onnx
 from test_precision import photo_batches
+from test_precision_float_subset import residual_net
 
 from edgedeploy.precision import analysis
 from edgedeploy.precision.fallback import layer_sensitivity
 from edgedeploy.precision.quantize import Quantizer, flavour_for, preprocess
 
 
-def _wide_net():  # type: ignore[no-untyped-def]
-    """Convs wide enough that their weights (over a KB each) are shared, not kept inline: stem, two 3x3 convs
-    with a skip, pool, linear."""
-    import torch
-    from torch import nn
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU6())
-            self.block = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU6(), nn.Conv2d(32, 32, 3, padding=1))
-            self.head = nn.Linear(32, 10)
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            y = self.stem(x)
-            y = y + self.block(y)
-            return self.head(y.mean(dim=(2, 3)))
-
-    torch.manual_seed(0)
-    return Net()
-
-
 def _quantizer(tmp_path: Path, runtime: str, folder: str, share: bool) -> Quantizer:
     batches = photo_batches(16, 8)
     float_model = tmp_path / "float.onnx"
     if not float_model.is_file():
-        preprocess(export_onnx(_wide_net(), batches[0]["image"], tmp_path / "m.onnx"), float_model)
+        # wide enough that most weights (over a KB each) are shared, not kept inline
+        preprocess(export_onnx(residual_net(64), batches[0]["image"], tmp_path / "m.onnx"), float_model)
     work = tmp_path / folder
     work.mkdir()
     q = Quantizer(float_model, work, flavour_for(runtime))

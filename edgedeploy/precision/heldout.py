@@ -126,17 +126,10 @@ class ReachableScore:
             self.total = sum(int(np.asarray(r[name]).size) // max(first.shape[-1], 1) for r in reference)
         elif first.ndim >= 1 and first[:1].size >= MIN_COSINE_ELEMENTS:
             self.kind = "cosine"
-            self.total = sum(int(self._defined(np.asarray(r[name])).sum()) for r in reference)
+            self.total = sum(int(defined_samples(_rows(np.asarray(r[name]))).sum()) for r in reference)
         else:
             self.kind, self.total = "pooled", 0
         self.lost = 0.0
-
-    @staticmethod
-    def _defined(ref: np.ndarray) -> np.ndarray:
-        from edgedeploy.validate.parity import NEAR_ZERO_RMS
-
-        rows = ref.reshape(ref.shape[0], -1).astype(np.float64)
-        return np.sqrt((rows**2).mean(axis=1)) >= NEAR_ZERO_RMS
 
     def add(self, reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict[str, np.ndarray]]) -> float:
         """Take in the next judged batches; return the highest score still reachable (1.0 where not bounded)."""
@@ -153,12 +146,14 @@ class ReachableScore:
                 flat = ref.shape[-1]
                 self.lost += float((ref64.reshape(-1, flat).argmax(-1) != cand.reshape(-1, flat).argmax(-1)).sum())
             else:
-                defined = self._defined(ref)
-                rows, got = ref64.reshape(ref.shape[0], -1)[defined], cand.reshape(ref.shape[0], -1)[defined]
-                denom = np.linalg.norm(rows, axis=1) * np.linalg.norm(got, axis=1)
-                cos = np.where(denom > 0, (rows * got).sum(axis=1) / np.maximum(denom, 1e-30), 0.0)
-                self.lost += float((1.0 - cos).sum())
+                rows, got = _rows(ref64), _rows(cand)
+                defined = defined_samples(rows)
+                self.lost += float((1.0 - sample_cosines(rows[defined], got[defined])).sum())
         return 1.0 - self.lost / self.total if self.total else 1.0
+
+
+def _rows(values: np.ndarray) -> np.ndarray:
+    return values.reshape(values.shape[0], -1)
 
 
 def cosine_score(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
@@ -169,25 +164,35 @@ def cosine_score(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
     :func:`edgedeploy.validate.parity.centred_cosine`, as validation pools such outputs); none defined at all:
     ``value`` 1.0, ``n/a``.
     """
-    from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS, NEAR_ZERO_RMS, centred_cosine
+    from edgedeploy.validate.parity import MIN_COSINE_ELEMENTS, centred_cosine
 
-    r = ref.reshape(ref.shape[0], -1)
-    c = cand.reshape(cand.shape[0], -1)
+    r, c = _rows(ref), _rows(cand)
     if r.shape[1] < MIN_COSINE_ELEMENTS:
         pooled = centred_cosine(r.ravel(), c.ravel())
         if pooled is None:
             return {"metric": "cosine", "value": 1.0, "n/a": "too few or (near) zero values to compare"}
         return {"metric": "cosine", "value": pooled, "min": pooled, "p5": pooled, "pooled": True}
-    defined = np.sqrt((r**2).mean(axis=1)) >= NEAR_ZERO_RMS
+    defined = defined_samples(r)
     if not defined.any():
         return {"metric": "cosine", "value": 1.0, "n/a": "every reference sample is (near) zero"}
-    r, c = r[defined], c[defined]
-    denom = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
-    cos = np.where(denom > 0, (r * c).sum(axis=1) / np.maximum(denom, 1e-30), 0.0)
+    cos = sample_cosines(r[defined], c[defined])
     row = {"metric": "cosine", "value": float(cos.mean()), "min": float(cos.min()), "p5": float(np.percentile(cos, 5))}
     if not defined.all():
         row["undefined_samples"] = int((~defined).sum())
     return row
+
+
+def defined_samples(rows: np.ndarray) -> np.ndarray:
+    """Which samples (``rows``: one flattened sample a row) have a cosine: a reference not (near) zero."""
+    from edgedeploy.validate.parity import NEAR_ZERO_RMS
+
+    return np.sqrt((rows.astype(np.float64) ** 2).mean(axis=1)) >= NEAR_ZERO_RMS
+
+
+def sample_cosines(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """Each row's cosine of ``cand`` with ``ref`` (0 where either is all zero)."""
+    denom = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+    return np.where(denom > 0, (ref * cand).sum(axis=1) / np.maximum(denom, 1e-30), 0.0)
 
 
 def top1_score(observed: float, reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:

@@ -201,7 +201,6 @@ class Quantizer:
     _float_for_runtime: dict[str, str] | None = field(default=None, init=False)
     # per folder: the float model's weights written once, referenced by the one-node models saved there
     _shared_weights: dict[Path, Any] = field(default_factory=dict, init=False, repr=False)
-    share_float_weights: bool = True  # one-node models (``only``) reference them (precision/shared_weights.py)
 
     def __post_init__(self) -> None:
         self._ranges_json = self.workdir / RANGES
@@ -348,7 +347,7 @@ class Quantizer:
         if self.flavour.name == "U8S8":  # onnxruntime: CLE's per-channel ReLU6 bound on the integers
             integer_clip_bounds(out)
         drop_unread_initializers(out)
-        if only is not None and self.share_float_weights:
+        if only is not None:  # a ranking model, run once: its float weights referenced, not copied
             self._reference_float_weights(out)
 
     def _reference_float_weights(self, out: Path) -> None:

@@ -36,8 +36,11 @@ def net(num_classes=2):
 QUIET = lambda _line: None  # noqa: E731
 
 
-def _cfg(tmp_path, *, schedule="constant", precision="fp32", accumulate=2, ema=0.0, warmup=0, epochs=2, **ckpt):
-    (tmp_path / "dropnet.py").write_text(DROPOUT_NET)
+def _cfg(
+    tmp_path, *, schedule="constant", precision="fp32", accumulate=2, ema=0.0, warmup=0, epochs=2, device="cpu",
+    net=DROPOUT_NET, deterministic="auto", **ckpt,
+):  # fmt: skip
+    (tmp_path / "dropnet.py").write_text(net)
     rng = np.random.default_rng(0)
     x = rng.random((80, 1, 8, 8), dtype=np.float32)
     y = (x[:, 0, :4].mean(axis=(1, 2)) > x[:, 0, 4:].mean(axis=(1, 2))).astype(np.int64)
@@ -48,8 +51,8 @@ def _cfg(tmp_path, *, schedule="constant", precision="fp32", accumulate=2, ema=0
         "optim": {"lr": 0.02, "schedule": schedule, "warmup_steps": warmup, "weight_decay": 0.01},
         "monitor": {"memory": False, "gradients": False},
         "run": {
-            "epochs": epochs, "device": "cpu", "threads": 1, "precision": precision,
-            "accumulate": accumulate, "ema": ema,
+            "epochs": epochs, "device": device, "threads": 1, "precision": precision,
+            "accumulate": accumulate, "ema": ema, "deterministic": deterministic,
         },
         "checkpoint": ckpt,
         "deploy": {"batch": [1, 2, 4]},
@@ -79,17 +82,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("schedule", "warmup", "precision"), CASES)
-def test_stop_and_resume_is_bit_identical_for_every_schedule(tmp_path, schedule, warmup, precision):
-    """8 batches of 8 per epoch, 2 per step: 4 steps an epoch. One stop at an epoch end, one mid-epoch."""
-    cfg = _cfg(tmp_path, schedule=schedule, warmup=warmup, precision=precision, ema=0.8)
+def straight_and_resumed(cfg, tmp_path):
+    """One uninterrupted run, and one stopped mid-epoch 1, resumed, stopped mid-epoch 2 and resumed to the end."""
     straight = run_training(cfg, tmp_path / "straight", log=QUIET)
     assert straight.state.step == 8
     run_training(cfg, tmp_path / "sliced", stop_after_steps=2, log=QUIET)  # mid-epoch 1
     lines: list[str] = []
     run_training(cfg, tmp_path / "sliced", resume=True, stop_after_steps=4, log=lines.append)  # to mid-epoch 2
     assert any("step 2, batch 4 of epoch 1" in line for line in lines), lines
-    resumed = run_training(cfg, tmp_path / "sliced", resume=True, log=QUIET)
+    return straight, run_training(cfg, tmp_path / "sliced", resume=True, log=QUIET)
+
+
+@pytest.mark.parametrize(("schedule", "warmup", "precision"), CASES)
+def test_stop_and_resume_is_bit_identical_for_every_schedule(tmp_path, schedule, warmup, precision):
+    """8 batches of 8 per epoch, 2 per step: 4 steps an epoch. One stop at an epoch end, one mid-epoch."""
+    cfg = _cfg(tmp_path, schedule=schedule, warmup=warmup, precision=precision, ema=0.8)
+    straight, resumed = straight_and_resumed(cfg, tmp_path)
     _assert_identical(_weights(straight), _weights(resumed))
     assert [h["train_loss"] for h in straight.state.history] == [h["train_loss"] for h in resumed.state.history]
     a = json.loads((tmp_path / "straight" / "model.resume.json").read_text())["train_state"]
@@ -219,3 +227,64 @@ def test_two_rank_ddp_resumes_mid_epoch_bit_identically(tmp_path):
     assert len(saved["rng"]) == 2  # both ranks' generators
     _assert_identical(load_file(str(tmp_path / "straight" / "model.safetensors")),
                       load_file(str(tmp_path / "sliced" / "model.safetensors")))  # fmt: skip
+
+
+# Tensor.put_ (accumulate=False) has no deterministic kernel, on CPU as on CUDA
+PUT_NET = """
+import torch
+from torch import nn
+
+
+class Put(nn.Module):
+    def __init__(self, num_classes=2):
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        y = self.fc(x.flatten(1))
+        return y.clone().put_(torch.tensor([0]), y.flatten()[:1])
+
+
+def net(num_classes=2):
+    return Put(num_classes)
+"""
+
+
+class KernelSettings:
+    """Records torch's determinism settings at each optimizer step."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def on_step_end(self, _step, _info):
+        self.seen.add((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic))
+
+
+@pytest.mark.parametrize(("mode", "inside"), [("auto", (True, True)), ("off", (False, False))])
+def test_deterministic_kernels_are_on_during_the_run_and_given_back_after(tmp_path, mode, inside):
+    settings = KernelSettings()
+    run_training(_cfg(tmp_path, deterministic=mode, epochs=1), tmp_path / mode, callbacks=[settings], log=QUIET)
+    assert settings.seen == {inside}
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic) == (False, False)
+
+
+def test_strict_determinism_names_the_op_without_a_deterministic_kernel_and_auto_runs_it(tmp_path, capsys):
+    from edgedeploy.cli import main
+    from edgedeploy.errors import TargetCapabilityError
+
+    with pytest.raises(TargetCapabilityError, match="'strict' but put_ has no deterministic kernel on cpu"):
+        run_training(_cfg(tmp_path, net=PUT_NET, deterministic="strict"), tmp_path / "strict", log=QUIET)
+    assert not torch.are_deterministic_algorithms_enabled()  # given back after a failure too
+    assert not (tmp_path / "strict" / "model.safetensors").exists()
+    with pytest.warns(UserWarning, match="put_ does not have a deterministic implementation"):
+        run_training(_cfg(tmp_path, net=PUT_NET), tmp_path / "auto", log=QUIET)
+    assert (tmp_path / "auto" / "model.safetensors").is_file()
+    (tmp_path / "train.toml").write_text(
+        '[model]\nfactory = "dropnet:net"\npython_path = ["."]\n[data]\ndataset = "npz"\npath = "data.npz"\n'
+        '[run]\nepochs = 1\ndevice = "cpu"\ndeterministic = "strict"\n'
+    )
+    assert main(["train", "--config", str(tmp_path / "train.toml"), "--out", str(tmp_path / "cli")]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "put_ has no deterministic kernel" in err[-1] and "run.deterministic = 'auto'" in err[-1]
+    with pytest.raises(ConfigError, match="run.deterministic"):
+        _cfg(tmp_path, deterministic="yes")

@@ -142,6 +142,8 @@ class RunSection:
     channels_last: bool = False  # 4-d inputs and the model in torch.channels_last memory format
     freeze_bn_stats: bool = True  # BatchNorm layers whose parameters run.freeze froze keep their statistics
     sync_batchnorm: bool = False  # under DDP: nn.SyncBatchNorm (batch statistics over all ranks; CUDA)
+    # deterministic kernels, so a resume on CUDA is bit-exact: auto (where torch has them), strict, off
+    deterministic: Literal["auto", "strict", "off"] = "auto"
 
 
 @dataclass(frozen=True)

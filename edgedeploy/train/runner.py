@@ -30,6 +30,7 @@ from edgedeploy.train.checkpoint import checkpoint_metadata, code_version, load_
 from edgedeploy.train.clipping import GradClipper
 from edgedeploy.train.config import TrainConfig
 from edgedeploy.train.data import Splits, load_splits
+from edgedeploy.train.determinism import deterministic_kernels, no_deterministic_kernel
 from edgedeploy.train.ema import WeightEMA
 from edgedeploy.train.loop import LoopState, StepParts, StopTraining, call_model, fit
 from edgedeploy.train.losses import TemperatureCrossEntropy
@@ -213,7 +214,8 @@ def run_training(
         ConfigError: bad factory, kwargs, loss, freeze or strategy settings; ``out`` is a file.
         InputError: unreadable training data.
         CheckpointError: ``resume`` without a usable checkpoint.
-        TargetCapabilityError: device or precision not available (never downgraded silently).
+        TargetCapabilityError: device or precision not available (never downgraded silently); under
+            ``run.deterministic = 'strict'``, an op with no deterministic kernel on the device.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     out = Path(out)
@@ -226,12 +228,13 @@ def run_training(
         torch.set_num_threads(cfg.run.threads)
     amp = MixedPrecision(device, cfg.run.precision)
     r = cfg.run
-    fabric = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
-    try:
-        resume = cfg.checkpoint.resume if resume is None else resume
-        return _run(cfg, out, amp, fabric, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
-    finally:
-        D.cleanup(fabric)
+    with deterministic_kernels(r.deterministic, device):
+        fabric = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
+        try:
+            resume = cfg.checkpoint.resume if resume is None else resume
+            return _run(cfg, out, amp, fabric, resume, stop_after, stop_after_steps, log, callbacks, find_lr)
+        finally:
+            D.cleanup(fabric)
 
 
 def _run(
@@ -760,6 +763,8 @@ def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classe
 
     Raises:
         ConfigError: the forward fails, or the model has fewer outputs than the data has classes.
+        TargetCapabilityError: ``run.deterministic = 'strict'`` and the forward runs an op with no deterministic
+            kernel.
     """
     few = probe[:2] if isinstance(probe, torch.Tensor) else type(probe)(t[:2] for t in probe)
     shapes = [tuple(t.shape) for t in (few if isinstance(few, (tuple, list)) else [few])]
@@ -769,6 +774,9 @@ def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classe
         with torch.no_grad():
             out = call_model(model, few)
     except (RuntimeError, IndexError, TypeError, ValueError) as exc:
+        refused = no_deterministic_kernel(exc, (few if isinstance(few, torch.Tensor) else few[0]).device)
+        if refused is not None:  # the data fits; strict determinism refused an op of the forward
+            raise refused from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"{cfg.source}: model {cfg.model.factory} with kwargs {dict(cfg.model.kwargs)} does not fit the data "

@@ -1,13 +1,15 @@
 """The training stage on a CUDA GPU: a run stopped mid-epoch and resumed ends bit-identical to an uninterrupted
 one in fp32, fp16 (with its GradScaler) and bf16; deterministic kernels make a net whose backward accumulates
 with atomics give the same bits twice; ``run.deterministic = 'strict'`` names a CUDA op with no deterministic
-kernel; a checkpoint trained there builds INT8 for cpu with one command.
+kernel; a model compiled by inductor (Triton kernels) in channels_last memory resumes exactly; a checkpoint
+trained there builds INT8 for cpu with one command.
 
 Marked ``gpu`` and skipped where no CUDA device is visible (CI has none).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -109,3 +111,21 @@ def test_a_checkpoint_trained_on_cuda_builds_int8_for_cpu_with_one_command(tmp_p
     argv = ["build", "--checkpoint", str(tmp_path / "run"), "--target", "cpu", "--precision", "int8", "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
     assert json.loads((out / "report.json").read_text())["status"] == "passed"
+
+
+def test_an_inductor_compiled_channels_last_cuda_run_resumes_exactly_and_its_checkpoint_builds(
+    tmp_path, capsys, monkeypatch
+):
+    cfg = _cfg(tmp_path, schedule="cosine", precision="auto", device="cuda")
+    cfg = dataclasses.replace(
+        cfg,
+        run=dataclasses.replace(cfg.run, compile=True, channels_last=True),
+        data=dataclasses.replace(cfg.data, pin_memory=True),
+    )
+    straight, resumed = straight_and_resumed(cfg, tmp_path)
+    assert straight.metrics["compiled"] is True and resumed.metrics["compiled"] is True  # no eager fallback
+    _assert_identical(_weights(straight), _weights(resumed))
+    assert not any(k.startswith("_orig_mod") for k in _weights(straight))  # the plain module's names
+    monkeypatch.chdir(tmp_path)  # the factory named on the command line, found in the project folder
+    argv = ["build", "--checkpoint", "straight", "--factory", "dropnet:net", "--target", "cpu", "--out", "cpu"]
+    assert main(argv) == 0, capsys.readouterr().err[-3000:]

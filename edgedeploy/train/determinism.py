@@ -44,7 +44,7 @@ def deterministic_kernels(mode: str, device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    if device.type == "cuda":
+    if device.type == "cuda":  # left set after the run: a cuBLAS handle made under it keeps it anyway
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True, warn_only=mode != "strict")
     torch.backends.cudnn.deterministic = True

@@ -272,7 +272,7 @@ def test_strict_determinism_names_the_op_without_a_deterministic_kernel_and_auto
     from edgedeploy.cli import main
     from edgedeploy.errors import TargetCapabilityError
 
-    with pytest.raises(TargetCapabilityError, match="'strict' but put_ has no deterministic kernel on cpu"):
+    with pytest.raises(TargetCapabilityError, match="train.toml: key 'run.deterministic' = 'strict' but put_ has no"):
         run_training(_cfg(tmp_path, net=PUT_NET, deterministic="strict"), tmp_path / "strict", log=QUIET)
     assert not torch.are_deterministic_algorithms_enabled()  # given back after a failure too
     assert not (tmp_path / "strict" / "model.safetensors").exists()
@@ -285,6 +285,7 @@ def test_strict_determinism_names_the_op_without_a_deterministic_kernel_and_auto
     )
     assert main(["train", "--config", str(tmp_path / "train.toml"), "--out", str(tmp_path / "cli")]) == 4
     err = capsys.readouterr().err.strip().splitlines()
-    assert "put_ has no deterministic kernel" in err[-1] and "run.deterministic = 'auto'" in err[-1]
+    assert "put_ has no deterministic kernel on cpu" in err[-1] and "run.deterministic = 'auto'" in err[-1]
+    assert str(tmp_path / "train.toml") in err[-1]
     with pytest.raises(ConfigError, match="run.deterministic"):
         _cfg(tmp_path, deterministic="yes")

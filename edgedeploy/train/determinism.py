@@ -29,8 +29,9 @@ _NO_KERNEL = re.compile(r"^(?P<op>\S+) does not have a deterministic implementat
 
 
 @contextlib.contextmanager
-def deterministic_kernels(mode: str, device: torch.device) -> Iterator[None]:
+def deterministic_kernels(mode: str, device: torch.device, source: str = "train.toml") -> Iterator[None]:
     """Run the body with the kernels ``mode`` asks for on ``device``; torch's settings are restored after.
+    ``source`` names the config in the error.
 
     Raises:
         TargetCapabilityError: under ``strict``, an op the model runs has no deterministic kernel on ``device``.
@@ -52,7 +53,7 @@ def deterministic_kernels(mode: str, device: torch.device) -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        refused = no_deterministic_kernel(e, device)
+        refused = no_deterministic_kernel(e, device, source)
         if refused is None:
             raise
         raise refused from None
@@ -61,13 +62,15 @@ def deterministic_kernels(mode: str, device: torch.device) -> Iterator[None]:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def no_deterministic_kernel(error: BaseException, device: torch.device) -> TargetCapabilityError | None:
+def no_deterministic_kernel(
+    error: BaseException, device: torch.device, source: str = "train.toml"
+) -> TargetCapabilityError | None:
     """Our error for torch's refusal of an op that has no deterministic kernel (strict mode); None for others."""
     found = _NO_KERNEL.match(str(error))
     if found is None:
         return None
     return TargetCapabilityError(
-        f"run.deterministic = 'strict' but {found['op']} has no deterministic kernel on {device.type}",
+        f"{source}: key 'run.deterministic' = 'strict' but {found['op']} has no deterministic kernel on {device.type}",
         hint="set run.deterministic = 'auto' (runs it; a resume is then exact except for that op) "
         "or use an op that has one",
     )

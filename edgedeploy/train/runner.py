@@ -228,7 +228,7 @@ def run_training(
         torch.set_num_threads(cfg.run.threads)
     amp = MixedPrecision(device, cfg.run.precision)
     r = cfg.run
-    with deterministic_kernels(r.deterministic, device):
+    with deterministic_kernels(r.deterministic, device, cfg.source):
         fabric = D.launch(device, r.seed, r.backend, strategy=r.strategy, precision=amp.plugin, ddp=vars(r.ddp))
         try:
             resume = cfg.checkpoint.resume if resume is None else resume
@@ -774,7 +774,7 @@ def _check_model_fits(cfg: TrainConfig, model: nn.Module, probe: Any, num_classe
         with torch.no_grad():
             out = call_model(model, few)
     except (RuntimeError, IndexError, TypeError, ValueError) as exc:
-        refused = no_deterministic_kernel(exc, (few if isinstance(few, torch.Tensor) else few[0]).device)
+        refused = no_deterministic_kernel(exc, (few if isinstance(few, torch.Tensor) else few[0]).device, cfg.source)
         if refused is not None:  # the data fits; strict determinism refused an op of the forward
             raise refused from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 import torch
+from test_train_export import train_digits
 from test_train_resume import QUIET, _assert_identical, _cfg, _weights, straight_and_resumed
 
 from edgedeploy.cli import main
 from edgedeploy.errors import TargetCapabilityError
-from edgedeploy.train.config import train_config_from_dict
 from edgedeploy.train.runner import run_training
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")]
@@ -93,22 +92,9 @@ def test_strict_determinism_names_the_cuda_op_that_has_no_deterministic_kernel(t
 
 
 def test_a_checkpoint_trained_on_cuda_builds_int8_for_cpu_with_one_command(tmp_path, capsys):
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = (digits.images[:600] / 16.0).astype(np.float32)[:, None]
-    np.savez(tmp_path / "d.npz", x=images, y=digits.target[:600])
-    raw = {
-        "model": {"factory": "edgedeploy.train.models:digits_cnn", "kwargs": {"channels": 4, "num_classes": 10}},
-        "data": {"dataset": "npz", "path": "d.npz"},
-        "optim": {"lr": 0.01},
-        "monitor": {"memory": False},
-        "run": {"epochs": 3, "device": "cuda", "precision": "auto"},
-    }
-    cfg = train_config_from_dict(raw, source=str(tmp_path / "train.toml"), base_dir=tmp_path)
-    run_training(cfg, tmp_path / "run", log=QUIET)
+    run = train_digits(tmp_path, device="cuda", precision="auto")
     out = tmp_path / "int8"
-    argv = ["build", "--checkpoint", str(tmp_path / "run"), "--target", "cpu", "--precision", "int8", "--out", str(out)]
+    argv = ["build", "--checkpoint", str(run), "--target", "cpu", "--precision", "int8", "--out", str(out)]
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
     assert json.loads((out / "report.json").read_text())["status"] == "passed"
 

@@ -289,3 +289,13 @@ def test_strict_determinism_names_the_op_without_a_deterministic_kernel_and_auto
     assert str(tmp_path / "train.toml") in err[-1]
     with pytest.raises(ConfigError, match="run.deterministic"):
         _cfg(tmp_path, deterministic="yes")
+
+
+def test_a_resume_in_another_precision_is_refused_naming_the_one_it_started_with(tmp_path):
+    from edgedeploy.errors import CheckpointError
+
+    run_training(_cfg(tmp_path), tmp_path / "run", stop_after_steps=2, log=QUIET)  # fp32
+    with pytest.raises(CheckpointError, match="saved by a run training in fp32; this run trains in bf16") as err:
+        run_training(_cfg(tmp_path, precision="bf16"), tmp_path / "run", resume=True, log=QUIET)
+    assert "run.precision = 'fp32'" in err.value.hint
+    assert run_training(_cfg(tmp_path), tmp_path / "run", resume=True, log=QUIET).state.step == 8  # as it started

@@ -162,6 +162,8 @@ def _set(path: str, value):  # type: ignore[no-untyped-def]
         (_set("loss", {"weight": [1.0]}), "loss"),
         (_set("schedule.optimizer", "SGD"), "saved by a run with the SGD optimizer"),
         (_set("schedule.batch_size", 4), "saved mid-epoch with batch_size 4"),
+        (_set("schedule.device", "cuda"), "saved by a run training on cuda; this run trains on cpu"),
+        (_set("schedule.precision", "fp16"), "saved by a run training in fp16; this run trains in fp32"),
     ],
 )
 def test_a_hand_edited_resume_state_fails_in_one_line_naming_the_field(finished_run, tmp_path, edit, field):

@@ -58,13 +58,16 @@ def run_fits(
     saved: Mapping[str, Any], run: Mapping[str, Any], state: LoopState, ckpt: Path, *, scheduled: bool = False
 ) -> None:
     """The run that wrote the state used this run's optimizer and schedule kind (and, for a mid-epoch state,
-    its batching), and, with an LR schedule (``scheduled``), one sized for this run's length: ``run`` holds this
-    run's ``optimizer``, ``kind`` (of schedule), ``batch_size``, ``accumulate``, ``epochs`` and ``steps``. A
-    state written before these were recorded is not checked.
+    its batching), on the same kind of device in the same precision, and, with an LR schedule (``scheduled``), one
+    sized for this run's length: ``run`` holds this run's ``optimizer``, ``kind`` (of schedule), ``device``
+    (type), ``precision`` (resolved: fp32, bf16, fp16), ``batch_size``, ``accumulate``, ``epochs`` and ``steps``.
+    A state written before these were recorded is not checked.
 
     Raises:
-        CheckpointError: the recorded run differs, with how to resume it. A schedule sized for other epochs or
-            steps would run out (cosine at lr 0 for the added epochs, onecycle failing mid-run) or stop short.
+        CheckpointError: the recorded run differs, with how to resume it. Another device or precision would change
+            the numbers mid-run (a run moved from a GPU to the CPU also from fp16 to bf16 under ``auto``). A
+            schedule sized for other epochs or steps would run out (cosine at lr 0 for the added epochs, onecycle
+            failing mid-run) or stop short.
     """
     was = saved.get("schedule")
     if not isinstance(was, Mapping):
@@ -74,6 +77,14 @@ def run_fits(
             raise CheckpointError(
                 f"{ckpt}: saved by a run with the {was[key]} {what}; this run's {what} is {run[key]}",
                 hint=f"resume with the {what} the run started with ({was[key]}), or train a new run (--out)",
+            )
+    # another device or precision would go on training, with other numbers: never changed silently mid-run
+    for key, on in (("device", "on"), ("precision", "in")):
+        if key in was and was[key] != run[key]:
+            raise CheckpointError(
+                f"{ckpt}: saved by a run training {on} {was[key]}; this run trains {on} {run[key]}",
+                hint=f"resume with run.{key} = '{was[key]}', or train a new run into another folder (--out) from "
+                "this checkpoint's weights",
             )
     if state.batch:
         for key in ("batch_size", "accumulate"):

@@ -334,10 +334,13 @@ def _run(
     # before resuming: sized from the config's lrs
     scheduler = build_scheduler(optimizer, cfg.optim.schedule, total_steps, cfg.optim.warmup_steps)
     schedule_size = {"epochs": r.epochs, "steps": total_steps}
-    # what a resume must match, recorded with the state: the optimizer, the schedule's kind, the batching
+    # what a resume must match, recorded with the state: the optimizer, the schedule's kind, the device and
+    # precision, the batching
     run_record = {
         "optimizer": type(optimizer).__name__,
         "kind": cfg.optim.schedule,
+        "device": device.type,
+        "precision": amp.precision,
         "batch_size": d.batch_size,
         "accumulate": r.accumulate,
     }

@@ -108,7 +108,7 @@ def speed(name: str, rounds: int) -> dict:
     ms: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(rounds):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            with deterministic_kernels(mode, device):
+            with deterministic_kernels(mode, device, "bench/train_determinism.py"):
                 ms[mode].append(step_ms(model, x, y, 20))
     ratios = [a / o for a, o in zip(ms["auto"], ms["off"])]
     row = {

@@ -29,7 +29,7 @@ _NO_KERNEL = re.compile(r"^(?P<op>\S+) does not have a deterministic implementat
 
 
 @contextlib.contextmanager
-def deterministic_kernels(mode: str, device: torch.device, source: str = "train.toml") -> Iterator[None]:
+def deterministic_kernels(mode: str, device: torch.device, source: str) -> Iterator[None]:
     """Run the body with the kernels ``mode`` asks for on ``device``; torch's settings are restored after.
     ``source`` names the config in the error.
 
@@ -62,9 +62,7 @@ def deterministic_kernels(mode: str, device: torch.device, source: str = "train.
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-def no_deterministic_kernel(
-    error: BaseException, device: torch.device, source: str = "train.toml"
-) -> TargetCapabilityError | None:
+def no_deterministic_kernel(error: BaseException, device: torch.device, source: str) -> TargetCapabilityError | None:
     """Our error for torch's refusal of an op that has no deterministic kernel (strict mode); None for others."""
     found = _NO_KERNEL.match(str(error))
     if found is None:
